@@ -1,0 +1,617 @@
+"""The six-phase recovery protocol as pure transition functions (spec/protocol.md).
+
+Every spec action is one pair ``enabled(config, state, rank, arg) -> bool`` and
+``step(config, state, rank, arg) -> State``, registered in :data:`ACTIONS` under the
+name the spec uses.  Actions are named actor + verb, as in tlaplus/Examples TwoPhase:
+``Rank*`` are protocol steps a rank takes, ``Fault*`` are injected faults,
+``Supervisor*`` is torchrun.  Three drivers use this one transition function: the
+exhaustive search (``explore``), the hypothesis state machine (``stateful``) and the
+trace checker (``accelpact.conformance``).
+
+Granularity follows the implementation: one action per control-plane round trip or
+per local phase, so that every trace record of a real rank is one model step.
+
+Phases: 1 Observe, 2 Guard, 3 Agree, 4 Replace, 5 Rebind, 6 Validate (+ Release).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+from .contract import decide
+from .state import (
+    DECISION_COMMIT,
+    DECISION_RELEASE,
+    PC_AGREED,
+    PC_ARRIVED,
+    PC_CRASHED,
+    PC_EXITED,
+    PC_GUARDED,
+    PC_OBSERVED,
+    PC_READY,
+    PC_REBOUND,
+    PC_REPLACED,
+    PC_RESTARTED,
+    PC_TRAIN,
+    PC_VALIDATED,
+    REASON_DEADLINE,
+    REASON_EXCEPTION,
+    REASON_MISMATCH,
+    REASON_REJECTED,
+    RECOVERY_PCS,
+    Config,
+    State,
+    initial_state,
+)
+
+__all__ = [
+    "ACTIONS",
+    "Action",
+    "ActionSpec",
+    "FAULT_KINDS",
+    "all_actions",
+    "enabled",
+    "initial_state",
+    "is_final",
+    "step",
+    "successors",
+]
+
+#: Fault kinds (spec/fault-model.md).  Config.faults selects a subset; empty means all.
+FAULT_KINDS = ("group_fail", "crash", "hang", "raise", "mismatch", "dirty_guard", "delay", "drop")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One action instance: a spec action name, its actor rank (None for global), an argument."""
+
+    name: str
+    rank: int | None = None
+    arg: str | None = None
+
+    def __str__(self) -> str:
+        inside = ", ".join(str(x) for x in (self.rank, self.arg) if x is not None)
+        return f"{self.name}({inside})"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    name: str
+    actor: str          # "rank" | "fault" | "supervisor"
+    phase: int | None   # protocol phase the action belongs to (1-6), None for faults/supervisor
+    enabled: Callable[[Config, State, int | None, str | None], bool]
+    step: Callable[[Config, State, int | None, str | None], State]
+    fault_kind: str | None = None
+    doc: str = ""
+
+
+# --------------------------------------------------------------------------------------
+# Helpers.  ``_lookup``/``_count`` are where generation fencing lives: every store key is
+# namespaced by the generation; the ``no-fence`` mutant drops the namespace.
+
+def _fenced(cfg: Config) -> bool:
+    return cfg.mutant != "no-fence"
+
+
+def _lookup(cfg: Config, pairs: tuple[tuple[int, str], ...], gen: int) -> str | None:
+    for g, value in pairs:
+        if g == gen or not _fenced(cfg):
+            return value
+    return None
+
+
+def true_lookup(pairs: tuple[tuple[int, str], ...], gen: int) -> str | None:
+    """The value written in generation ``gen`` (what invariants use, mutant or not)."""
+    for g, value in pairs:
+        if g == gen:
+            return value
+    return None
+
+
+def _compare_set(cfg: Config, pairs: tuple[tuple[int, str], ...], gen: int, value: str) -> tuple[tuple[int, str], ...]:
+    """Single assignment: write only if the (generation-namespaced) key is empty."""
+    if _lookup(cfg, pairs, gen) is not None:
+        return pairs
+    return pairs + ((gen, value),)
+
+
+def _count_arrivals(cfg: Config, s: State, gen: int) -> int:
+    return sum(1 for a in s.store.arrivals if a[0] == gen or not _fenced(cfg))
+
+
+def _count_ready(cfg: Config, s: State, gen: int) -> int:
+    return sum(1 for a in s.store.ready if a[0] == gen or not _fenced(cfg))
+
+
+def _member(cfg: Config, r: int) -> bool:
+    return r in cfg.affected
+
+
+def _in_episode(s: State, r: int) -> bool:
+    """True while rank r's generation has a failed communicator (a recovery is under way)."""
+    f = s.store.failed
+    return f is not None and f[0] == s.ranks[r].gen
+
+
+def _alive(s: State, r: int) -> bool:
+    return s.ranks[r].pc not in (PC_EXITED, PC_CRASHED, PC_RESTARTED)
+
+
+def _active(s: State, r: int) -> bool:
+    """Alive, main thread not hung, no exception propagating: can take a protocol step."""
+    rk = s.ranks[r]
+    return _alive(s, r) and not rk.hung and not rk.raised
+
+
+def stalled(s: State) -> bool:
+    """Some rank cannot make progress: the only situation in which a deadline can expire.
+
+    This encodes the deadline assumption (spec/protocol.md, "Deadlines"): deadlines are
+    longer than any healthy phase, so they expire only when a peer is crashed, hung,
+    slowed, has lost a write, or is already gone.
+    """
+    return any(
+        rk.pc in (PC_CRASHED, PC_EXITED) or rk.hung or rk.delayed or rk.lost or rk.raised
+        for rk in s.ranks
+    )
+
+
+def _abort(s: State, reason: str) -> State:
+    return s if s.store.abort else s.with_store(abort=reason)
+
+
+def _exit(s: State, r: int, reason: str) -> State:
+    return s.with_rank(r, pc=PC_EXITED, reason=reason, hung=False, raised=False)
+
+
+def _decision_key(pc: str) -> str:
+    """Which decision a rank in ``pc`` is waiting for: agreement before phase 4, release after."""
+    return "agree" if pc in (PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
+
+
+def _write_abort_decision(cfg: Config, s: State, r: int, reason: str) -> State:
+    rk = s.ranks[r]
+    which = _decision_key(rk.pc)
+    pairs = getattr(s.store, which)
+    return s.with_store(**{which: _compare_set(cfg, pairs, rk.gen, f"abort:{reason}")})
+
+
+def _contract_decision(cfg: Config, s: State, r: int):
+    rk = s.ranks[r]
+    return decide(cfg.envelope, cfg.key(rk.point), guards_ok=not rk.dirty, admit_inflight=cfg.mutant == "admit-inflight")
+
+
+# --------------------------------------------------------------------------------------
+# Phase 1: Observe
+
+def _en_observe(cfg: Config, s: State, r: int, arg) -> bool:
+    rk = s.ranks[r]
+    if rk.pc != PC_TRAIN or not _active(s, r) or not _in_episode(s, r):
+        return False
+    return _member(cfg, r) or rk.gen in s.store.revoked
+
+
+def _st_observe(cfg: Config, s: State, r: int, arg) -> State:
+    rk = s.ranks[r]
+    s = s.with_rank(r, pc=PC_OBSERVED, point=s.store.failed[1])
+    if _member(cfg, r):  # members publish revoke(R, g) so every rank observes within ms
+        s = s.with_store(revoked=s.store.revoked | {rk.gen})
+    return s
+
+
+# Phase 2: Guard check + contract decision
+
+def _en_guard(cfg, s, r, arg) -> bool:
+    return s.ranks[r].pc == PC_OBSERVED and _active(s, r) and _contract_decision(cfg, s, r).preserve
+
+
+def _st_guard(cfg, s, r, arg) -> State:
+    return s.with_rank(r, pc=PC_GUARDED)
+
+
+def _en_reject(cfg, s, r, arg) -> bool:
+    return s.ranks[r].pc == PC_OBSERVED and _active(s, r) and not _contract_decision(cfg, s, r).preserve
+
+
+def _st_reject(cfg, s, r, arg) -> State:
+    s = _write_abort_decision(cfg, s, r, REASON_REJECTED)
+    s = _abort(s, REASON_REJECTED)
+    return _exit(s, r, REASON_REJECTED)
+
+
+# Phase 3: control barrier + frontier agreement
+
+def _en_arrive(cfg, s, r, arg) -> bool:
+    return s.ranks[r].pc == PC_GUARDED and _active(s, r)
+
+
+def _st_arrive(cfg, s, r, arg) -> State:
+    rk = s.ranks[r]
+    g = rk.gen
+    if cfg.mutant == "skip-agreement":
+        s = s.with_store(arrivals=s.store.arrivals | {(g, r, rk.frontier, rk.gen)})
+        s = s.with_rank(r, pc=PC_AGREED)
+        return replace(s, agreed=s.agreed | {(g, r, rk.frontier)})
+    if rk.drop:  # the write is lost; the rank believes it arrived
+        return s.with_rank(r, pc=PC_ARRIVED, drop=False, lost=True)
+    s = s.with_store(arrivals=s.store.arrivals | {(g, r, rk.frontier, rk.gen)})
+    if _count_arrivals(cfg, s, g) == len(cfg.world):
+        s = s.with_store(last_arriver=s.store.last_arriver + ((g, r),))
+    return s.with_rank(r, pc=PC_ARRIVED)
+
+
+def _en_decide_agreement(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return (
+        rk.pc == PC_ARRIVED
+        and _active(s, r)
+        and (rk.gen, r) in s.store.last_arriver
+        and _lookup(cfg, s.store.agree, rk.gen) is None
+    )
+
+
+def _st_decide_agreement(cfg, s, r, arg) -> State:
+    g = s.ranks[r].gen
+    rows = [a for a in s.store.arrivals if a[0] == g or not _fenced(cfg)]
+    ref = [a for a in rows if a[1] == 0]
+    f0 = ref[-1][2] if ref else None
+    ok = f0 is not None and all(a[2] == f0 and (a[3] == g or not _fenced(cfg)) for a in rows)
+    value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
+    s = s.with_store(agree=_compare_set(cfg, s.store.agree, g, value))
+    if not ok:
+        s = _abort(s, REASON_MISMATCH)
+    return s
+
+
+def _en_await_agreement(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return rk.pc == PC_ARRIVED and _active(s, r) and _lookup(cfg, s.store.agree, rk.gen) == DECISION_COMMIT
+
+
+def _st_await_agreement(cfg, s, r, arg) -> State:
+    rk = s.ranks[r]
+    s = s.with_rank(r, pc=PC_AGREED)
+    return replace(s, agreed=s.agreed | {(rk.gen, r, rk.frontier)})
+
+
+# Phase 4: communicator replacement (members of R)
+
+def _en_replace(cfg, s, r, arg) -> bool:
+    return s.ranks[r].pc == PC_AGREED and _member(cfg, r) and _active(s, r)
+
+
+def _st_replace(cfg, s, r, arg) -> State:
+    return s.with_rank(r, pc=PC_REPLACED, comm=s.ranks[r].gen + 1)
+
+
+# Phase 5: reference rebinding (members of R)
+
+def _en_rebind(cfg, s, r, arg) -> bool:
+    return s.ranks[r].pc == PC_REPLACED and _active(s, r)
+
+
+def _st_rebind(cfg, s, r, arg) -> State:
+    rk = s.ranks[r]
+    new = rk.gen + 1
+    refs = (new,) * cfg.refs if cfg.mutant != "partial-rebind" else (new,) + rk.refs[1:]
+    return s.with_rank(r, pc=PC_REBOUND, refs=refs)
+
+
+# Phase 6: validation on the new group (members of R), then the release vote (all of W)
+
+def _in_validation(cfg: Config, s: State, m: int, gen: int) -> bool:
+    mk = s.ranks[m]
+    if mk.gen > gen:  # already released
+        return True
+    if mk.pc in (PC_VALIDATED, PC_READY):
+        return True
+    return mk.pc == PC_REBOUND and not mk.hung and not mk.raised
+
+
+def _en_validate(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    if rk.pc != PC_REBOUND or not _active(s, r):
+        return False
+    # the validation all-reduce completes only when every member of R has joined it
+    return all(_in_validation(cfg, s, m, rk.gen) for m in cfg.affected)
+
+
+def _st_validate(cfg, s, r, arg) -> State:
+    return s.with_rank(r, pc=PC_VALIDATED)
+
+
+def _en_ready(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    want = PC_VALIDATED if _member(cfg, r) else PC_AGREED
+    return rk.pc == want and _active(s, r)
+
+
+def _st_ready(cfg, s, r, arg) -> State:
+    rk = s.ranks[r]
+    g = rk.gen
+    if rk.drop:
+        return s.with_rank(r, pc=PC_READY, drop=False, lost=True)
+    s = s.with_store(ready=s.store.ready | {(g, r)})
+    quorum = 1 if cfg.mutant == "early-release" else len(cfg.world)
+    if _count_ready(cfg, s, g) == quorum:
+        s = s.with_store(last_ready=s.store.last_ready + ((g, r),))
+    return s.with_rank(r, pc=PC_READY)
+
+
+def _en_decide_release(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return (
+        rk.pc == PC_READY
+        and _active(s, r)
+        and (rk.gen, r) in s.store.last_ready
+        and _lookup(cfg, s.store.release, rk.gen) is None
+    )
+
+
+def _st_decide_release(cfg, s, r, arg) -> State:
+    g = s.ranks[r].gen
+    return s.with_store(release=_compare_set(cfg, s.store.release, g, DECISION_RELEASE))
+
+
+def _en_resume(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return rk.pc == PC_READY and _active(s, r) and _lookup(cfg, s.store.release, rk.gen) == DECISION_RELEASE
+
+
+def _st_resume(cfg, s, r, arg) -> State:
+    rk = s.ranks[r]
+    entry = (rk.gen, r, rk.point, rk.dirty)
+    s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", dirty=False, delayed=False, replayed=0)
+    return replace(s, resumed=s.resumed | {entry})
+
+
+# Failure handling inside phases 2-6
+
+def _en_timeout(cfg, s, r, arg) -> bool:
+    if cfg.mutant == "linger":
+        return False
+    rk = s.ranks[r]
+    if not _active(s, r) or not stalled(s):
+        return False
+    if rk.pc == PC_ARRIVED:
+        return _lookup(cfg, s.store.agree, rk.gen) is None
+    if rk.pc == PC_REBOUND:
+        return not _en_validate(cfg, s, r, None)
+    if rk.pc == PC_READY:
+        return _lookup(cfg, s.store.release, rk.gen) is None
+    return False
+
+
+def _st_timeout(cfg, s, r, arg) -> State:
+    s = _write_abort_decision(cfg, s, r, REASON_DEADLINE)
+    s = _abort(s, REASON_DEADLINE)
+    return _exit(s, r, REASON_DEADLINE)
+
+
+def _en_fail(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return rk.raised and rk.pc in RECOVERY_PCS and not rk.hung
+
+
+def _st_fail(cfg, s, r, arg) -> State:
+    s = _write_abort_decision(cfg, s, r, REASON_EXCEPTION)
+    s = _abort(s, REASON_EXCEPTION)
+    return _exit(s, r, REASON_EXCEPTION)
+
+
+def _en_exit(cfg, s, r, arg) -> bool:
+    """The watchdog: an abort in the store ends every live rank, hung or not."""
+    if cfg.mutant == "linger":
+        return False
+    return bool(s.store.abort) and _alive(s, r) and not s.ranks[r].raised
+
+
+def _st_exit(cfg, s, r, arg) -> State:
+    return _exit(s, r, s.store.abort)
+
+
+# --------------------------------------------------------------------------------------
+# Faults.  Each consumes one unit of Config.max_faults.
+
+def _fault_ok(cfg: Config, s: State, kind: str) -> bool:
+    return (
+        s.faults < cfg.max_faults
+        and (not cfg.faults or kind in cfg.faults)
+        and not s.supervisor
+    )
+
+
+def _victim(s: State, r: int) -> bool:
+    """A rank that a fault can strike: alive and inside a recovery episode."""
+    return _alive(s, r) and _in_episode(s, r) and s.ranks[r].pc in (PC_TRAIN,) + RECOVERY_PCS
+
+
+def _en_group_fail(cfg, s, r, point) -> bool:
+    if not _fault_ok(cfg, s, "group_fail") or s.store.abort or point not in cfg.points:
+        return False
+    if any(rk.pc != PC_TRAIN or rk.hung for rk in s.ranks):
+        return False
+    gen = s.ranks[0].gen
+    return all(rk.gen == gen for rk in s.ranks) and (s.store.failed is None or s.store.failed[0] < gen)
+
+
+def _st_group_fail(cfg, s, r, point) -> State:
+    s = s.with_store(failed=(s.ranks[0].gen, point))
+    return replace(s, faults=s.faults + 1)
+
+
+def _bump(s: State) -> State:
+    return replace(s, faults=s.faults + 1)
+
+
+def _en_crash(cfg, s, r, arg) -> bool:
+    return _fault_ok(cfg, s, "crash") and _victim(s, r)
+
+
+def _st_crash(cfg, s, r, arg) -> State:
+    return _bump(s.with_rank(r, pc=PC_CRASHED, hung=False, raised=False))
+
+
+def _en_hang(cfg, s, r, arg) -> bool:
+    return _fault_ok(cfg, s, "hang") and _victim(s, r) and _active(s, r)
+
+
+def _st_hang(cfg, s, r, arg) -> State:
+    return _bump(s.with_rank(r, hung=True))
+
+
+def _en_raise(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return _fault_ok(cfg, s, "raise") and _victim(s, r) and rk.pc in RECOVERY_PCS and _active(s, r)
+
+
+def _st_raise(cfg, s, r, arg) -> State:
+    return _bump(s.with_rank(r, raised=True))
+
+
+def _en_mismatch(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return (
+        _fault_ok(cfg, s, "mismatch")
+        and _victim(s, r)
+        and rk.pc in (PC_OBSERVED, PC_GUARDED)
+        and rk.frontier == cfg.frontier
+        and _active(s, r)
+    )
+
+
+def _st_mismatch(cfg, s, r, arg) -> State:
+    # the rank committed one step more than the others: its S_app is at F + 1
+    return _bump(s.with_rank(r, frontier=cfg.frontier + 1, tau=cfg.frontier + 1))
+
+
+def _en_dirty(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return _fault_ok(cfg, s, "dirty_guard") and _victim(s, r) and rk.pc == PC_OBSERVED and not rk.dirty and _active(s, r)
+
+
+def _st_dirty(cfg, s, r, arg) -> State:
+    return _bump(s.with_rank(r, dirty=True))
+
+
+def _en_delay(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return _fault_ok(cfg, s, "delay") and _victim(s, r) and rk.pc != PC_READY and not rk.delayed and _active(s, r)
+
+
+def _st_delay(cfg, s, r, arg) -> State:
+    return _bump(s.with_rank(r, delayed=True))
+
+
+def _en_drop(cfg, s, r, arg) -> bool:
+    rk = s.ranks[r]
+    return (
+        _fault_ok(cfg, s, "drop")
+        and _victim(s, r)
+        and rk.pc in (PC_OBSERVED, PC_GUARDED, PC_AGREED, PC_REPLACED, PC_REBOUND, PC_VALIDATED)
+        and not rk.drop
+        and not rk.lost
+        and _active(s, r)
+    )
+
+
+def _st_drop(cfg, s, r, arg) -> State:
+    return _bump(s.with_rank(r, drop=True))
+
+
+# Supervisor (torchrun): restarts every worker once all of them have exited.
+
+def _en_restart(cfg, s, r, arg) -> bool:
+    return not s.supervisor and all(rk.pc in (PC_EXITED, PC_CRASHED) for rk in s.ranks)
+
+
+def _st_restart(cfg, s, r, arg) -> State:
+    f, c = cfg.frontier, cfg.checkpoint
+    ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False) for rk in s.ranks)
+    return replace(s, ranks=ranks, supervisor="restarted")
+
+
+# --------------------------------------------------------------------------------------
+
+ACTIONS: dict[str, ActionSpec] = {
+    a.name: a
+    for a in (
+        ActionSpec("RankObserve", "rank", 1, _en_observe, _st_observe, doc="observe the failed collective; members of R publish revoke"),
+        ActionSpec("RankGuard", "rank", 2, _en_guard, _st_guard, doc="guards pass and the contract says L1"),
+        ActionSpec("RankReject", "rank", 2, _en_reject, _st_reject, doc="the contract says L2: abort and exit"),
+        ActionSpec("RankArrive", "rank", 3, _en_arrive, _st_arrive, doc="post (F, g) at the control barrier"),
+        ActionSpec("RankDecideAgreement", "rank", 3, _en_decide_agreement, _st_decide_agreement, doc="last arriver compare_sets commit/abort"),
+        ActionSpec("RankAwaitAgreement", "rank", 3, _en_await_agreement, _st_await_agreement, doc="read the agreed commit"),
+        ActionSpec("RankReplace", "rank", 4, _en_replace, _st_replace, doc="build R's communicator for generation g+1"),
+        ActionSpec("RankRebind", "rank", 5, _en_rebind, _st_rebind, doc="every cached reference names the new communicator"),
+        ActionSpec("RankValidate", "rank", 6, _en_validate, _st_validate, doc="validation collective and digests on the new group"),
+        ActionSpec("RankReady", "rank", 6, _en_ready, _st_ready, doc="post the release vote"),
+        ActionSpec("RankDecideRelease", "rank", 6, _en_decide_release, _st_decide_release, doc="last voter compare_sets release"),
+        ActionSpec("RankResume", "rank", 6, _en_resume, _st_resume, doc="read release; resume at F in generation g+1"),
+        ActionSpec("RankTimeout", "rank", None, _en_timeout, _st_timeout, doc="a wait's deadline expired: abort and exit"),
+        ActionSpec("RankFail", "rank", None, _en_fail, _st_fail, doc="an exception in phases 2-6: abort and exit"),
+        ActionSpec("RankExit", "rank", None, _en_exit, _st_exit, doc="watchdog: exit on the store's abort key"),
+        ActionSpec("FaultGroupFail", "fault", None, _en_group_fail, _st_group_fail, fault_kind="group_fail", doc="R's communicator fails at a point"),
+        ActionSpec("FaultCrash", "fault", None, _en_crash, _st_crash, fault_kind="crash"),
+        ActionSpec("FaultHang", "fault", None, _en_hang, _st_hang, fault_kind="hang"),
+        ActionSpec("FaultRaise", "fault", None, _en_raise, _st_raise, fault_kind="raise"),
+        ActionSpec("FaultMismatch", "fault", None, _en_mismatch, _st_mismatch, fault_kind="mismatch"),
+        ActionSpec("FaultDirtyGuard", "fault", None, _en_dirty, _st_dirty, fault_kind="dirty_guard"),
+        ActionSpec("FaultDelay", "fault", None, _en_delay, _st_delay, fault_kind="delay"),
+        ActionSpec("FaultDrop", "fault", None, _en_drop, _st_drop, fault_kind="drop"),
+        ActionSpec("SupervisorRestart", "supervisor", None, _en_restart, _st_restart, doc="torchrun restarts all workers from C"),
+    )
+}
+
+
+def all_actions(cfg: Config) -> tuple[Action, ...]:
+    """Every action instance of a configuration, in a fixed order (deterministic search)."""
+    out: list[Action] = []
+    for spec in ACTIONS.values():
+        if spec.name == "FaultGroupFail":
+            out.extend(Action(spec.name, None, p) for p in cfg.points)
+        elif spec.actor == "supervisor":
+            out.append(Action(spec.name))
+        else:
+            out.extend(Action(spec.name, r) for r in cfg.world)
+    return tuple(out)
+
+
+def enabled(cfg: Config, s: State, a: Action) -> bool:
+    return ACTIONS[a.name].enabled(cfg, s, a.rank, a.arg)
+
+
+def step(cfg: Config, s: State, a: Action) -> State:
+    """Apply an enabled action.  Raises ``ValueError`` if it is not enabled (a driver bug)."""
+    spec = ACTIONS[a.name]
+    if not spec.enabled(cfg, s, a.rank, a.arg):
+        raise ValueError(f"{a} is not enabled in this state")
+    return spec.step(cfg, s, a.rank, a.arg)
+
+
+def successors(cfg: Config, s: State, actions: tuple[Action, ...] | None = None) -> Iterator[tuple[Action, State]]:
+    for a in actions if actions is not None else all_actions(cfg):
+        spec = ACTIONS[a.name]
+        if spec.enabled(cfg, s, a.rank, a.arg):
+            yield a, spec.step(cfg, s, a.rank, a.arg)
+
+
+def is_final(cfg: Config, s: State) -> bool:
+    """A state where the protocol has nothing left to do (spec/properties.md, "Final states").
+
+    Either the supervisor restarted the job (L2), or no abort was decided and every rank is
+    training, except ranks that crashed or hung *after* the release of their generation was
+    decided: those are faults of the next generation, found by its first collective.
+    """
+    if s.supervisor:
+        return True
+    if s.store.abort:
+        return False
+    for rk in s.ranks:
+        if rk.pc == PC_TRAIN and not rk.hung:
+            continue
+        if (rk.pc == PC_CRASHED or rk.hung) and true_lookup(s.store.release, rk.gen) == DECISION_RELEASE:
+            continue
+        return False
+    return True

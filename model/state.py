@@ -1,0 +1,189 @@
+"""Protocol state: frozen, hashable dataclasses (spec/protocol.md, section "State").
+
+The model state is the abstract part of S = <S_app, S_runtime> that recovery touches,
+per rank, plus the control-plane store and a few history variables that exist only so
+that invariants can be stated as predicates on a single state (as TLA+ specs do).
+
+Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .contract import DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, Envelope, ObservationKey, default_envelope
+
+# Program counter of a rank: where it stands in the six phases.  Names match spec/protocol.md.
+PC_TRAIN = "train"          # running training; also the state after a release (resumed at F)
+PC_OBSERVED = "observed"    # phase 1 done: failure observed, revoke published
+PC_GUARDED = "guarded"      # phase 2 done: guard passed, contract said L1
+PC_ARRIVED = "arrived"      # phase 3: (F, g) posted to the control barrier, waiting for the decision
+PC_AGREED = "agreed"        # phase 3 done: decision "commit" read
+PC_REPLACED = "replaced"    # phase 4 done (members of R only): new communicator built
+PC_REBOUND = "rebound"      # phase 5 done (members of R only): every cached reference names it
+PC_VALIDATED = "validated"  # phase 6 done (members of R only): validation collective + digests passed
+PC_READY = "ready"          # release vote posted, waiting for the release decision
+PC_EXITED = "exited"        # fail-stop exit with a reason (L2)
+PC_CRASHED = "crashed"      # died (SIGKILL); takes no further step
+PC_RESTARTED = "restarted"  # the supervisor restarted it from the last durable checkpoint
+
+RECOVERY_PCS = (PC_OBSERVED, PC_GUARDED, PC_ARRIVED, PC_AGREED, PC_REPLACED, PC_REBOUND, PC_VALIDATED, PC_READY)
+#: Phases 2-6 in the sense of the safety rule "any failure in phases 2-6 ends the rank".
+PHASE_OF_PC = {
+    PC_OBSERVED: 2,  # next: guard
+    PC_GUARDED: 3,   # next: arrive
+    PC_ARRIVED: 3,
+    PC_AGREED: 4,
+    PC_REPLACED: 5,
+    PC_REBOUND: 6,
+    PC_VALIDATED: 6,
+    PC_READY: 6,     # the release is the end of phase 6
+}
+#: Waiting points: where a rank waits on others and its deadline can expire.
+WAITING_PCS = (PC_ARRIVED, PC_REBOUND, PC_READY)
+
+# Exit reasons (spec/protocol.md "Exit codes"); the implementation maps each to a code.
+REASON_REJECTED = "rejected"        # contract said L2 (in flight, guard failed, key outside envelope)
+REASON_MISMATCH = "mismatch"        # frontier agreement found a different (F, g)
+REASON_DEADLINE = "deadline"        # a wait on peers expired
+REASON_EXCEPTION = "exception"      # an exception inside phases 2-6
+EXIT_REASONS = (REASON_REJECTED, REASON_MISMATCH, REASON_DEADLINE, REASON_EXCEPTION)
+
+DECISION_COMMIT = "commit"
+DECISION_RELEASE = "release"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A model instance: world shape, fault budget, contract, and an optional mutant.
+
+    The world W is ``nodes x ranks_per_node`` ranks, rank = node * ranks_per_node + local.
+    The affected group R is the replicate group of local index ``affected_local``
+    (one rank per node); with one rank per node R is all of W (the DDP case).
+    """
+
+    nodes: int = 2
+    ranks_per_node: int = 2
+    affected_local: int = 1
+    max_faults: int = 2
+    frontier: int = 3        # F: the committed frontier when the fault strikes
+    checkpoint: int = 1      # C: the last durable checkpoint (C <= F)
+    refs: int = 2            # cached references per member of R that are modelled
+    faults: frozenset[str] = frozenset()   # enabled fault kinds; empty means all (see protocol.FAULT_KINDS)
+    points: tuple[str, ...] = ("boundary", "forward", "backward", "optimizer")
+    platform: str = DEFAULT_PLATFORM
+    profile: str = DEFAULT_PROFILE
+    objective: str = DEFAULT_OBJECTIVE
+    envelope: Envelope = field(default_factory=default_envelope, compare=False, hash=False)
+    mutant: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.ranks_per_node < 1:
+            raise ValueError(f"Config: nodes and ranks_per_node must be >= 1, got {self.nodes}x{self.ranks_per_node}")
+        if not 0 <= self.affected_local < self.ranks_per_node:
+            raise ValueError(f"Config.affected_local={self.affected_local} must be in [0, {self.ranks_per_node})")
+        if self.max_faults < 0:
+            raise ValueError("Config.max_faults must be >= 0")
+        if not 0 <= self.checkpoint <= self.frontier:
+            raise ValueError(f"Config: need 0 <= checkpoint ({self.checkpoint}) <= frontier ({self.frontier})")
+        if self.refs < 1:
+            raise ValueError("Config.refs must be >= 1")
+
+    @property
+    def world(self) -> tuple[int, ...]:
+        return tuple(range(self.nodes * self.ranks_per_node))
+
+    @property
+    def affected(self) -> tuple[int, ...]:
+        if self.ranks_per_node == 1:
+            return self.world
+        return tuple(n * self.ranks_per_node + self.affected_local for n in range(self.nodes))
+
+    def key(self, phase: str) -> ObservationKey:
+        return ObservationKey(self.platform, self.profile, phase, self.objective)
+
+    def with_(self, **changes) -> "Config":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """One rank's abstract state.
+
+    ``frontier``/``tau`` stand for S_app (weights, moments, RNG and data cursor are
+    unchanged by recovery, so F and tau are enough to state "preserved");
+    ``comm``/``refs`` stand for S_runtime: the generation of the communicator the rank
+    holds for R, and the generation each modelled cached reference names.
+    """
+
+    pc: str = PC_TRAIN
+    gen: int = 0
+    frontier: int = 0        # F this rank reports at the control barrier
+    tau: int = 0             # optimizer step counter
+    point: str = ""          # failure phase recorded by the guard when the failure was observed
+    comm: int = 0            # generation of the communicator held for R (members of R)
+    refs: tuple[int, ...] = ()
+    dirty: bool = False      # guard will fail (outstanding grads / wrapper busy)
+    hung: bool = False       # main thread stopped; the watchdog thread still runs
+    delayed: bool = False    # slow: peers' deadlines may expire before it arrives
+    drop: bool = False       # its next control-plane write will be lost
+    lost: bool = False       # one of its writes was lost
+    raised: bool = False     # an exception is propagating inside a recovery phase
+    reason: str = ""         # exit reason once exited
+    replayed: int = 0        # steps replayed after the last resume (L1: 0, L2: F - C)
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """The control-plane store (a c10d TCPStore in the implementation).
+
+    Every entry carries the generation it was written in.  Decisions are single-assignment
+    per generation (``compare_set`` on an empty key), which is what makes them agreed.
+    """
+
+    failed: tuple[int, str] | None = None                   # (gen, point): R's communicator is broken
+    revoked: frozenset[int] = frozenset()                   # gens whose R was revoked
+    arrivals: frozenset[tuple[int, int, int, int]] = frozenset()   # (gen, rank, F, g reported)
+    last_arriver: tuple[tuple[int, int], ...] = ()          # (gen, rank) whose add() completed the count
+    agree: tuple[tuple[int, str], ...] = ()                 # (gen, "commit" | "abort:<reason>")
+    ready: frozenset[tuple[int, int]] = frozenset()         # (gen, rank) release votes
+    last_ready: tuple[tuple[int, int], ...] = ()
+    release: tuple[tuple[int, str], ...] = ()               # (gen, "release" | "abort:<reason>")
+    abort: str = ""                                         # job-wide abort key: watchdogs exit on it
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    ranks: tuple[Rank, ...]
+    store: Store = Store()
+    faults: int = 0                  # faults injected so far (the budget is Config.max_faults)
+    supervisor: str = ""             # "" | "restarted"
+    # History variables (not implementation state; they let invariants be state predicates).
+    resumed: frozenset[tuple[int, int, str, bool]] = frozenset()   # (gen, rank, point, dirty) of each release
+    agreed: frozenset[tuple[int, int, int]] = frozenset()          # (gen, rank, F reported) of each pass of phase 3
+
+    def rank(self, r: int) -> Rank:
+        return self.ranks[r]
+
+    def with_rank(self, r: int, **changes) -> "State":
+        ranks = list(self.ranks)
+        ranks[r] = replace(ranks[r], **changes)
+        return replace(self, ranks=tuple(ranks))
+
+    def with_store(self, **changes) -> "State":
+        return replace(self, store=replace(self.store, **changes))
+
+
+def initial_state(config: Config) -> State:
+    """Every rank training at generation 0, committed at F, holding R's generation-0 communicator."""
+    members = set(config.affected)
+    ranks = tuple(
+        Rank(
+            frontier=config.frontier,
+            tau=config.frontier,
+            comm=0 if r in members else -1,
+            refs=(0,) * config.refs if r in members else (),
+        )
+        for r in config.world
+    )
+    return State(ranks=ranks)
