@@ -59,12 +59,13 @@ class Config:
 
     The world W is ``nodes x ranks_per_node`` ranks, rank = node * ranks_per_node + local.
     The affected group R is the replicate group of local index ``affected_local``
-    (one rank per node); with one rank per node R is all of W (the DDP case).
+    (one rank per node); with ``group="world"`` or one rank per node R is all of W (DDP).
     """
 
     nodes: int = 2
     ranks_per_node: int = 2
     affected_local: int = 1
+    group: str = "replicate"  # the affected group R: "replicate" (HSDP) or "world" (DDP)
     max_faults: int = 2
     frontier: int = 3        # F: the committed frontier when the fault strikes
     checkpoint: int = 1      # C: the last durable checkpoint (C <= F)
@@ -86,6 +87,8 @@ class Config:
             raise ValueError("Config.max_faults must be >= 0")
         if not 0 <= self.checkpoint <= self.frontier:
             raise ValueError(f"Config: need 0 <= checkpoint ({self.checkpoint}) <= frontier ({self.frontier})")
+        if self.group not in ("replicate", "world"):
+            raise ValueError(f"Config.group must be 'replicate' or 'world', got {self.group!r}")
         if self.refs < 1:
             raise ValueError("Config.refs must be >= 1")
 
@@ -95,7 +98,7 @@ class Config:
 
     @property
     def affected(self) -> tuple[int, ...]:
-        if self.ranks_per_node == 1:
+        if self.ranks_per_node == 1 or self.group == "world":
             return self.world
         return tuple(n * self.ranks_per_node + self.affected_local for n in range(self.nodes))
 

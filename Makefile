@@ -1,0 +1,32 @@
+# The README's two commands.  Each creates .venv and installs what it needs on first use.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# torch 2.13.0 is a local CPU wheel on these machines; any other version pulls a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+PYTEST_WORKERS ?= 2
+
+.PHONY: demo test test-fast explore bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e '.[torch,test,plot]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/accelpact demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+
+explore: $(STAMP)
+	$(BIN)/accelpact explore --nodes 2 --ranks-per-node 2 --max-faults 2
+
+bench: $(STAMP)
+	$(BIN)/accelpact bench explore
+
+clean:
+	rm -rf $(VENV) build *.egg-info
