@@ -13,6 +13,10 @@ guessed: an unknown key is a rejection, not a nearest match.
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -138,18 +142,45 @@ def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool, *, admit_in
 
 
 # ---------------------------------------------------------------------------------------
-# Envelope files (C4): JSON, or TOML with the same structure.
+# Envelope files (C6.1): JSON, or TOML with the same structure.
 
 _ENTRY_FIELDS = {"platform", "profile", "phase", "objective", "actions", "evidence"}
+_TOP_FIELDS = ("format", "entries", "comment", "platform_info")
+
+
+def _check_evidence(where: str, evidence: Any) -> None:
+    """C6.2: the fields ``accelpact qualify`` writes are type-checked; other keys are kept as they are."""
+    if not isinstance(evidence, Mapping):
+        raise EnvelopeError(f"{where}.evidence: must be an object, got {type(evidence).__name__}")
+    for name in ("trials", "passes"):
+        if name in evidence:
+            value = evidence[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise EnvelopeError(f"{where}.evidence.{name}: must be an integer >= 0, got {value!r}")
+    if "trials" in evidence and "passes" in evidence and evidence["passes"] > evidence["trials"]:
+        raise EnvelopeError(
+            f"{where}.evidence.passes: {evidence['passes']} passes exceed {evidence['trials']} trials; "
+            "passes counts trials that met the objective"
+        )
+    if "platform" in evidence:
+        plat = evidence["platform"]
+        if not isinstance(plat, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plat.items()):
+            raise EnvelopeError(
+                f"{where}.evidence.platform: must be an object of strings (e.g. torch, backend, driver versions), got {plat!r}"
+            )
 
 
 def envelope_from_mapping(data: Any, *, source: str = "<envelope>") -> Envelope:
     """Validate and build an envelope; every error names the offending field and location."""
     if not isinstance(data, Mapping):
         raise EnvelopeError(f"{source}: top level must be an object with 'format' and 'entries'")
-    unknown = set(data) - {"format", "entries", "comment", "platform_info"}
+    unknown = set(data) - set(_TOP_FIELDS)
     if unknown:
-        raise EnvelopeError(f"{source}: unknown top-level field(s) {sorted(unknown)}; allowed: format, entries, comment, platform_info")
+        raise EnvelopeError(f"{source}: unknown top-level field(s) {sorted(unknown)}; allowed: {', '.join(_TOP_FIELDS)}")
+    if "comment" in data and not isinstance(data["comment"], str):
+        raise EnvelopeError(f"{source}: field 'comment' must be a string, got {type(data['comment']).__name__}")
+    if "platform_info" in data and not isinstance(data["platform_info"], Mapping):
+        raise EnvelopeError(f"{source}: field 'platform_info' must be an object, got {type(data['platform_info']).__name__}")
     fmt = data.get("format")
     if fmt != ENVELOPE_FORMAT:
         raise EnvelopeError(f"{source}: field 'format' must be {ENVELOPE_FORMAT!r}, got {fmt!r}")
@@ -182,8 +213,7 @@ def envelope_from_mapping(data: Any, *, source: str = "<envelope>") -> Envelope:
                 "use [\"L2\"] for in-flight phases"
             )
         evidence = item.get("evidence", {})
-        if not isinstance(evidence, Mapping):
-            raise EnvelopeError(f"{where}.evidence: must be an object")
+        _check_evidence(where, evidence)
         key = ObservationKey(item["platform"], item["profile"], item["phase"], item["objective"])
         if key in seen:
             raise EnvelopeError(f"{where}: duplicate key {key} (first at entries[{seen[key]}])")
@@ -192,13 +222,25 @@ def envelope_from_mapping(data: Any, *, source: str = "<envelope>") -> Envelope:
     return Envelope(tuple(entries))
 
 
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads keeps the last of two equal keys silently; an envelope must not (C6.3)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise EnvelopeError(f"duplicate field {k!r} in one JSON object; write each field once")
+        out[k] = v
+    return out
+
+
 def load_envelope(path: str | Path) -> Envelope:
     """Load a ``.json`` or ``.toml`` envelope file; raise :class:`EnvelopeError` naming the problem."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise EnvelopeError(f"{p}: cannot read envelope file ({exc.strerror})") from exc
+        raise EnvelopeError(f"{p}: cannot read envelope file ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise EnvelopeError(f"{p}: not UTF-8 text at byte {exc.start}; save the envelope as UTF-8") from exc
     if p.suffix == ".toml":
         try:
             import tomllib  # Python 3.11+
@@ -210,15 +252,87 @@ def load_envelope(path: str | Path) -> Envelope:
             raise EnvelopeError(f"{p}: not valid TOML: {exc}") from exc
     else:
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+        except EnvelopeError as exc:
+            raise EnvelopeError(f"{p}: {exc}") from None
         except json.JSONDecodeError as exc:
             raise EnvelopeError(f"{p}: not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
     return envelope_from_mapping(data, source=str(p))
 
 
+def load_default_envelope() -> Envelope:
+    """The shipped ``model/envelopes/default.json`` (package data; equals ``default_envelope()``)."""
+    from importlib.resources import as_file, files
+
+    with as_file(files(__package__ or "accelpact.model").joinpath("envelopes", "default.json")) as p:
+        return load_envelope(p)
+
+
+# TOML writing: the standard library reads TOML but cannot write it, and the envelope
+# schema is small (strings, lists of strings, an evidence table of scalars, lists, tables),
+# so a schema-limited writer is enough.
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _toml_key(key: Any, where: str) -> str:
+    if not isinstance(key, str):
+        raise EnvelopeError(f"{where}: TOML keys must be strings, got {key!r}")
+    return key if _BARE_KEY.fullmatch(key) else _toml_str(key)
+
+
+def _toml_str(value: str) -> str:
+    # JSON string escapes are valid TOML basic-string escapes; DEL must be escaped in TOML.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_value(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v, f"{where}[{i}]") for i, v in enumerate(value)) + "]"
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{_toml_key(k, where)} = {_toml_value(v, f'{where}.{k}')}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
+    raise EnvelopeError(f"{where}: {type(value).__name__} value {value!r} cannot be written to TOML; use a JSON envelope")
+
+
+def envelope_to_toml(envelope: Envelope) -> str:
+    """The TOML form of ``envelope.to_json()``: ``format`` then one ``[[entries]]`` table per entry."""
+    data = envelope.to_json()
+    lines = [f"format = {_toml_str(data['format'])}"]
+    if not data["entries"]:
+        lines.append("entries = []")  # an empty envelope admits nothing, but is still well formed
+    for i, entry in enumerate(data["entries"]):
+        lines += ["", "[[entries]]"]
+        lines += [f"{k} = {_toml_value(v, f'entries[{i}].{k}')}" for k, v in entry.items()]
+    return "\n".join(lines) + "\n"
+
+
 def save_envelope(envelope: Envelope, path: str | Path) -> None:
-    """Write atomically (temp file + rename), so a reader never sees half an envelope."""
+    """Write atomically (unique temp file in the same folder, fsync, rename), so a reader
+    never sees half an envelope.  ``.toml`` paths get TOML, every other path JSON."""
     p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(envelope.to_json(), indent=2, sort_keys=False) + "\n")
-    tmp.replace(p)
+    text = envelope_to_toml(envelope) if p.suffix == ".toml" else json.dumps(envelope.to_json(), indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp creates 0600; an envelope is meant to be shared
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

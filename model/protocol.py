@@ -125,7 +125,7 @@ def _count_ready(cfg: Config, s: State, gen: int) -> int:
 
 
 def _member(cfg: Config, r: int) -> bool:
-    return r in cfg.affected
+    return r in cfg._affected
 
 
 def _in_episode(s: State, r: int) -> bool:

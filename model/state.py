@@ -77,6 +77,10 @@ class Config:
     objective: str = DEFAULT_OBJECTIVE
     envelope: Envelope = field(default_factory=default_envelope, compare=False, hash=False)
     mutant: str | None = None
+    # Derived, cached at construction because the search asks for them millions of times.
+    _world: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
+    _affected: frozenset[int] = field(init=False, repr=False, compare=False, hash=False)
+    _affected_t: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.ranks_per_node < 1:
@@ -91,16 +95,26 @@ class Config:
             raise ValueError(f"Config.group must be 'replicate' or 'world', got {self.group!r}")
         if self.refs < 1:
             raise ValueError("Config.refs must be >= 1")
+        world = tuple(range(self.nodes * self.ranks_per_node))
+        if self.ranks_per_node == 1 or self.group == "world":
+            affected = world
+        else:
+            affected = tuple(n * self.ranks_per_node + self.affected_local for n in range(self.nodes))
+        object.__setattr__(self, "_world", world)
+        object.__setattr__(self, "_affected_t", affected)
+        object.__setattr__(self, "_affected", frozenset(affected))
 
     @property
     def world(self) -> tuple[int, ...]:
-        return tuple(range(self.nodes * self.ranks_per_node))
+        return self._world
 
     @property
     def affected(self) -> tuple[int, ...]:
-        if self.ranks_per_node == 1 or self.group == "world":
-            return self.world
-        return tuple(n * self.ranks_per_node + self.affected_local for n in range(self.nodes))
+        return self._affected_t
+
+    def is_member(self, r: int) -> bool:
+        """True when rank ``r`` belongs to the affected group R."""
+        return r in self._affected
 
     def key(self, phase: str) -> ObservationKey:
         return ObservationKey(self.platform, self.profile, phase, self.objective)

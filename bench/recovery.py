@@ -1,0 +1,143 @@
+"""``accelpact bench recovery``: repeated L1 repairs and L2 restarts in the same run, measured.
+
+Two torchrun launches of the same workload:
+
+* L1: ``--repeat`` committed-boundary failures of the replicate group (one every other step),
+  each repaired in place (a new generation per repair), no restart allowed;
+* L2: ``--repeat`` in-flight failures (exception in backward), one per attempt, so torchrun
+  restarts ``--repeat`` times; each restart reloads the last committed checkpoint and replays.
+
+Reported: median, p90 and max of every L1 phase (agree, retire, rebuild, rebind, validate,
+release, total) and of fault-to-frontier for both paths, L2's exit-to-ready (respawn, import,
+reload), replayed steps, and the L2/L1 ratio of median fault-to-frontier.  Nothing is asserted
+here: speed is measured, never tested.  No torch import at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["add_arguments", "run", "summarize"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeat", type=int, default=3, help="L1 repairs and L2 restarts to measure (default 3)")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--wrapper", choices=("fsdp1-hybrid", "fsdp2-hybrid", "ddp"), default="fsdp1-hybrid")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--out", default="runs/bench-recovery", help="run folder (results, traces)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON to PATH")
+    p.add_argument("--timeout", type=float, default=600.0, help="bound on each launch in seconds")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (defined for any n >= 1)."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def summarize(xs: list[float]) -> dict:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return {"n": 0, "median": None, "p90": None, "max": None}
+    return {"n": len(xs), "median": statistics.median(xs), "p90": _pct(xs, 0.9), "max": max(xs)}
+
+
+def _job(args, out: Path, scenario: str, steps: int, faults: list[dict]) -> dict:
+    return {"scenario": scenario, "topology": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node},
+            "workload": {"wrapper": args.wrapper, "layers": args.layers, "steps": steps, "seed": 0,
+                         "checkpoint_every": 2},
+            "faults": faults, "backend": args.backend, "out": str(out), "trace": True,
+            "deadline_s": 30.0, "collective_timeout_s": 60.0, "seeded_bug": None}
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from accelpact.impl.launch import PHASES, l1_episodes, l2_episodes, run_torchrun
+
+    console = Console()
+    if args.repeat < 1:
+        print(f"accelpact bench recovery: error: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
+        return 2
+    if args.nodes < 1 or args.ranks_per_node < 1 or args.nodes * args.ranks_per_node < 2:
+        print("accelpact bench recovery: error: need --nodes >= 1, --ranks-per-node >= 1 and at least 2 ranks",
+              file=sys.stderr)
+        return 2
+    if args.wrapper != "ddp" and args.nodes < 2:
+        print(f"accelpact bench recovery: error: --wrapper {args.wrapper} needs --nodes >= 2", file=sys.stderr)
+        return 2
+    nproc = args.nodes * args.ranks_per_node
+    victim = args.ranks_per_node - 1 if args.wrapper != "ddp" else nproc - 1
+    group = "world" if args.wrapper == "ddp" else "replicate"
+    # Odd fault steps with a checkpoint every 2: every L2 restart replays exactly one step.
+    fault_steps = [3 + 2 * i for i in range(args.repeat)]
+    steps = fault_steps[-1] + 2
+    out = Path(args.out).resolve()
+    t0 = time.monotonic()
+
+    console.print(f"L1: {args.repeat} boundary failures of the {group} group, {args.wrapper} {args.nodes}x{args.ranks_per_node}")
+    l1 = run_torchrun(_job(args, out / "l1", "bench-l1", steps, [
+        {"step": s, "at": "boundary", "kind": "collective_timeout", "ranks": [victim], "group": group}
+        for s in fault_steps]), nproc, max_restarts=0, timeout_s=args.timeout)
+    console.print(f"L2: {args.repeat} in-flight failures, one per torchrun attempt")
+    l2 = run_torchrun(_job(args, out / "l2", "bench-l2", steps, [
+        {"step": s, "at": "backward", "kind": "exception", "ranks": [victim], "attempt": i}
+        for i, s in enumerate(fault_steps)]), nproc, max_restarts=args.repeat, timeout_s=args.timeout)
+
+    ep1, ep2 = l1_episodes(l1), l2_episodes(l2)
+    result = {
+        "config": {"repeat": args.repeat, "wrapper": args.wrapper, "nodes": args.nodes,
+                   "ranks_per_node": args.ranks_per_node, "layers": args.layers, "backend": args.backend,
+                   "fault_steps": fault_steps, "steps": steps},
+        "l1": {"ok": l1.ok(), "repairs": len(ep1), "restarts": l1.restarts,
+               "phases_s": {ph: summarize([e["phases_s"][ph] for e in ep1]) for ph in PHASES},
+               "fault_to_frontier_s": summarize([e["fault_to_frontier_s"] for e in ep1]),
+               "replayed_steps": [e["replayed_steps"] for e in ep1]},
+        "l2": {"ok": l2.ok(), "restarts": l2.restarts,
+               "fault_to_frontier_s": summarize([e["fault_to_frontier_s"] for e in ep2]),
+               "exit_to_ready_s": summarize([e["exit_to_ready_s"] for e in ep2]),
+               "replayed_steps": [e["replayed_steps"] for e in ep2],
+               "exit_codes": [e["exit_codes"] for e in ep2]},
+        "wall_s": None,
+    }
+    m1, m2 = result["l1"]["fault_to_frontier_s"]["median"], result["l2"]["fault_to_frontier_s"]["median"]
+    result["l2_over_l1_fault_to_frontier"] = (m2 / m1) if m1 and m2 else None
+    result["wall_s"] = time.monotonic() - t0
+
+    def ms(x):
+        return "-" if x is None else f"{x * 1e3:.1f}"
+
+    table = Table(title=f"recovery ({args.wrapper}, {nproc} ranks, gloo CPU): milliseconds")
+    for col in ("metric", "n", "median", "p90", "max"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    for ph in PHASES:
+        s = result["l1"]["phases_s"][ph]
+        table.add_row(f"L1 {ph}", str(s["n"]), ms(s["median"]), ms(s["p90"]), ms(s["max"]))
+    for label, s in (("L1 fault->frontier", result["l1"]["fault_to_frontier_s"]),
+                     ("L2 fault->frontier", result["l2"]["fault_to_frontier_s"]),
+                     ("L2 exit->ready", result["l2"]["exit_to_ready_s"])):
+        table.add_row(label, str(s["n"]), ms(s["median"]), ms(s["p90"]), ms(s["max"]))
+    console.print(table)
+    ratio = result["l2_over_l1_fault_to_frontier"]
+    console.print(f"replayed steps: L1 {result['l1']['replayed_steps']}, L2 {result['l2']['replayed_steps']}; "
+                  f"L2/L1 median fault-to-frontier: {'-' if ratio is None else f'{ratio:.0f}x'}; "
+                  f"wall {result['wall_s']:.0f} s")
+    if not l1.ok() or len(ep1) != args.repeat:
+        console.print(f"[red]L1 run incomplete[/red]: {len(ep1)}/{args.repeat} repairs, rc={l1.returncode}; see {l1.log}")
+    if not l2.ok() or len(ep2) != args.repeat:
+        console.print(f"[red]L2 run incomplete[/red]: {len(ep2)}/{args.repeat} restarts, rc={l2.returncode}; see {l2.log}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        console.print(f"json: {args.json}")
+    complete = l1.ok() and l2.ok() and len(ep1) == args.repeat and len(ep2) == args.repeat
+    return 0 if complete else 1

@@ -1,0 +1,156 @@
+"""Generate the conformance corpus from the model (spec/scenario-format.md, "Corpus").
+
+The scenario space (topologies x wrappers x fault points x kinds x victim rank) is enumerated,
+each candidate is classified by the model's reachable outcome class under its script
+(:func:`accelpact.conformance.scenario.explore`), and one representative is emitted per
+distinct (cell, outcome class), where a cell is (topology, wrapper, point, kind, victim role:
+member of R / rank outside R, number of faults).  ``expect.outcome`` is
+set from the model whenever the model's outcome is unique.
+
+Deterministic: same model, same files, byte for byte.  ``python -m
+accelpact.conformance.generate`` rewrites ``conformance/scenarios/``; ``--check`` exits 1 if the
+checked-in corpus differs (``tests/test_scenarios.py`` asserts the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from .scenario import (
+    ALLOWED_KINDS,
+    RECOVERY_POINTS,
+    Fault,
+    Scenario,
+    Topology,
+    Workload,
+    check_expectation,
+    explore,
+)
+
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+SHORT = {"fsdp1-hybrid": "fsdp1", "fsdp2-hybrid": "fsdp2", "ddp": "ddp"}
+STEP = 5          # F for single-episode scenarios
+STEPS = 8
+EVERY = 3         # checkpoint_every: C = 3 for F = 5
+
+
+def _workload(wrapper: str, steps: int = STEPS) -> Workload:
+    return Workload(wrapper, 2, steps, 0, EVERY)
+
+
+def _trigger(topo: Topology, wrapper: str, at: str, kind: str = "collective_timeout", step: int = STEP) -> Fault:
+    """The fault on R that starts a recovery: the replicate group of local index 1 (or W for ddp)."""
+    if wrapper == "ddp" or topo.ranks_per_node == 1:
+        ranks = tuple(range(topo.world))
+        return Fault(step, at, kind, ranks, "world")
+    local = 1
+    ranks = tuple(n * topo.ranks_per_node + local for n in range(topo.nodes))
+    return Fault(step, at, kind, ranks, "replicate")
+
+
+def _role(topo: Topology, wrapper: str, rank: int) -> str:
+    if wrapper == "ddp" or topo.ranks_per_node == 1 or rank % topo.ranks_per_node == 1:
+        return "member"
+    return "outside"
+
+
+def candidates() -> list[tuple[tuple, Scenario]]:
+    """Every candidate scenario with its cell key, in a fixed order."""
+    out: list[tuple[tuple, Scenario]] = []
+    t22, t42 = Topology(2, 2), Topology(4, 2)
+
+    def add(cell: tuple, name: str, topo: Topology, wrapper: str, faults: list[Fault], steps: int = STEPS) -> None:
+        out.append((cell, Scenario(name, topo, _workload(wrapper, steps), tuple(faults))))
+
+    for wrapper in ("fsdp1-hybrid", "fsdp2-hybrid", "ddp"):
+        w = SHORT[wrapper]
+        # the happy repair and each in-flight rejection, per wrapper
+        for at in ("boundary", "forward", "backward", "optimizer"):
+            name = f"2x2-{w}-{'repair' if at == 'boundary' else 'reject-' + at}"
+            add(("2x2", wrapper, at, "collective_timeout", "-", 1), name, t22, wrapper, [_trigger(t22, wrapper, at)])
+    wrapper = "fsdp1-hybrid"
+    # a fault of each kind at the boundary itself and in each recovery phase, on each rank role
+    for at in ("boundary",) + RECOVERY_POINTS:
+        for kind in ALLOWED_KINDS[at]:
+            if kind == "collective_timeout":
+                continue
+            for rank in (3, 2):  # a member of R (not rank 0) and a rank outside R
+                role = _role(t22, wrapper, rank)
+                cell = ("2x2", wrapper, at, kind, role, 2)
+                name = f"2x2-fsdp1-{at}-{kind.replace('_', '-')}-r{rank}"
+                faults = [_trigger(t22, wrapper, "boundary"), Fault(STEP, at, kind, (rank,), "replicate")]
+                add(cell, name, t22, wrapper, faults)
+    # the other wrappers: a crash in agreement on a member and a hang in validation
+    for wrapper in ("fsdp2-hybrid", "ddp"):
+        w = SHORT[wrapper]
+        for at, kind in (("agree", "crash"), ("validate", "hang")):
+            faults = [_trigger(t22, wrapper, "boundary"), Fault(STEP, at, kind, (3,), _trigger(t22, wrapper, "boundary").group)]
+            add(("2x2", wrapper, at, kind, "member", 2), f"2x2-{w}-{at}-{kind}-r3", t22, wrapper, faults)
+    # successive faults in one job: two repairs, then a repair followed by a failed one
+    wrapper = "fsdp1-hybrid"
+    add(("2x2", wrapper, "boundary", "successive", "-", 2), "2x2-fsdp1-successive-repairs", t22, wrapper,
+        [_trigger(t22, wrapper, "boundary", step=2), _trigger(t22, wrapper, "boundary", step=5)])
+    add(("2x2", wrapper, "boundary", "successive-crash", "-", 3), "2x2-fsdp1-repair-then-crash", t22, wrapper,
+        [_trigger(t22, wrapper, "boundary", step=2), _trigger(t22, wrapper, "boundary", step=5),
+         Fault(5, "validate", "crash", (3,), "replicate")])
+    # ten faults in one job: ten successive repairs (DDP keeps the model search small)
+    add(("2x2", "ddp", "boundary", "ten", "-", 10), "2x2-ddp-ten-repairs", t22, "ddp",
+        [_trigger(t22, "ddp", "boundary", step=s) for s in range(1, 11)], steps=12)
+    # a few 4x2 cases (symmetric scripts only: the model search is larger there)
+    for at in ("boundary", "forward"):
+        name = f"4x2-fsdp1-{'repair' if at == 'boundary' else 'reject-' + at}"
+        add(("4x2", wrapper, at, "collective_timeout", "-", 1), name, t42, wrapper, [_trigger(t42, wrapper, at)])
+    return out
+
+
+def generate(verbose: bool = False) -> dict[str, str]:
+    """name -> canonical file text, one representative per (cell, outcome class)."""
+    chosen: dict[str, str] = {}
+    classes: set[tuple] = set()
+    for cell, sc in candidates():
+        outcome = explore(sc)
+        problem = check_expectation(sc, outcome)
+        if problem:
+            raise RuntimeError(f"generate: {problem}")
+        key = cell[:4] + (cell[4] if cell[4] != "-" else "", outcome.outcome_class)
+        # one representative per cell and outcome class: r0/r1... of the same role collapse
+        if key in classes:
+            continue
+        classes.add(key)
+        expect = next(iter(outcome.outcomes)) if len(outcome.outcomes) == 1 else None
+        sc = replace(sc, expect=expect)
+        chosen[sc.name] = sc.dumps()
+        if verbose:
+            print(f"{sc.name:44s} {outcome.outcome_class:28s} states={outcome.states}", file=sys.stderr)
+    return dict(sorted(chosen.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m accelpact.conformance.generate", description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if conformance/scenarios differs from what the model generates")
+    ap.add_argument("--dir", type=Path, default=SCENARIO_DIR, help="corpus directory (default: the package's scenarios/)")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    files = generate(args.verbose)
+    existing = {p.stem: p.read_text() for p in sorted(args.dir.glob("*.json"))}
+    if args.check:
+        stale = sorted(set(existing) ^ set(files)) + sorted(n for n in files if n in existing and existing[n] != files[n])
+        if stale:
+            print(f"corpus out of date in {args.dir}: {stale}; run `python -m accelpact.conformance.generate`", file=sys.stderr)
+            return 1
+        print(f"corpus up to date: {len(files)} scenarios")
+        return 0
+    args.dir.mkdir(parents=True, exist_ok=True)
+    for name in set(existing) - set(files):
+        (args.dir / f"{name}.json").unlink()
+    for name, text in files.items():
+        (args.dir / f"{name}.json").write_text(text)
+    print(f"wrote {len(files)} scenarios to {args.dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

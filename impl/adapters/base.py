@@ -1,0 +1,180 @@
+"""Adapter interface: discover once, rebind many, verify with the walker (model: RankRebind, S5).
+
+Ordering requirements: ``discover`` runs while the old group is still the one cached (at attach,
+or before the replacement); ``rebind`` runs after the new group exists on every member of R and
+before the next forward; ``verify`` runs after ``rebind`` (it walks the graph, ~ms, not us).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterable, Sequence
+
+from .walker import RebindError, RefSite, find_references, rewrite_tuples, write_site, ATTR, SLOT, KEY, INDEX, TUPLE_ITEM
+
+
+@dataclass(frozen=True)
+class RebindCheck:
+    """Result of ``Adapter.verify``: ``stale`` references to the old group remain out of ``total``
+    sites the adapter owns; ``detail`` names the stale paths (empty when ok)."""
+
+    ok: bool
+    stale: int
+    total: int
+    detail: str = ""
+
+
+class Adapter:
+    """Wrapper-agnostic behaviour: walker discovery, per-site writes, walker verification.
+
+    Subclasses override ``discover`` with a targeted list (the fast path) and, where a wrapper keeps
+    the group outside Python (DDP's C++ Reducer), ``rebind``.
+    """
+
+    name = "generic"
+
+    def discover(self, module: Any, old_pg: Any) -> list[RefSite]:
+        return find_references(module, old_pg)
+
+    def rebind(self, module: Any, sites: Sequence[RefSite], old_pg: Any, new_pg: Any) -> int:
+        """Write ``new_pg`` into every site, then move old_pg's c10d name to new_pg (so name-based
+        lookups follow); returns the number of sites written. Raises RebindError (before writing
+        anything) if a site is read-only."""
+        n = self._write_sites(sites, old_pg, new_pg)
+        adopt_group_name(old_pg, new_pg)
+        return n
+
+    def _write_sites(self, sites: Sequence[RefSite], old_pg: Any, new_pg: Any) -> int:
+        bad = [s.path for s in sites if not s.writable]
+        if bad:
+            raise RebindError(f"{len(bad)} reference(s) cannot be rewritten in place: {bad[:4]}; "
+                              "extend the adapter for this wrapper or drop those holders")
+        for s in sites:
+            k = s.kind
+            if k == ATTR:
+                s.owner.__dict__[s.key] = new_pg
+            elif k == SLOT:
+                object.__setattr__(s.owner, s.key, new_pg)
+            elif k == KEY or k == INDEX:
+                s.owner[s.key] = new_pg
+            elif k != TUPLE_ITEM:
+                write_site(s, old_pg, new_pg)
+        if any(s.kind == TUPLE_ITEM for s in sites):
+            rewrite_tuples(list(sites), old_pg, new_pg)
+        return len(sites)
+
+    def verify(self, module: Any, sites: Sequence[RefSite], old_pg: Any, new_pg: Any) -> RebindCheck:
+        """The walker must find no reference to ``old_pg`` and every site must hold ``new_pg``."""
+        stale_refs = find_references(module, old_pg)
+        wrong = [s.path for s in sites if s.kind in (ATTR, SLOT, KEY, INDEX) and read_site(s) is not new_pg]
+        paths = [s.path for s in stale_refs] + [p for p in wrong if p not in {s.path for s in stale_refs}]
+        detail = "" if not paths else f"still naming the old group: {paths[:6]}" + (" ..." if len(paths) > 6 else "")
+        return RebindCheck(ok=not paths, stale=len(paths), total=len(sites), detail=detail)
+
+
+class GenericAdapter(Adapter):
+    """Fallback for unknown wrappers: the walker's sites are the rebind list."""
+
+
+def read_site(site: RefSite) -> Any:
+    k = site.kind
+    if k == ATTR:
+        return site.owner.__dict__.get(site.key)
+    if k == SLOT:
+        return getattr(site.owner, site.key, None)
+    if k in (KEY, INDEX):
+        return site.owner[site.key]
+    raise RebindError(f"{site.path}: read_site supports attr/slot/key/index sites, not {site.kind}")
+
+
+def site_set(sites: Iterable[RefSite]) -> set[tuple[int, str, Any]]:
+    """Sites by identity (owner, kind, key), for adapter-vs-walker agreement checks."""
+    return {(s.owner_id, s.kind, s.key) for s in sites}
+
+
+# --------------------------------------------------------------------------- c10d registration
+def register_group(pg: Any, name: str, global_ranks: Sequence[int], store: Any = None, backend: str = "gloo") -> Any:
+    """Register ``pg`` with c10d under ``name`` so name-based lookups (DeviceMesh, ``dist.get_rank(pg)``,
+    ``get_process_group_ranks``) resolve it. Raises ValueError if the name is taken by another group."""
+    import torch.distributed.distributed_c10d as c10d
+
+    w = c10d._world
+    for other, other_name in w.pg_names.items():
+        if other_name == name and other is not pg:
+            raise ValueError(f"process-group name {name!r} is already registered; use a per-generation name (e.g. '{name}@g2')")
+    mapping = {g: i for i, g in enumerate(global_ranks)}
+    helper = getattr(c10d, "_register_pg_in_world", None)
+    if helper is not None:
+        helper(pg, backend, store, name, f"cpu:{backend}", rank_mapping=mapping)
+    else:  # older torch: the same bookkeeping by hand
+        w.pg_map[pg] = (backend, store)
+        w.pg_names[pg] = name
+        w.pg_group_ranks[pg] = mapping
+        w.pg_backend_config[pg] = f"cpu:{backend}"
+        c10d._register_process_group(name, pg)
+    return pg
+
+
+def unregister_group(pg: Any) -> None:
+    """Drop ``pg`` from c10d's registries (after every reference was rebound away from it)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    fn = getattr(c10d, "_cleanup_process_group_global_state", None)
+    if fn is not None:
+        fn(pg)
+
+
+def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
+    """Give ``new_pg`` the c10d identity (name, rank mapping) of ``old_pg`` and drop ``old_pg`` from
+    c10d's registries; the c10d registry is one more cached reference (DeviceMesh resolves its
+    groups by name). No-op when ``old_pg`` is unregistered or ``new_pg`` is a bare backend.
+    Returns the adopted name."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    w = c10d._world
+    name = w.pg_names.get(old_pg)
+    if name is None or not isinstance(new_pg, dist.ProcessGroup) or old_pg is new_pg:
+        return None
+    mapping = w.pg_group_ranks.get(old_pg) or {}
+    ranks = [g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+    store = (w.pg_map.get(new_pg) or w.pg_map.get(old_pg) or (None, None))[1]
+    unregister_group(old_pg)
+    if new_pg in w.pg_names:
+        unregister_group(new_pg)
+    new_pg._set_group_name(name)
+    register_group(new_pg, name, ranks, store)
+    return name
+
+
+def make_gloo_group(store: Any, prefix: str, global_ranks: Sequence[int], rank: int,
+                    timeout: timedelta = timedelta(seconds=60), name: str | None = None) -> Any:
+    """A c10d ``ProcessGroup`` over a fresh gloo backend, built by the members only.
+
+    ``prefix`` must be unique per generation (fencing: a late member of an older generation
+    cannot join). Registered under ``name`` (default: ``prefix``) so DDP's Reducer and DeviceMesh
+    accept it. Collective over ``global_ranks`` only.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if rank not in global_ranks:
+        raise ValueError(f"rank {rank} is not a member of {list(global_ranks)}; only members build the group")
+    group_rank, size = list(global_ranks).index(rank), len(global_ranks)
+    pstore = dist.PrefixStore(prefix, store)
+    backend = dist.ProcessGroupGloo(pstore, group_rank, size, timeout)
+    pg = dist.ProcessGroup(pstore, group_rank, size)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    name = name or prefix
+    pg._set_group_name(name)
+    pg._set_group_desc(name)
+    return register_group(pg, name, global_ranks, pstore)
+
+
+def timed(fn, *args, **kwargs) -> tuple[Any, float]:
+    """(result, seconds) — for the measurements reported by tests and benchmarks."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0

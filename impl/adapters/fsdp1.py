@@ -1,0 +1,66 @@
+"""FSDP1 (``FullyShardedDataParallel``) adapter: the targeted list of cached group references.
+
+Measured (torch-facts): HYBRID_SHARD with L wrapped layers + root caches the replicate group
+2(L+1) times (``_inter_node_pg`` and the comm-hook ``DefaultState.process_group``, a ``__slots__``
+attribute of ``_inter_node_state``) and the shard group 2(L+1)+1 times (``process_group``,
+``FlatParamHandle.process_group``, one shared ``_ExecOrderData.process_group``). With
+``device_mesh=`` the mesh's ``_pg_registry`` holds one more.
+
+Ordering: call ``discover`` after the first forward when the target is the shard group (the
+``_ExecOrderData`` reference appears then); the replicate group's sites exist from construction.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Adapter
+from .walker import ATTR, KEY, SLOT, RefSite
+
+_STATE_ATTRS = ("process_group", "_inter_node_pg")
+
+
+def _mesh_sites(mesh: Any, old_pg: Any, path: str, seen: set[int]) -> list[RefSite]:
+    out: list[RefSite] = []
+    if mesh is None:
+        return out
+    meshes = [mesh]
+    root = getattr(mesh, "_get_root_mesh", None)
+    if root is not None:
+        meshes.append(root())
+    for m in meshes:
+        reg = m.__dict__.get("_pg_registry")
+        if not isinstance(reg, dict) or id(reg) in seen:
+            continue
+        seen.add(id(reg))
+        out += [RefSite(id(reg), KEY, k, reg, f"{path}._pg_registry[{k!r}]") for k, v in reg.items() if v is old_pg]
+    return out
+
+
+class FSDP1Adapter(Adapter):
+    name = "fsdp1"
+
+    def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        sites: list[RefSite] = []
+        seen: set[int] = set()
+        for name, m in module.named_modules():
+            if not isinstance(m, FSDP):
+                continue
+            path = f"{root_name}.{name}" if name else root_name
+            d = m.__dict__
+            sites += [RefSite(id(m), ATTR, a, m, f"{path}.{a}") for a in _STATE_ATTRS if d.get(a) is old_pg]
+            hook_state = d.get("_inter_node_state")
+            if hook_state is not None and getattr(hook_state, "process_group", None) is old_pg:
+                sites.append(RefSite(id(hook_state), SLOT if not hasattr(hook_state, "__dict__") else ATTR,
+                                     "process_group", hook_state, f"{path}._inter_node_state.process_group"))
+            handle = d.get("_handle")
+            if handle is not None and handle.__dict__.get("process_group") is old_pg:
+                sites.append(RefSite(id(handle), ATTR, "process_group", handle, f"{path}._handle.process_group"))
+            eod = d.get("_exec_order_data")
+            if eod is not None and id(eod) not in seen:
+                seen.add(id(eod))
+                if eod.__dict__.get("process_group") is old_pg:
+                    sites.append(RefSite(id(eod), ATTR, "process_group", eod, f"{path}._exec_order_data.process_group"))
+            sites += _mesh_sites(d.get("_device_mesh"), old_pg, f"{path}._device_mesh", seen)
+        return sites

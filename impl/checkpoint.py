@@ -1,0 +1,257 @@
+"""Durable checkpoints for the L2 path (model: the checkpoint C that ``SupervisorRestart`` resumes from).
+
+A checkpoint of step n lives in ``<root>/step-{n}/``:
+
+* the model and optimizer, saved with DCP (``get_state_dict`` -> ``dcp.save``), sharded as the
+  wrapper holds them (FSDP1/FSDP2/DDP alike);
+* ``rank{r}.pt`` per rank: the CPU RNG state, the data cursor and the step (these are per-rank
+  and not part of the DCP state dict);
+* ``COMMITTED``: a JSON marker written by rank 0 *only after every rank acknowledged* (through the
+  control-plane store) that its DCP shard and its per-rank file are on disk.  The marker is written
+  to a temp file, fsynced and renamed, so it is either absent or complete.
+
+Why the marker: a rank killed mid-save leaves a folder that looks like a checkpoint.  Loading it
+would resume from a state that no rank ever had.  :func:`latest_committed` ignores every folder
+without a valid marker, so a crash mid-save falls back to the previous committed checkpoint.
+
+Ordering requirements: call :meth:`CheckpointManager.save` on every rank at the same step, after
+the optimizer step committed (at the boundary), through a *healthy* process group (DCP runs
+collectives on it; never through a communicator that failed).  Call :meth:`load` on every rank
+after the job is built and before the first training step.
+
+torch is imported inside functions so that ``latest_committed`` works without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "Restored",
+    "committed_steps",
+    "latest_committed",
+    "step_dir",
+]
+
+MARKER = "COMMITTED"
+_STEP_RE = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved, committed or loaded (the message says which and why)."""
+
+
+def step_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"step-{step}"
+
+
+def _read_marker(folder: Path) -> dict | None:
+    try:
+        data = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "step" in data and "world" in data else None
+
+
+def committed_steps(root: str | os.PathLike, world: int | None = None) -> list[int]:
+    """Steps of every folder under ``root`` that has a valid commit marker (ascending).
+
+    With ``world`` given, checkpoints written by a different world size are ignored too.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = []
+    for child in root.iterdir():
+        m = _STEP_RE.match(child.name)
+        if not m or not child.is_dir():
+            continue
+        marker = _read_marker(child)
+        if marker is None or int(marker["step"]) != int(m.group(1)):
+            continue
+        if world is not None and int(marker["world"]) != world:
+            continue
+        steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def latest_committed(root: str | os.PathLike, world: int | None = None) -> int | None:
+    """The newest committed checkpoint step under ``root``, or None; uncommitted folders are ignored."""
+    steps = committed_steps(root, world)
+    return steps[-1] if steps else None
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either nothing or all of it (temp + fsync + rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:  # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _optim_key_order(optimizer) -> list[list[str]]:
+    """Per parameter (in param_groups order), the order of its optimizer-state keys.
+
+    ``set_state_dict`` rebuilds each state dict in its own key order (FSDP1: alphabetical), while
+    the optimizer created it lazily ('step', 'exp_avg', ...).  Values are equal either way, but a
+    restored state must be the saved state, order included, for snapshot comparisons to hold.
+    """
+    order = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            order.append(list(optimizer.state.get(p, {}).keys()))
+    return order
+
+
+def _restore_optim_key_order(optimizer, order: list[list[str]] | None) -> None:
+    if not order:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if len(params) != len(order):
+        raise CheckpointError(f"checkpoint holds optimizer state for {len(order)} parameters, the optimizer has "
+                              f"{len(params)}: the model differs from the one that was saved")
+    for p, keys in zip(params, order):
+        st = optimizer.state.get(p)
+        if st is None or set(st) != set(keys):
+            continue
+        optimizer.state[p] = {k: st[k] for k in keys}
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What :meth:`CheckpointManager.load` put back: the step C and this rank's data cursor."""
+
+    step: int
+    cursor: Any
+    path: str
+
+
+class CheckpointManager:
+    """Save every ``every`` steps to ``root/step-{n}`` and commit only when all ranks finished.
+
+    ``store`` is the control-plane store (a c10d Store, already namespaced per attempt); it carries
+    the per-step acknowledgements ``ckpt/step-{n}/done``.  ``group`` is the healthy process group
+    DCP runs its collectives on (None: the default world group).  ``commit_timeout_s`` bounds rank
+    0's wait for the acknowledgements; on expiry nothing is committed and :class:`CheckpointError`
+    is raised (the previous committed checkpoint stays the one to resume from).
+    """
+
+    def __init__(self, root: str | os.PathLike, *, every: int, rank: int, world: int, store=None, group=None,
+                 commit_timeout_s: float = 120.0) -> None:
+        if every < 0:
+            raise ValueError(f"CheckpointManager: every must be >= 0 (0 disables checkpoints), got {every}")
+        if world > 1 and store is None:
+            raise ValueError("CheckpointManager: a store is needed to acknowledge saves when world > 1")
+        self.root = Path(root)
+        self.every = every
+        self.rank = rank
+        self.world = world
+        self.store = store
+        self.group = group
+        self.commit_timeout_s = commit_timeout_s
+        self.timings: list[dict] = []
+
+    def due(self, step: int) -> bool:
+        """True when ``step`` (a committed frontier) should be checkpointed."""
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int, module, optimizer, cursor: Any = None) -> float:
+        """Save step ``step`` on this rank, acknowledge it, and (rank 0) commit it. Returns seconds taken."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        t0 = time.perf_counter()
+        folder = step_dir(self.root, step)
+        folder.mkdir(parents=True, exist_ok=True)
+        model_sd, optim_sd = get_state_dict(module, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
+        t_dcp = time.perf_counter()
+        local = {"step": step, "rank": self.rank, "world": self.world, "rng": torch.get_rng_state(), "cursor": cursor,
+                 "optim_key_order": _optim_key_order(optimizer)}
+        import io
+
+        buf = io.BytesIO()
+        torch.save(local, buf)
+        _atomic_write(folder / f"rank{self.rank}.pt", buf.getvalue())
+        self._acknowledge_and_commit(step, folder)
+        t1 = time.perf_counter()
+        self.timings.append({"step": step, "dcp_s": t_dcp - t0, "total_s": t1 - t0})
+        return t1 - t0
+
+    def _acknowledge_and_commit(self, step: int, folder: Path) -> None:
+        """Every rank adds 1 to ``ckpt/step-{n}/done``; rank 0 writes the marker once it reads ``world``.
+
+        ``add`` is a round trip (unlike ``set``), so a returned count proves the store recorded it.
+        """
+        if self.world > 1:
+            key = f"ckpt/step-{step}/done"
+            self.store.add(key, 1)
+            if self.rank != 0:
+                return
+            deadline = time.monotonic() + self.commit_timeout_s
+            while True:
+                count = self.store.add(key, 0)
+                if count >= self.world:
+                    break
+                if time.monotonic() > deadline:
+                    raise CheckpointError(
+                        f"checkpoint step {step}: only {count}/{self.world} ranks acknowledged within "
+                        f"{self.commit_timeout_s}s; not committing it (resume uses the previous committed checkpoint)")
+                time.sleep(0.005)
+        elif self.rank != 0:
+            return
+        missing = [r for r in range(self.world) if not (folder / f"rank{r}.pt").exists()]
+        if missing:
+            raise CheckpointError(f"checkpoint step {step}: ranks {missing} acknowledged but their rank files are missing in {folder}")
+        marker = {"step": step, "world": self.world, "time": time.time()}
+        _atomic_write(folder / MARKER, json.dumps(marker).encode())
+
+    # ------------------------------------------------------------------ load
+    def load(self, step: int, module, optimizer) -> Restored:
+        """Load committed checkpoint ``step`` into ``module``/``optimizer`` and restore this rank's RNG.
+
+        Refuses an uncommitted folder: the marker is the only proof that every rank finished it.
+        """
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        folder = step_dir(self.root, step)
+        marker = _read_marker(folder)
+        if marker is None:
+            raise CheckpointError(f"{folder} has no valid {MARKER} marker: it was never committed by all ranks; "
+                                  f"resume from latest_committed({str(self.root)!r}) instead")
+        if int(marker["world"]) != self.world:
+            raise CheckpointError(f"{folder} was written by world size {marker['world']}, this job has {self.world}; "
+                                  "relaunch with the same topology")
+        model_sd, optim_sd = get_state_dict(module, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(folder), process_group=self.group)
+        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        local = torch.load(folder / f"rank{self.rank}.pt", weights_only=False)
+        if local["step"] != step or local["rank"] != self.rank:
+            raise CheckpointError(f"{folder}/rank{self.rank}.pt holds step {local['step']} rank {local['rank']}, "
+                                  f"expected step {step} rank {self.rank}")
+        torch.set_rng_state(local["rng"])
+        _restore_optim_key_order(optimizer, local.get("optim_key_order"))
+        return Restored(step=step, cursor=local["cursor"], path=str(folder))

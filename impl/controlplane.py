@@ -1,0 +1,175 @@
+"""The control plane: generation-namespaced keys and decided barriers over a c10d TCPStore.
+
+One method per model action that touches the store (``Store`` in ``model/state.py``).
+Decisions are single-assignment: ``compare_set(key, "", value)`` creates the key only
+if it is missing, and the value it returns is the decision that stands.  That is what
+makes a decision agreed even when a late rank arrives after the others timed out
+(``store.barrier`` can split; it is never used here).
+
+Store facts this relies on (shared/notes/torch-facts.md):
+* ``compare_set`` on a missing key with a non-empty ``expected`` returns ``expected``
+  without creating it: we always pass ``expected=""``.
+* ``set`` is not acknowledged; a ``set`` followed by a round-trip op (``add``) on the same
+  connection is ordered, so ``arrive`` writes the frontier with ``set`` then ``add``.
+* every wait is bounded: ``store.wait(keys, timedelta)`` raises ``DistStoreError`` on expiry.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+from accelpact.model.state import DECISION_COMMIT, DECISION_RELEASE, REASON_DEADLINE, REASON_MISMATCH
+
+__all__ = ["ControlPlane", "ControlPlaneError", "seeded_bug", "SEEDED_BUGS"]
+
+#: Test-only seeded bugs (conformance suite): each is a small branch in the engine, off by default.
+SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence")
+
+
+def seeded_bug() -> str:
+    """The seeded bug selected by ``ACCELPACT_SEEDED_BUG`` ("" when off).  Test-only."""
+    name = os.environ.get("ACCELPACT_SEEDED_BUG", "")
+    if name and name not in SEEDED_BUGS:
+        raise ValueError(f"ACCELPACT_SEEDED_BUG={name!r} is not a seeded bug; use one of {SEEDED_BUGS} or unset it")
+    return name
+
+
+class ControlPlaneError(RuntimeError):
+    """A control-plane value is malformed (e.g. a frontier that is not ``"F,g"``)."""
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+class ControlPlane:
+    """Per-rank view of the job's control plane.
+
+    ``prefix`` is the job prefix (a torchrun attempt gets its own).  Keys are
+    ``{prefix}abort`` and ``{prefix}g{g}/...`` (see spec/implementation.md).
+    """
+
+    def __init__(self, store, rank: int, world_size: int, prefix: str = "accelpact/") -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.prefix = prefix
+        self._fenced = seeded_bug() != "no-fence"
+        self._early_release = seeded_bug() == "early-release"
+        self.last_expired = False  # set by the last await_*: True if its deadline expired
+
+    # ---- keys -----------------------------------------------------------------------
+    def key(self, g: int, name: str) -> str:
+        """``{prefix}g{g}/{name}``; the ``no-fence`` seeded bug drops the generation."""
+        return f"{self.prefix}g{g}/{name}" if self._fenced else f"{self.prefix}{name}"
+
+    @property
+    def abort_key(self) -> str:
+        return f"{self.prefix}abort"
+
+    def revoke_key(self, g: int, group: str) -> str:
+        return self.key(g, f"revoke/{group}")
+
+    # ---- primitives -------------------------------------------------------------------
+    def _decide(self, key: str, value: str) -> str:
+        """Single assignment: write ``value`` if ``key`` is empty; return the value that stands."""
+        return _s(self.store.compare_set(key, "", value))
+
+    def _await(self, key: str, deadline: float, on_expiry: str) -> str:
+        """Wait for a decision key until ``deadline`` (monotonic seconds).  On expiry try to
+        decide ``on_expiry`` ourselves; either way return the decision that stands."""
+        remaining = max(deadline - time.monotonic(), 0.001)
+        self.last_expired = False
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=remaining))
+        except Exception as exc:  # DistStoreError on expiry; anything else is a lost store
+            import torch.distributed as dist
+
+            if not isinstance(exc, dist.DistStoreError):
+                raise
+            self.last_expired = True
+            return self._decide(key, on_expiry)
+        return _s(self.store.get(key))
+
+    # ---- Store.abort -------------------------------------------------------------------
+    def abort(self, reason: str) -> str:
+        """Job-wide abort, first writer wins; returns the winning reason (read back)."""
+        return self._decide(self.abort_key, reason)
+
+    def read_abort(self) -> str:
+        """The job's abort reason, or "" (no wait)."""
+        if self.store.check([self.abort_key]):
+            return _s(self.store.get(self.abort_key))
+        return ""
+
+    def write_abort_decision(self, g: int, which: str, reason: str) -> str:
+        """Model ``_write_abort_decision``: ``abort:<reason>`` into ``agree`` or ``release`` of g."""
+        if which not in ("agree", "release"):
+            raise ValueError(f"write_abort_decision: which must be 'agree' or 'release', got {which!r}")
+        return self._decide(self.key(g, which), f"abort:{reason}")
+
+    # ---- phase 1 -------------------------------------------------------------------------
+    def publish_revoke(self, g: int, group: str) -> bool:
+        """RankObserve (members of R): mark R revoked in g; True if this call wrote it."""
+        return self._decide(self.revoke_key(g, group), f"{self.rank}") == f"{self.rank}"
+
+    def retire_revoke(self, g: int, group: str) -> None:
+        """After the release of g: wake watchers still waiting on g's revoke key (value ``retired``,
+        ignored by them).  Single assignment: a real revoke that stands is left as it is."""
+        self._decide(self.revoke_key(g, group), "retired")
+
+    def revoked(self, g: int, group: str) -> bool:
+        return bool(self.store.check([self.revoke_key(g, group)]))
+
+    # ---- phase 3 -------------------------------------------------------------------------
+    def arrive(self, g: int, frontier: int, reported_gen: int | None = None) -> tuple[int, bool]:
+        """RankArrive: post ``"F,g"`` then count; the add that returns |W| is the last arriver."""
+        gen = g if reported_gen is None else reported_gen
+        self.store.set(self.key(g, f"frontier/{self.rank}"), f"{frontier},{gen}")
+        count = int(self.store.add(self.key(g, "arrive"), 1))
+        return count, count == self.world_size
+
+    def frontiers(self, g: int) -> dict[int, tuple[int, int]]:
+        keys = [self.key(g, f"frontier/{r}") for r in range(self.world_size)]
+        out: dict[int, tuple[int, int]] = {}
+        for r, raw in enumerate(self.store.multi_get(keys)):
+            text = _s(raw)
+            try:
+                f, gg = text.split(",")
+                out[r] = (int(f), int(gg))
+            except ValueError:
+                raise ControlPlaneError(f"frontier of rank {r} in g{g} is {text!r}; expected 'F,g'") from None
+        return out
+
+    def decide_agreement(self, g: int) -> str:
+        """RankDecideAgreement (last arriver): compare every (F, g) with rank 0's; commit or
+        ``abort:mismatch``.  A mismatch also writes the job abort.  Returns the standing decision."""
+        rows = self.frontiers(g)
+        ref = rows.get(0)
+        ok = ref is not None and all(v == (ref[0], g) or (not self._fenced and v[0] == ref[0]) for v in rows.values())
+        value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
+        standing = self._decide(self.key(g, "agree"), value)
+        if standing.startswith("abort:"):
+            self.abort(standing[len("abort:"):])
+        return standing
+
+    def await_agreement(self, g: int, deadline: float) -> str:
+        """RankAwaitAgreement: the agreed decision, or ``abort:deadline`` if none by ``deadline``."""
+        return self._await(self.key(g, "agree"), deadline, f"abort:{REASON_DEADLINE}")
+
+    # ---- phase 6 release -------------------------------------------------------------------
+    def ready(self, g: int) -> tuple[int, bool]:
+        """RankReady: count a release vote; the add that returns |W| is the last voter.
+        (Seeded bug ``early-release``: the first vote is taken as the last.)"""
+        count = int(self.store.add(self.key(g, "ready"), 1))
+        quorum = 1 if self._early_release else self.world_size
+        return count, count == quorum
+
+    def decide_release(self, g: int) -> str:
+        """RankDecideRelease (last voter): ``release`` unless an abort already stands."""
+        return self._decide(self.key(g, "release"), DECISION_RELEASE)
+
+    def await_release(self, g: int, deadline: float) -> str:
+        return self._await(self.key(g, "release"), deadline, f"abort:{REASON_DEADLINE}")

@@ -1,0 +1,74 @@
+"""Timeline plot of a demo (or any set of runs): one panel per run, one lane per rank.
+
+Per lane: a dot at every committed step (``t_steps`` from the result files), the recovery actions
+from the traces (model action names, coloured by phase), the injected fault (red x), exits
+(black square) and the torchrun restart gap.  The shaded span is fault-to-frontier.
+matplotlib with the Agg backend (no display); writes a PNG.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["timeline"]
+
+_PHASE_COLOUR = {
+    "RankObserve": "tab:orange", "RankGuard": "tab:olive", "RankReject": "tab:red",
+    "RankArrive": "tab:purple", "RankDecideAgreement": "tab:purple", "RankAwaitAgreement": "tab:purple",
+    "RankReplace": "tab:blue", "RankRebind": "tab:cyan", "RankValidate": "tab:green",
+    "RankReady": "tab:brown", "RankDecideRelease": "tab:brown", "RankResume": "tab:pink",
+    "RankExit": "black", "RankFail": "black", "RankTimeout": "black",
+}
+
+
+def timeline(runs: list[tuple[str, "LaunchResult", float | None, float | None]], path: str | os.PathLike) -> Path:  # noqa: F821
+    """Draw ``runs`` = [(title, LaunchResult, t_fault_s, t_frontier_s), ...] into ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .launch import read_trace
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12.5, 2.2 + 1.6 * len(runs)), squeeze=False)
+    for ax, (title, res, t_fault, t_front) in zip(axes[:, 0], runs):
+        starts = [r.get("t_start") for r in res.results.values() if r.get("t_start")]
+        t0 = min(starts) if starts else 0.0
+        ranks = sorted({r for (_, r) in res.results})
+        seen_labels: set[str] = set()
+        for (attempt, rank), r in sorted(res.results.items()):
+            y = rank
+            ts = sorted(float(t) for t in (r.get("t_steps") or {}).values())
+            ax.plot([t - t0 for t in ts], [y] * len(ts), "o", ms=3, color="tab:gray" if attempt else "0.35",
+                    label=None if "step" in seen_labels else "committed step")
+            seen_labels.add("step")
+            for rec in read_trace(res.out, attempt, rank):
+                if rec.get("type") != "action":
+                    continue
+                name, t = rec["action"], rec["t_ns"] / 1e9 - t0
+                if name.startswith("Fault"):
+                    ax.plot(t, y, "x", color="red", ms=9, mew=2, label=None if "fault" in seen_labels else "fault")
+                    seen_labels.add("fault")
+                elif name in _PHASE_COLOUR:
+                    ax.plot(t, y + 0.18, "|", color=_PHASE_COLOUR[name], ms=10, mew=2,
+                            label=None if name in seen_labels else name)
+                    seen_labels.add(name)
+            if r.get("outcome") == "exited" and r.get("t_exit"):
+                ax.plot(r["t_exit"] - t0, y, "s", color="black", ms=5,
+                        label=None if "exit" in seen_labels else f"exit {r.get('exit_code')}")
+                seen_labels.add("exit")
+        if t_fault is not None and t_front is not None:
+            ax.axvspan(t_fault - t0, t_front - t0, color="tab:red", alpha=0.12)
+            ax.text(t_front - t0, len(ranks) - 0.45, f" fault->frontier {t_front - t_fault:.2f}s", fontsize=8)
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+        ax.set_ylim(-0.6, len(ranks) - 0.2)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
+    axes[-1, 0].set_xlabel("seconds since the run's first worker started")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

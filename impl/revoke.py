@@ -1,0 +1,141 @@
+"""Revoke a process group: make every pending and future op on it fail within milliseconds.
+
+gloo has no working abort (``abort()``/``shutdown()``/``destroy_process_group`` leave a
+gloo group usable, see shared/notes/torch-facts.md).  What breaks a gloo group for real is
+its connected sockets closing.  So we record a group's sockets when it is built: the
+socket inodes that appear in ``/proc/self/fd`` across construction, kept only if
+``/proc/net/tcp{,6}`` lists them ESTABLISHED.  The group's LISTEN socket is never kept:
+shutting it down aborts the process.
+
+``hard_close`` shuts down a dup of each recorded fd (``SHUT_RDWR`` reaches the shared
+socket, so the gloo thread blocked on it wakes with an error), after checking that the fd
+still names the recorded inode (fds are reused once a group is freed; we must never touch
+a stranger's socket).  NCCL groups are aborted with ``_abort_process_group``/``abort()``.
+
+Ordering: construct the group inside :func:`recorded` with no other thread creating
+sockets at the same time (the watchdog's store connection is made before).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+__all__ = ["SocketRecord", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes"]
+
+T = TypeVar("T")
+_TCP_ESTABLISHED = "01"
+
+
+def socket_inodes() -> dict[int, int]:
+    """fd -> socket inode for this process."""
+    out: dict[int, int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except (ValueError, OSError):
+            continue
+        if link.startswith("socket:["):
+            out[fd] = int(link[len("socket:["):-1])
+    return out
+
+
+def established_inodes() -> set[int]:
+    """Inodes of ESTABLISHED TCP sockets (v4 and v6) in this network namespace."""
+    found: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    cols = line.split()
+                    if len(cols) > 9 and cols[3] == _TCP_ESTABLISHED:
+                        found.add(int(cols[9]))
+        except OSError:
+            continue
+    return found
+
+
+@dataclass(slots=True)
+class SocketRecord:
+    """The connected sockets of one group (fd, inode), and a weak reference to the group
+    (for NCCL abort).  Holding a record never keeps the group alive."""
+
+    backend: str
+    sockets: tuple[tuple[int, int], ...] = ()
+    group_ref: Any = field(default=None, repr=False)
+    closed: bool = False
+
+    @property
+    def group(self):
+        return self.group_ref() if self.group_ref is not None else None
+
+
+def _weak(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def recorded(build: Callable[[], T], backend: str = "gloo") -> tuple[T, SocketRecord]:
+    """Run ``build()`` (which constructs one process group) and record its new connected sockets."""
+    before = set(socket_inodes().items())
+    group = build()
+    after = socket_inodes()
+    est = established_inodes()
+    new = tuple(sorted((fd, ino) for fd, ino in after.items() if (fd, ino) not in before and ino in est))
+    return group, SocketRecord(backend=backend, sockets=new, group_ref=_weak(group))
+
+
+def record_group(group, backend: str = "nccl") -> SocketRecord:
+    """A record for a group whose sockets we cannot see (NCCL): abort goes through the group."""
+    return SocketRecord(backend=backend, sockets=(), group_ref=_weak(group))
+
+
+def _same_socket(fd: int, inode: int) -> bool:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_ino == inode
+
+
+def hard_close(record: SocketRecord) -> int:
+    """Revoke: shut down the group's connected sockets (gloo) or abort its communicator (NCCL).
+    Returns the number of sockets shut down.  Idempotent; safe from any thread."""
+    if record.backend == "nccl":
+        group = record.group
+        if group is not None and not record.closed:
+            record.closed = True
+            import torch.distributed.distributed_c10d as c10d
+
+            try:
+                c10d._abort_process_group(group)
+            except Exception:
+                group.abort()
+        return 0
+    n = 0
+    for fd, inode in record.sockets:
+        try:
+            dup = os.dup(fd)  # dup first, then check the dup: no window for fd reuse
+        except OSError:
+            continue
+        if not _same_socket(dup, inode):
+            os.close(dup)  # the group is gone and the fd was reused: not ours any more
+            continue
+        s = socket.socket(fileno=dup)
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+            n += 1
+        except OSError:
+            pass
+        finally:
+            s.close()  # closes only the dup
+    record.closed = True
+    return n

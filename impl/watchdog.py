@@ -1,0 +1,169 @@
+"""The watchdog: ends this rank when the job aborts, and revokes R when a peer says so.
+
+Why a thread and ``os._exit``: Python signal handlers do not run while the main thread
+is blocked in a gloo collective, but ``os._exit`` from another thread ends the process
+within a millisecond (shared/notes/torch-facts.md).  Each watcher thread has its own
+store connection (``store.clone()``), so a blocked ``wait`` never delays the main
+thread's store ops.  Every wait is a bounded slice, re-armed in a loop.
+
+Two daemon threads per rank:
+
+* abort watcher: ``wait([abort])``; on the key, writes ``RankExit`` (model action) with the
+  winning reason and ``os._exit(code)``.  If the store is lost (``DistNetworkError`` or any
+  error other than a wait timeout) it exits ``DEADLINE``.
+* revoke watcher: ``wait([g{g}/revoke/{group}])`` for the group this rank is a member of
+  in the current generation; on the key it calls :func:`revoke.hard_close` so the main
+  thread's pending op on that group fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import threading
+import time
+from typing import Callable
+
+from accelpact.model.state import PC_EXITED, REASON_DEADLINE
+
+from . import revoke as _revoke
+from .exitcodes import claim_exit, code_for, exit_now
+from .trace import NullTrace
+
+__all__ = ["Watchdog", "RETIRED"]
+
+#: Value a rank writes into its group's revoke key of generation g after releasing g, so that
+#: a watcher still waiting on it wakes and re-arms on g+1 at once.  Never a revoke.
+RETIRED = "retired"
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+class Watchdog:
+    """Started by ``attach``; ``stop()`` before a normal end of the job (then a lost store
+    at shutdown is not an error).
+
+    ``gen_of`` returns the rank's current generation (for the ``RankExit`` record).
+    """
+
+    def __init__(self, control, *, trace=NullTrace(), gen_of: Callable[[], int] = lambda: 0,
+                 slice_s: float = 30.0, revoke_slice_s: float = 5.0) -> None:
+        self.control = control
+        self.trace = trace
+        self.gen_of = gen_of
+        self.slice_s = slice_s
+        self.revoke_slice_s = revoke_slice_s
+        self._stop = threading.Event()
+        self._target_lock = threading.Lock()
+        self._target: tuple[int, str, _revoke.SocketRecord] | None = None
+        self._target_changed = threading.Event()
+        self.revocations: list[tuple[int, str, int, int]] = []  # (gen, group, sockets closed, t_ns)
+        self._abort_store = control.store.clone()
+        self._revoke_store = control.store.clone()
+        self._threads = [
+            threading.Thread(target=self._abort_loop, name="accelpact-watchdog-abort", daemon=True),
+            threading.Thread(target=self._revoke_loop, name="accelpact-watchdog-revoke", daemon=True),
+        ]
+
+    def start(self) -> "Watchdog":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching (normal end of job).  The daemon threads leave at the end of their
+        current wait slice and never exit the process after this call."""
+        self._stop.set()
+        self._target_changed.set()
+
+    # ---- revoke target ---------------------------------------------------------------------
+    def watch(self, g: int, group: str, record: _revoke.SocketRecord | None) -> None:
+        """Watch ``g{g}/revoke/{group}``; ``record`` is the group's socket record (None: not a member)."""
+        with self._target_lock:
+            self._target = (g, group, record) if record is not None else None
+            self._target_changed.set()
+
+    # ---- exits ---------------------------------------------------------------------------------
+    def exit_on_abort(self, hint: str) -> None:
+        """Exit with the job's abort reason (writing ``hint`` first if no abort stands yet).
+        Used by the main thread when it reads an abort decision written by a peer."""
+        claim_exit()
+        try:
+            reason = self.control.abort(hint)
+        except Exception:
+            reason = hint
+        self._exit(reason, claimed=True)
+
+    def _exit(self, reason: str, *, claimed: bool = False, detail: dict | None = None) -> None:
+        try:
+            code = code_for(reason)
+        except ValueError:
+            code = code_for(REASON_DEADLINE)
+        g = self.gen_of()
+
+        def record() -> None:
+            self.trace.action("RankExit", g, "fail", {"pc": PC_EXITED, "reason": code.reason}, detail or {"abort": reason})
+
+        exit_now(code, reason, self.trace, record=record, claimed=claimed)
+
+    def _abort_loop(self) -> None:
+        import torch.distributed as dist
+
+        key = self.control.abort_key
+        while not self._stop.is_set():
+            try:
+                self._abort_store.wait([key], datetime.timedelta(seconds=self.slice_s))
+            except dist.DistStoreError:
+                continue  # slice expired: re-arm
+            except Exception as exc:  # store lost (DistNetworkError, connection reset, ...)
+                if self._stop.is_set():
+                    return
+                print(f"accelpact watchdog: control-plane store lost ({exc!r}); exiting DEADLINE", file=sys.stderr)
+                self._exit(REASON_DEADLINE, detail={"store_lost": repr(exc)[:200]})
+                return
+            if self._stop.is_set():
+                return
+            try:
+                reason = _s(self._abort_store.get(key))
+            except Exception as exc:
+                reason, _ = REASON_DEADLINE, exc
+            self._exit(reason)
+            return
+
+    def _revoke_loop(self) -> None:
+        import torch.distributed as dist
+
+        done: set[tuple[int, str]] = set()
+        while not self._stop.is_set():
+            with self._target_lock:
+                target = self._target
+                self._target_changed.clear()
+            if target is None or (target[0], target[1]) in done:
+                self._target_changed.wait(self.revoke_slice_s)
+                continue
+            g, group, record = target
+            try:
+                self._revoke_store.wait([self.control.revoke_key(g, group)], datetime.timedelta(seconds=self.revoke_slice_s))
+            except dist.DistStoreError:
+                continue
+            except Exception:
+                if self._stop.is_set():
+                    return
+                time.sleep(self.revoke_slice_s)  # store lost: the abort watcher exits the process
+                continue
+            with self._target_lock:
+                current = self._target
+            if current is None or current[0] != g or current[1] != group:
+                continue  # the generation moved on while we waited: not a revoke of the current group
+            try:
+                value = _s(self._revoke_store.get(self.control.revoke_key(g, group)))
+            except Exception:
+                continue
+            if value == RETIRED:
+                done.add((g, group))  # generation g was released without a revoke of this group
+                continue
+            n = _revoke.hard_close(record)
+            self.revocations.append((g, group, n, time.monotonic_ns()))
+            done.add((g, group))

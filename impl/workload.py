@@ -1,0 +1,356 @@
+"""Training workload used by tests, the demo and the benchmarks (the model's S_app).
+
+A tiny char-level transformer LM over a shipped English corpus, wrapped in FSDP1 HYBRID_SHARD,
+FSDP2 HSDP (``fully_shard`` on a 2-D mesh) or DDP; deterministic initialisation, deterministic
+batches addressed by (step, data-parallel index), and per-rank snapshots for bit-identity checks.
+
+Ordering requirements:
+* ``build_groups`` is collective over the default group: every rank calls it, in the same order
+  relative to any other ``dist.new_group`` call (torch-facts: members-only calls desynchronise).
+* ``build_job`` seeds the global torch RNG from ``spec.seed`` before creating the model, so all
+  ranks build identical weights; call it on every rank with the same spec.
+* ``train_step(job, step)`` requires ``step == job.cursor.kappa`` (zero replay, zero skipped batch).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib import resources
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+WRAPPERS = ("fsdp1-hybrid", "fsdp2-hybrid", "ddp")
+
+
+# --------------------------------------------------------------------------- topology / groups
+@dataclass(frozen=True)
+class Topology:
+    """N nodes x M ranks per node; rank = node*M + local.
+
+    Shard group = the ranks of one node; replicate group = the ranks with the same local index.
+    """
+
+    nodes: int
+    ranks_per_node: int
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.ranks_per_node < 1:
+            raise ValueError(f"Topology needs nodes >= 1 and ranks_per_node >= 1, got {self.nodes}x{self.ranks_per_node}")
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def local_of(self, rank: int) -> int:
+        return rank % self.ranks_per_node
+
+    def shard_ranks(self, node: int) -> list[int]:
+        return [node * self.ranks_per_node + l for l in range(self.ranks_per_node)]
+
+    def replicate_ranks(self, local: int) -> list[int]:
+        return [n * self.ranks_per_node + local for n in range(self.nodes)]
+
+    def mesh_ranks(self) -> list[list[int]]:
+        """2-D mesh ("replicate", "shard"): row n is node n's shard group."""
+        return [self.shard_ranks(n) for n in range(self.nodes)]
+
+
+@dataclass
+class Groups:
+    """This rank's communicators. ``world`` is a dedicated all-ranks group (not the default group,
+    which stays free for control traffic); ``mesh`` is a 2-D DeviceMesh built over the same
+    replicate/shard groups (FSDP2)."""
+
+    topo: Topology
+    rank: int
+    replicate: Any
+    shard: Any
+    world: Any
+    mesh: Any = None
+    replicate_ranks: tuple[int, ...] = ()
+    shard_ranks: tuple[int, ...] = ()
+
+
+def build_groups(topo: Topology, rank: int, backend: str = "gloo", timeout: timedelta = timedelta(seconds=60)) -> Groups:
+    """Create shard, replicate and data-parallel world groups (collective over the default group).
+
+    Every rank creates every group in the fixed order: shard groups by node, replicate groups by
+    local index, then the world group; it keeps those it belongs to. The FSDP2 mesh reuses these
+    groups (``DeviceMesh.from_group``), so they carry ``timeout`` instead of gloo's 30-min default.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("build_groups needs the default process group: call dist.init_process_group first")
+    if dist.get_world_size() != topo.world:
+        raise ValueError(f"Topology {topo.nodes}x{topo.ranks_per_node} needs world size {topo.world}, default group has {dist.get_world_size()}")
+    shard = replicate = None
+    for n in range(topo.nodes):
+        g = dist.new_group(topo.shard_ranks(n), backend=backend, timeout=timeout)
+        if topo.node_of(rank) == n:
+            shard = g
+    for l in range(topo.ranks_per_node):
+        g = dist.new_group(topo.replicate_ranks(l), backend=backend, timeout=timeout)
+        if topo.local_of(rank) == l:
+            replicate = g
+    world = dist.new_group(list(range(topo.world)), backend=backend, timeout=timeout)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh.from_group(
+        [replicate, shard], "cpu", mesh=topo.mesh_ranks(), mesh_dim_names=("replicate", "shard")
+    )
+    return Groups(
+        topo=topo, rank=rank, replicate=replicate, shard=shard, world=world, mesh=mesh,
+        replicate_ranks=tuple(topo.replicate_ranks(topo.local_of(rank))),
+        shard_ranks=tuple(topo.shard_ranks(topo.node_of(rank))),
+    )
+
+
+# --------------------------------------------------------------------------- spec / data
+@dataclass(frozen=True)
+class WorkloadSpec:
+    wrapper: str = "fsdp1-hybrid"
+    layers: int = 4
+    dim: int = 32
+    heads: int = 2
+    seq: int = 16
+    batch: int = 4
+    lr: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.wrapper not in WRAPPERS:
+            raise ValueError(f"unknown wrapper {self.wrapper!r}; use one of {WRAPPERS}")
+        if self.dim % self.heads:
+            raise ValueError(f"dim={self.dim} must be divisible by heads={self.heads}")
+        if self.layers < 1 or self.seq < 2 or self.batch < 1:
+            raise ValueError("WorkloadSpec needs layers >= 1, seq >= 2, batch >= 1")
+
+
+@functools.lru_cache(maxsize=1)
+def load_corpus() -> str:
+    """The shipped corpus (original English prose, ``impl/data/corpus.txt``)."""
+    return resources.files("accelpact.impl").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _encoded() -> tuple[tuple[str, ...], torch.Tensor]:
+    text = load_corpus()
+    vocab = tuple(sorted(set(text)))
+    index = {c: i for i, c in enumerate(vocab)}
+    return vocab, torch.tensor([index[c] for c in text], dtype=torch.long)
+
+
+def vocab_size() -> int:
+    return len(_encoded()[0])
+
+
+@dataclass
+class DataCursor:
+    """Position kappa in the data stream: the number of steps whose batches were consumed.
+
+    ``batch(step, dp_index)`` is a pure function of (seed, step, dp_index): every data-parallel
+    worker (every rank, as in standard FSDP/HSDP/DDP) reads its own windows of the corpus.
+    """
+
+    seed: int
+    batch_size: int
+    seq: int
+    dp_index: int
+    dp_size: int
+    kappa: int = 0
+
+    def batch(self, step: int, dp_index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        dp = self.dp_index if dp_index is None else dp_index
+        data = _encoded()[1]
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + step) * 4099 + dp)
+        starts = torch.randint(0, data.numel() - self.seq - 1, (self.batch_size,), generator=g)
+        idx = starts[:, None] + torch.arange(self.seq + 1)[None, :]
+        win = data[idx]
+        return win[:, :-1].contiguous(), win[:, 1:].contiguous()
+
+    def advance(self) -> None:
+        self.kappa += 1
+
+
+# --------------------------------------------------------------------------- model
+class Block(nn.Module):
+    """One pre-norm transformer block (the FSDP wrapping unit)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(
+            dim, heads, dim_feedforward=4 * dim, dropout=0.0, batch_first=True, norm_first=True
+        )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.layer(x, src_mask=mask, is_causal=True)
+
+
+class CharLM(nn.Module):
+    def __init__(self, vocab: int, spec: WorkloadSpec) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, spec.dim)
+        self.pos = nn.Parameter(torch.randn(spec.seq, spec.dim) * 0.02)
+        self.layers = nn.ModuleList(Block(spec.dim, spec.heads) for _ in range(spec.layers))
+        self.norm = nn.LayerNorm(spec.dim)
+        self.head = nn.Linear(spec.dim, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(spec.seq), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) + self.pos[: x.shape[1]]
+        for blk in self.layers:
+            h = blk(h, self.mask)
+        return self.head(self.norm(h))
+
+
+# --------------------------------------------------------------------------- job
+@dataclass
+class Job:
+    spec: WorkloadSpec
+    topo: Topology
+    groups: Groups
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    cursor: DataCursor
+    step: int = 0
+
+    @property
+    def r_group(self) -> Any:
+        return r_group(self.spec, self.groups)
+
+
+def r_group(spec: WorkloadSpec, groups: Groups) -> Any:
+    """The group the wrapper treats as R: replicate for HSDP, the data-parallel world for DDP."""
+    return groups.world if spec.wrapper == "ddp" else groups.replicate
+
+
+def r_ranks(spec: WorkloadSpec, groups: Groups) -> tuple[int, ...]:
+    return tuple(range(groups.topo.world)) if spec.wrapper == "ddp" else groups.replicate_ranks
+
+
+def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> Job:
+    """Build the wrapped model, AdamW and the data cursor (identical init on all ranks)."""
+    torch.manual_seed(spec.seed)
+    model = CharLM(vocab_size(), spec)
+    if spec.wrapper == "fsdp1-hybrid":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        # Explicit (shard, replicate) groups: process_group=None silently degrades on CPU (facts).
+        module: nn.Module = FSDP(
+            model,
+            process_group=(groups.shard, groups.replicate),
+            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            use_orig_params=False,
+            device_id=torch.device("cpu"),  # CPU/gloo; cpu_offload stays off (facts)
+        )
+    elif spec.wrapper == "fsdp2-hybrid":
+        from torch.distributed.fsdp import fully_shard
+
+        for blk in model.layers:
+            fully_shard(blk, mesh=groups.mesh)
+        module = fully_shard(model, mesh=groups.mesh)
+    else:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        module = DDP(model, process_group=groups.world)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=spec.lr, foreach=False)
+    cursor = DataCursor(spec.seed, spec.batch, spec.seq, dp_index=groups.rank, dp_size=topo.world)
+    return Job(spec, topo, groups, module, optimizer, cursor)
+
+
+def train_step(job: Job, step: int) -> torch.Tensor:
+    """One optimizer step: forward, backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``,
+    cursor advance. Returns the detached local loss."""
+    if step != job.cursor.kappa:
+        raise ValueError(
+            f"train_step({step}) but the data cursor is at kappa={job.cursor.kappa}: steps must be "
+            "consecutive (zero replay); restore a snapshot/checkpoint taken at that step instead"
+        )
+    x, y = job.cursor.batch(step)
+    logits = job.module(x)
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()
+    job.optimizer.step()
+    job.optimizer.zero_grad(set_to_none=True)
+    job.cursor.advance()
+    job.step = step + 1
+    return loss.detach()
+
+
+# --------------------------------------------------------------------------- snapshots
+def _local(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        to_local = getattr(t, "to_local", None)
+        if to_local is not None:  # DTensor: this rank's shard
+            t = to_local()
+        return t.detach().clone()
+    return t
+
+
+def local_params(module: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's parameter storage: FSDP1 flat-param shards, FSDP2 DTensor local shards, DDP params."""
+    return {name: _local(p) for name, p in module.named_parameters()}
+
+
+def _clone_tree(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return _local(obj)
+    if isinstance(obj, dict):
+        return {k: _clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone_tree(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def snapshot(job: Job) -> dict:
+    """Per-rank state for bit-identity checks (facts: shards, optimizer, RNG, step, cursor)."""
+    return {
+        "step": job.step,
+        "cursor": job.cursor.kappa,
+        "params": local_params(job.module),
+        "optimizer": _clone_tree(job.optimizer.state_dict()),
+        "rng": torch.get_rng_state().clone(),
+    }
+
+
+def compare_snapshots(a: Any, b: Any, path: str = "snapshot") -> tuple[bool, str]:
+    """(equal, first_difference) with ``torch.equal`` on tensors; '' when equal."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False, f"{path}: tensor vs {type(b if isinstance(a, torch.Tensor) else a).__name__}"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        if not torch.equal(a, b):
+            diff = (a.double() - b.double()).abs().max().item() if a.is_floating_point() else "n/a"
+            return False, f"{path}: values differ (max abs diff {diff})"
+        return True, ""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a.keys()) != list(b.keys()):
+            return False, f"{path}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for k in a:
+            ok, why = compare_snapshots(a[k], b[k], f"{path}[{k!r}]")
+            if not ok:
+                return ok, why
+        return True, ""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return False, f"{path}: length {len(a)} vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            ok, why = compare_snapshots(x, y, f"{path}[{i}]")
+            if not ok:
+                return ok, why
+        return True, ""
+    if type(a) is not type(b) or a != b:
+        return False, f"{path}: {a!r} vs {b!r}"
+    return True, ""

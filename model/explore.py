@@ -1,0 +1,521 @@
+"""Exhaustive breadth-first exploration of the protocol model (TLC/Stateright style).
+
+The search builds a :class:`networkx.DiGraph` whose nodes are (canonical) states, numbered in
+BFS order, and whose edges carry the :class:`~accelpact.model.protocol.Action` taken.  It checks
+
+* every state invariant (S1..S7) on every state and every edge invariant (S4.1) on every step;
+* L3: no deadlock (a non-final state without successor) and no livelock (a terminal strongly
+  connected component, found with ``nx.condensation``, that is not final);
+* L2 bounded exit: the subgraph of states where ``store.abort`` is set is acyclic, all its sinks
+  are final, and its longest path (in model steps) is within :func:`exit_bound_limit`;
+* L1: with no fault other than ``FaultGroupFail(boundary)``, every sink is all-resumed (every rank
+  training at generation ``faults`` >= 1).  L1 explores that sub-configuration separately.
+
+A violation comes with the SHORTEST concrete counterexample from the initial state (BFS parent
+pointers; with symmetry reduction the concrete path is re-derived by replaying actions), printed
+TLC style: numbered states, the action of each step and only the variables it changed.
+
+Why BFS plus networkx: BFS gives shortest counterexamples for free, and the graph algorithms
+(condensation, DAG longest path) are networkx's, not hand-written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import networkx as nx
+
+from .invariants import EDGE_INVARIANTS, INVARIANTS
+from .protocol import ACTIONS, Action, all_actions, enabled, is_final, step
+from .state import PC_TRAIN, Config, State, initial_state
+from .symmetry import Symmetry
+
+__all__ = [
+    "Counterexample",
+    "ExploreResult",
+    "Violation",
+    "all_resumed",
+    "exit_bound_limit",
+    "explore",
+    "format_counterexample",
+    "l1_config",
+]
+
+#: Steps one rank can take in one generation after an abort is written: observe, guard,
+#: arrive, decide agreement, await agreement, replace, rebind, validate, ready, decide release,
+#: resume, and its exit (RankExit/RankTimeout/RankFail/RankReject): 12.
+STEPS_PER_RANK = 12
+
+
+def exit_bound_limit(cfg: Config) -> int:
+    """L2's stated bound, in model steps, from the first abort to a final state.
+
+    Once ``store.abort`` is set no new group failure can start, so each rank takes at most
+    :data:`STEPS_PER_RANK` steps, every remaining fault costs one step, and the supervisor
+    restart is one more: ``12 * |W| + max_faults + 1``.  The search measures the real
+    longest path and checks it against this bound.
+    """
+    return STEPS_PER_RANK * len(cfg.world) + cfg.max_faults + 1
+
+
+def l1_config(cfg: Config) -> Config:
+    """The sub-configuration of L1: only group failures at the committed boundary."""
+    return cfg.with_(faults=frozenset({"group_fail"}), points=("boundary",))
+
+
+def all_resumed(cfg: Config, s: State) -> bool:
+    """L1's goal: no abort, no restart, every rank training, not hung, in generation ``faults``
+    (each boundary group failure was recovered by one generation)."""
+    if s.store.abort or s.supervisor:
+        return False
+    return all(rk.pc == PC_TRAIN and not rk.hung and rk.gen == s.faults for rk in s.ranks)
+
+
+# --------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """A concrete path from the initial state: ``states[i+1] = step(states[i], actions[i])``."""
+
+    states: tuple[State, ...]
+    actions: tuple[Action, ...]
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def format(self) -> str:
+        return format_counterexample(self)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A violated property: an invariant id (``S1``...), ``deadlock``, ``livelock``, ``L1`` or ``L2``."""
+
+    property: str
+    name: str
+    message: str
+    counterexample: Counterexample | None = None
+
+    def format(self) -> str:
+        head = f"{self.property} {self.name} violated: {self.message}"
+        if self.counterexample is None:
+            return head
+        return f"{head}\nShortest counterexample ({len(self.counterexample)} steps):\n{self.counterexample.format()}"
+
+
+@dataclass
+class ExploreResult:
+    """What one exploration found; ``ok`` is True when every checked property holds."""
+
+    config: Config
+    symmetry: bool
+    states: int = 0
+    transitions: int = 0          # labelled steps (s, a, t), the TLC "states generated - 1"
+    edges: int = 0                # distinct (s, t) edges of the graph
+    depth: int = 0                # longest shortest path from the initial state (BFS levels - 1)
+    invariants_checked: int = 0   # state-invariant checks + edge-invariant checks
+    seconds: float = 0.0
+    sinks: int = 0
+    deadlocks: int = 0
+    livelocks: int = 0
+    exit_bound: int | None = None        # longest path in the abort subgraph (model steps)
+    exit_bound_limit: int | None = None  # the stated bound it must not exceed
+    complete: bool = True                # False when the search stopped at a violation
+    liveness: dict[str, bool | None] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    graph: nx.DiGraph | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def counterexample(self) -> Counterexample | None:
+        for v in self.violations:
+            if v.counterexample is not None:
+                return v.counterexample
+        return None
+
+    def violated(self) -> set[str]:
+        return {v.property for v in self.violations}
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "config": {
+                "nodes": c.nodes, "ranks_per_node": c.ranks_per_node, "group": c.group,
+                "max_faults": c.max_faults, "faults": sorted(c.faults) or "all", "points": list(c.points),
+                "mutant": c.mutant,
+            },
+            "symmetry": self.symmetry,
+            "states": self.states,
+            "transitions": self.transitions,
+            "edges": self.edges,
+            "depth": self.depth,
+            "invariants_checked": self.invariants_checked,
+            "seconds": round(self.seconds, 3),
+            "sinks": self.sinks,
+            "deadlocks": self.deadlocks,
+            "livelocks": self.livelocks,
+            "exit_bound": self.exit_bound,
+            "exit_bound_limit": self.exit_bound_limit,
+            "complete": self.complete,
+            "liveness": self.liveness,
+            "ok": self.ok,
+            "violations": [
+                {
+                    "property": v.property,
+                    "name": v.name,
+                    "message": v.message,
+                    "counterexample": None if v.counterexample is None else {
+                        "steps": len(v.counterexample),
+                        "actions": [str(a) for a in v.counterexample.actions],
+                        "text": v.counterexample.format(),
+                    },
+                }
+                for v in self.violations
+            ],
+        }
+
+
+# --------------------------------------------------------------------------------------
+# TLC-style printing
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, frozenset):
+        return repr(tuple(sorted(v)))
+    return repr(v)
+
+
+def _diff(before: State, after: State) -> list[str]:
+    out = []
+    for r, (a, b) in enumerate(zip(before.ranks, after.ranks)):
+        if a is b or a == b:
+            continue
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if x != y:
+                out.append(f"rank[{r}].{f.name}: {_show(x)} -> {_show(y)}")
+    for f in fields(before.store):
+        x, y = getattr(before.store, f.name), getattr(after.store, f.name)
+        if x != y:
+            out.append(f"store.{f.name}: {_show(x)} -> {_show(y)}")
+    for f in fields(before):
+        if f.name in ("ranks", "store"):
+            continue
+        x, y = getattr(before, f.name), getattr(after, f.name)
+        if x != y:
+            out.append(f"{f.name}: {_show(x)} -> {_show(y)}")
+    return out
+
+
+def _describe(s: State) -> list[str]:
+    lines = []
+    for r, rk in enumerate(s.ranks):
+        lines.append(f"rank[{r}]: pc={rk.pc} gen={rk.gen} frontier={rk.frontier} tau={rk.tau} comm={rk.comm} refs={rk.refs}")
+    lines.append(f"store: {s.store}")
+    lines.append(f"faults={s.faults} supervisor={s.supervisor!r}")
+    return lines
+
+
+def format_counterexample(cex: Counterexample) -> str:
+    """Numbered states; after state 1 each shows its action and only the changed variables."""
+    out = ["1: <Initial state>"]
+    out += [f"   {line}" for line in _describe(cex.states[0])]
+    for i, a in enumerate(cex.actions):
+        out.append(f"{i + 2}: {a}")
+        changes = _diff(cex.states[i], cex.states[i + 1])
+        out += [f"   {line}" for line in changes] or ["   (no variable changed)"]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# The search
+
+
+class _Search:
+    """BFS over canonical states with parent pointers; the graph is built from int edge lists."""
+
+    def __init__(self, cfg: Config, symmetry: bool) -> None:
+        self.cfg = cfg
+        self.sym = Symmetry(cfg) if symmetry else None
+        self.actions = all_actions(cfg)
+        specs = tuple((a, ACTIONS[a.name]) for a in self.actions)
+        # Every fault action requires an unspent fault budget and no restart (protocol._fault_ok):
+        # skipping them wholesale when that fails is a pure speed-up, not a semantic change.
+        self.specs = tuple(x for x in specs if x[1].actor != "fault")
+        self.fault_specs = tuple(x for x in specs if x[1].actor == "fault")
+        self.states: list[State] = []
+        self.index: dict[State, int] = {}
+        self.parent: list[tuple[int, Action] | None] = []
+        self.level: list[int] = []
+        self.out: list[list[int]] = []     # successor ids per node (distinct)
+        self.labels: dict[tuple[int, int], Action] = {}
+        self.transitions = 0
+        self.checks = 0
+
+    def canon(self, s: State) -> State:
+        return s if self.sym is None else self.sym.canonical(s)
+
+    def add(self, s: State, parent: tuple[int, Action] | None, level: int) -> tuple[int, bool]:
+        i = self.index.get(s)
+        if i is not None:
+            return i, False
+        i = len(self.states)
+        self.index[s] = i
+        self.states.append(s)
+        self.parent.append(parent)
+        self.level.append(level)
+        self.out.append([])
+        return i, True
+
+    def check_state(self, s: State) -> tuple[str, str, str] | None:
+        cfg = self.cfg
+        self.checks += len(INVARIANTS)
+        for inv in INVARIANTS:
+            msg = inv.check(cfg, s)
+            if msg is not None:
+                return inv.id, inv.name, msg
+        return None
+
+    def run(self, stop: bool) -> list[tuple[tuple[str, str, str], int, Action | None, State | None]]:
+        """Explore everything reachable; returns violations as (what, node, action, concrete successor)."""
+        cfg = self.cfg
+        found: list = []
+        s0 = self.canon(initial_state(cfg))
+        i0, _ = self.add(s0, None, 0)
+        bad = self.check_state(s0)
+        if bad:
+            found.append((bad, i0, None, None))
+            if stop:
+                return found
+        queue = deque([i0])
+        while queue:
+            i = queue.popleft()
+            s = self.states[i]
+            lvl = self.level[i] + 1
+            succ = self.out[i]
+            specs = self.specs
+            if s.faults < cfg.max_faults and not s.supervisor:
+                specs = specs + self.fault_specs
+            for a, spec in specs:
+                if not spec.enabled(cfg, s, a.rank, a.arg):
+                    continue
+                t = spec.step(cfg, s, a.rank, a.arg)
+                self.transitions += 1
+                self.checks += len(EDGE_INVARIANTS)
+                for inv in EDGE_INVARIANTS:
+                    msg = inv.check(cfg, s, t)
+                    if msg is not None:
+                        found.append(((inv.id, inv.name, msg), i, a, t))
+                        if stop:
+                            return found
+                j, new = self.add(self.canon(t), (i, a), lvl)
+                if (i, j) not in self.labels:
+                    self.labels[(i, j)] = a
+                    succ.append(j)
+                if new:
+                    bad = self.check_state(self.states[j])
+                    if bad:
+                        found.append((bad, j, None, None))
+                        if stop:
+                            return found
+                    queue.append(j)
+        return found
+
+    def graph(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from(range(len(self.states)))
+        g.add_edges_from((i, j, {"action": a}) for (i, j), a in self.labels.items())
+        return g
+
+    # -- counterexamples ------------------------------------------------------------------
+
+    def abstract_path(self, j: int) -> list[tuple[int, Action | None]]:
+        path: list[tuple[int, Action | None]] = []
+        while True:
+            p = self.parent[j]
+            if p is None:
+                path.append((j, None))
+                break
+            path.append((j, p[1]))
+            j = p[0]
+        path.reverse()
+        return path
+
+    def concrete(self, nodes: list[int]) -> Counterexample:
+        """Replay a path of graph nodes from the concrete initial state (re-derived under symmetry)."""
+        cfg = self.cfg
+        x = initial_state(cfg)
+        states, acts = [x], []
+        for j in nodes[1:]:
+            target = self.states[j]
+            for a in self.actions:
+                if enabled(cfg, x, a):
+                    y = step(cfg, x, a)
+                    if self.canon(y) == target:
+                        x = y
+                        break
+            else:  # pragma: no cover - would mean the symmetry is unsound
+                raise RuntimeError(f"cannot replay the counterexample into state #{j}: the symmetry reduction is unsound")
+            states.append(x)
+            acts.append(a)
+        return Counterexample(tuple(states), tuple(acts))
+
+    def path_to(self, j: int) -> list[int]:
+        return [n for n, _a in self.abstract_path(j)]
+
+    def counterexample(self, node: int, succ: State | None = None) -> Counterexample:
+        """Concrete path to ``node``; with ``succ`` (an edge violation), plus the step into it."""
+        cex = self.concrete(self.path_to(node))
+        if succ is None:
+            return cex
+        x, target = cex.states[-1], self.canon(succ)
+        for a in self.actions:
+            if enabled(self.cfg, x, a):
+                y = step(self.cfg, x, a)
+                if self.canon(y) == target:
+                    return Counterexample(cex.states + (y,), cex.actions + (a,))
+        raise RuntimeError("cannot replay the violating step: the symmetry reduction is unsound")  # pragma: no cover
+
+
+def _liveness(search: _Search, g: nx.DiGraph, result: ExploreResult, *, stop: bool) -> None:
+    """L3 (deadlocks, livelocks) and L2 (bounded exit) on a fully explored graph."""
+    cfg = search.cfg
+    states = search.states
+    sinks = [n for n in g.nodes if g.out_degree(n) == 0]
+    result.sinks = len(sinks)
+    dead = [n for n in sinks if not is_final(cfg, states[n])]
+    result.deadlocks = len(dead)
+    if dead:
+        n = min(dead)  # BFS numbering: the smallest id has the shortest path
+        rk = ", ".join(f"{r}:{x.pc}{'(hung)' if x.hung else ''}" for r, x in enumerate(states[n].ranks))
+        result.violations.append(Violation(
+            "deadlock", "NoDeadlock",
+            f"{len(dead)} non-final state(s) without successor; the first: ranks {rk}, abort={states[n].store.abort!r}",
+            search.concrete(search.path_to(n)),
+        ))
+    # livelocks: terminal SCCs that are not a single final/sink state
+    live_bad: list[int] = []
+    if not nx.is_directed_acyclic_graph(g):
+        cond = nx.condensation(g)
+        for c in cond.nodes:
+            if cond.out_degree(c) == 0:
+                members = cond.nodes[c]["members"]
+                if len(members) > 1 or any(g.has_edge(m, m) for m in members):
+                    live_bad.append(min(members))
+    result.livelocks = len(live_bad)
+    if live_bad:
+        n = min(live_bad)
+        result.violations.append(Violation(
+            "livelock", "NoLivelock",
+            f"{len(live_bad)} terminal strongly connected component(s) that never reach a final state",
+            search.concrete(search.path_to(n)),
+        ))
+    result.liveness["L3"] = not dead and not live_bad
+
+    # L2: bounded exit once an abort is written
+    aborted = [n for n in g.nodes if states[n].store.abort]
+    h = g.subgraph(aborted)
+    limit = exit_bound_limit(cfg)
+    result.exit_bound_limit = limit
+    l2_ok = True
+    if not aborted:
+        result.exit_bound = 0
+    elif not nx.is_directed_acyclic_graph(h):
+        cyc = nx.find_cycle(h)
+        l2_ok = False
+        result.violations.append(Violation(
+            "L2", "BoundedExit", "the post-abort subgraph has a cycle: an aborted job can run forever",
+            search.concrete(search.path_to(cyc[0][0])),
+        ))
+    else:
+        path = nx.dag_longest_path(h)
+        result.exit_bound = len(path) - 1
+        stuck = [n for n in aborted if h.out_degree(n) == 0 and not is_final(cfg, states[n])]
+        if stuck:
+            l2_ok = False
+            result.violations.append(Violation(
+                "L2", "BoundedExit",
+                f"{len(stuck)} aborted state(s) never reach a final state (ranks keep waiting after the abort)",
+                search.concrete(search.path_to(min(stuck))),
+            ))
+        elif result.exit_bound > limit:
+            l2_ok = False
+            result.violations.append(Violation(
+                "L2", "BoundedExit",
+                f"the longest post-abort path takes {result.exit_bound} steps, more than the bound {limit}",
+                search.concrete(search.path_to(path[0]) + path[1:]),
+            ))
+    result.liveness["L2"] = l2_ok
+
+
+def _l1(cfg: Config, symmetry: bool, result: ExploreResult) -> None:
+    """L1: with only boundary group failures every sink is all-resumed (and nothing else is a sink)."""
+    sub = l1_config(cfg)
+    search = _Search(sub, symmetry)
+    found = search.run(stop=True)
+    if found:
+        (pid, _name, msg), node, _act, succ = found[0]
+        cex = search.counterexample(node, succ)
+        result.liveness["L1"] = False
+        result.violations.append(Violation("L1", "BoundaryRecovers", f"safety {pid} fails with boundary faults only: {msg}", cex))
+        return
+    g = search.graph()
+    sinks = [n for n in g.nodes if g.out_degree(n) == 0]
+    bad = [n for n in sinks if not all_resumed(sub, search.states[n])]
+    cyclic = not nx.is_directed_acyclic_graph(g)
+    result.liveness["L1"] = not bad and not cyclic and bool(sinks)
+    if bad:
+        n = min(bad)
+        result.violations.append(Violation(
+            "L1", "BoundaryRecovers",
+            f"with only FaultGroupFail(boundary), {len(bad)} sink(s) are not all-resumed",
+            search.concrete(search.path_to(n)),
+        ))
+    elif cyclic:
+        result.violations.append(Violation("L1", "BoundaryRecovers", "the boundary-only graph has a cycle: recovery may never finish"))
+
+
+def explore(
+    cfg: Config,
+    *,
+    symmetry: bool = True,
+    stop_on_violation: bool = True,
+    liveness: bool = True,
+    keep_graph: bool = False,
+) -> ExploreResult:
+    """Explore every reachable state of ``cfg`` and check safety, then L3, L2 and L1.
+
+    By default the search stops at the first safety violation (liveness is then not checked:
+    ``complete`` is False).  ``keep_graph`` keeps the :class:`networkx.DiGraph` in the result
+    (nodes: state ids in BFS order with attribute ``state``; edges: attribute ``action``).
+    """
+    t0 = time.perf_counter()
+    search = _Search(cfg, symmetry)
+    found = search.run(stop_on_violation)
+    result = ExploreResult(config=cfg, symmetry=symmetry)
+    for (pid, name, msg), node, _act, succ in found:
+        result.violations.append(Violation(pid, name, msg, search.counterexample(node, succ)))
+    result.complete = not (found and stop_on_violation)
+    result.states = len(search.states)
+    result.transitions = search.transitions
+    result.edges = len(search.labels)
+    result.depth = max(search.level) if search.level else 0
+    result.invariants_checked = search.checks
+    if result.complete:
+        g = search.graph()
+        if liveness:
+            _liveness(search, g, result, stop=stop_on_violation)
+            _l1(cfg, symmetry, result)
+        if keep_graph:
+            nx.set_node_attributes(g, dict(enumerate(search.states)), "state")
+            result.graph = g
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,33 @@
+"""DDP adapter against a REAL failure of its group R (the data-parallel world) (S5 RebindComplete,
+S6 StatePreserved, RankValidate digests).
+
+DDP caches the group in ``ddp.process_group`` (1 Python reference) and in the C++ Reducer, which
+no walk sees: ``_update_process_group`` must be used. Ablation: rewriting only the Python-visible
+reference (GenericAdapter) leaves the Reducer on the dead group and the next backward raises.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _mpwork  # noqa: E402
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.timeout(300)
+def test_ddp_2x2_rebind_after_real_failure(tmp_path):
+    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 4, tmp_path, timeout=240, wrapper="ddp", ablation="python-only")
+    for r in res:
+        assert r["r_sites"] == ["model.process_group"]
+        assert r["python_only_rebound"] == 1  # the walker saw (and rewrote) only the Python attribute
+    _mpwork.assert_rebind_results(res, "ddp", 2, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_ddp_4x2_rebind_after_real_failure(tmp_path):
+    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 8, tmp_path, timeout=450, wrapper="ddp",
+                            nodes=4, ranks_per_node=2, layers=2, pre_steps=1, post_steps=1, ablation=False)
+    _mpwork.assert_rebind_results(res, "ddp", 4, 2)

@@ -1,0 +1,256 @@
+"""Trace checker teeth (spec/trace-checking.md T1-T4): model-generated traces are accepted,
+mutated ones (reordered, dropped, renamed, wrong decision, wrong state, truncated, extended)
+are rejected, and a rejection explains itself.  Pure Python: no processes, no torch."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from accelpact.conformance.checker import (
+    Abstraction,
+    Record,
+    RankTrace,
+    TraceError,
+    check_traces,
+    load_dir,
+    project,
+    write_dir,
+)
+from accelpact.model.protocol import all_actions, is_final, successors
+from accelpact.model.state import PC_TRAIN, Config, initial_state
+
+CONFIGS = [
+    Config(max_faults=1),
+    Config(max_faults=2),
+    Config(max_faults=3),
+    Config(group="world", max_faults=2),
+    Config(nodes=4, ranks_per_node=2, max_faults=1),
+]
+
+
+def walk(cfg: Config, rng: random.Random, limit: int = 400):
+    """A random model run from the initial state to a final state after at least one fault."""
+    s = initial_state(cfg)
+    path = []
+    acts = all_actions(cfg)
+    for _ in range(limit):
+        pending = s.store.failed is not None and any(rk.pc == PC_TRAIN and rk.gen == s.store.failed[0] for rk in s.ranks)
+        if is_final(cfg, s) and s.faults > 0 and not pending:
+            return path
+        succ = list(successors(cfg, s, acts))
+        if not succ:
+            return None
+        a, t = rng.choice(succ)
+        path.append((a, s, t))
+        s = t
+    return None
+
+
+def runs(n: int, seed: int = 0, l1_only: bool = False):
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        cfg = CONFIGS[len(out) % len(CONFIGS)] if not l1_only else CONFIGS[len(out) % 2]
+        p = walk(cfg, rng)
+        if p is None:
+            continue
+        if l1_only and p[-1][2].supervisor:
+            continue
+        out.append((cfg, p))
+    return out
+
+
+def _renumber(recs):
+    return [replace(r, seq=i) for i, r in enumerate(recs)]
+
+
+def _with(traces, r, recs, end="keep"):
+    out = dict(traces)
+    tr = traces[r]
+    out[r] = RankTrace(r, _renumber(recs), tr.header, tr.end if end == "keep" else end)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_model_generated_traces_are_accepted():
+    """T1: every projected model run is accepted and the whole trace is consumed."""
+    for cfg, p in runs(40):
+        tr = project(cfg, p)
+        v = check_traces(cfg, tr)
+        assert v.accepted, v.message
+
+
+@pytest.mark.timeout(120)
+def test_l1_and_l2_runs_both_covered():
+    kinds = {bool(p[-1][2].supervisor) for _cfg, p in runs(40)}
+    assert kinds == {True, False}
+
+
+def _rank_with(tr, pred):
+    for r, t in sorted(tr.items()):
+        idx = [i for i, rec in enumerate(t.records) if pred(rec)]
+        if idx:
+            return r, idx
+    return None, []
+
+
+@pytest.mark.timeout(120)
+def test_reordered_records_rejected():
+    """T2: swapping two adjacent protocol records of one rank is not a model behaviour."""
+    tried = 0
+    for cfg, p in runs(30, seed=1):
+        tr = project(cfg, p)
+        for r, t in sorted(tr.items()):
+            recs = t.records
+            for i in range(len(recs) - 1):
+                a, b = recs[i], recs[i + 1]
+                if a.action.startswith("Fault") or b.action.startswith("Fault") or a.action == b.action:
+                    continue
+                mutated = _with(tr, r, recs[:i] + [b, a] + recs[i + 2:])
+                v = check_traces(cfg, mutated)
+                assert not v.accepted, f"reordered {a} / {b} accepted"
+                tried += 1
+                break
+    assert tried >= 20
+
+
+@pytest.mark.timeout(120)
+def test_dropped_record_rejected():
+    tried = 0
+    for cfg, p in runs(30, seed=2):
+        tr = project(cfg, p)
+        r, idx = _rank_with(tr, lambda rec: not rec.action.startswith("Fault"))
+        i = idx[len(idx) // 2]
+        recs = tr[r].records
+        v = check_traces(cfg, _with(tr, r, recs[:i] + recs[i + 1:]))
+        assert not v.accepted, f"dropping {recs[i]} accepted"
+        tried += 1
+    assert tried == 30
+
+
+@pytest.mark.timeout(120)
+def test_renamed_action_rejected():
+    swap = {"RankGuard": "RankReject", "RankReject": "RankGuard", "RankArrive": "RankReady", "RankAwaitAgreement": "RankResume",
+            "RankReplace": "RankRebind", "RankRebind": "RankValidate", "RankValidate": "RankReady", "RankReady": "RankArrive",
+            "RankResume": "RankAwaitAgreement", "RankObserve": "RankGuard", "RankExit": "RankTimeout", "RankTimeout": "RankExit"}
+    tried = 0
+    for cfg, p in runs(30, seed=3):
+        tr = project(cfg, p)
+        r, idx = _rank_with(tr, lambda rec: rec.action in swap)
+        if r is None:
+            continue
+        i = idx[-1]
+        recs = list(tr[r].records)
+        recs[i] = replace(recs[i], action=swap[recs[i].action])
+        v = check_traces(cfg, _with(tr, r, recs))
+        assert not v.accepted, f"renaming {tr[r].records[i]} to {recs[i].action} accepted"
+        tried += 1
+    assert tried >= 25
+
+
+@pytest.mark.timeout(120)
+def test_wrong_decision_rejected():
+    """A decide record claiming the other decision, or an arrive claiming the wrong 'last'."""
+    tried = 0
+    for cfg, p in runs(40, seed=4):
+        tr = project(cfg, p)
+        r, idx = _rank_with(tr, lambda rec: rec.action in ("RankDecideAgreement", "RankArrive"))
+        if r is None:
+            continue
+        recs = list(tr[r].records)
+        rec = recs[idx[0]]
+        if rec.action == "RankDecideAgreement":
+            d = "abort:mismatch" if rec.detail["decision"] == "commit" else "commit"
+            recs[idx[0]] = replace(rec, detail={**rec.detail, "decision": d})
+        else:
+            recs[idx[0]] = replace(rec, detail={**rec.detail, "last": not rec.detail["last"]})
+        v = check_traces(cfg, _with(tr, r, recs))
+        assert not v.accepted, f"wrong decision in {recs[idx[0]]} accepted"
+        tried += 1
+    assert tried >= 20
+
+
+@pytest.mark.timeout(120)
+def test_wrong_state_field_rejected():
+    """The abstraction function has teeth: a frontier one step off, stale refs claimed clean."""
+    tried = 0
+    for cfg, p in runs(30, seed=5):
+        tr = project(cfg, p)
+        r, idx = _rank_with(tr, lambda rec: "frontier" in rec.state)
+        recs = list(tr[r].records)
+        rec = recs[idx[0]]
+        recs[idx[0]] = replace(rec, state={**rec.state, "frontier": rec.state["frontier"] + 7})
+        assert not check_traces(cfg, _with(tr, r, recs)).accepted
+        tried += 1
+    assert tried == 30
+
+
+@pytest.mark.timeout(120)
+def test_truncated_rank_rejected():
+    """etcd TraceMatched: a rank whose trace stops early (no end record) in a released run is rejected."""
+    for cfg, p in runs(12, seed=6, l1_only=True):
+        tr = project(cfg, p)
+        r = max(tr, key=lambda k: len(tr[k].records))
+        recs = tr[r].records
+        v = check_traces(cfg, _with(tr, r, recs[: len(recs) // 2], end=None))
+        assert not v.accepted
+        # dropping only the end record is caught too
+        assert not check_traces(cfg, _with(tr, r, recs, end=None)).accepted
+
+
+@pytest.mark.timeout(120)
+def test_extra_record_rejected():
+    """A record after the model's run ended cannot be consumed: the checker must not ignore it."""
+    for cfg, p in runs(12, seed=7, l1_only=True):
+        tr = project(cfg, p)
+        r = 0
+        recs = tr[r].records
+        extra = replace(recs[-1], seq=len(recs))
+        assert not check_traces(cfg, _with(tr, r, recs + [extra])).accepted
+
+
+@pytest.mark.timeout(60)
+def test_rejection_explains():
+    cfg, p = runs(1, seed=8, l1_only=True)[0]
+    tr = project(cfg, p)
+    recs = tr[1].records
+    i = next(i for i, rec in enumerate(recs) if rec.action == "RankRebind")
+    v = check_traces(cfg, _with(tr, 1, recs[:i] + recs[i + 1:]))
+    assert not v.accepted
+    for needle in ("first unmatched", "RankValidate", "model allows", "shortest model path"):
+        assert needle in v.message, v.message
+    assert 1 in v.unmatched
+
+
+@pytest.mark.timeout(60)
+def test_abstraction_maps_real_steps():
+    """Real frontiers are compared through Abstraction.bases (model F stands for the real step)."""
+    cfg, p = runs(1, seed=9, l1_only=True)[0]
+    tr = project(cfg, p)
+    shifted = {}
+    for r, t in tr.items():
+        recs = [replace(rec, state={**rec.state, **({"frontier": rec.state["frontier"] + 40} if "frontier" in rec.state else {}),
+                                    **({"tau": rec.state["tau"] + 40} if "tau" in rec.state else {})}) for rec in t.records]
+        shifted[r] = RankTrace(r, recs, t.header, t.end)
+    assert not check_traces(cfg, shifted).accepted
+    assert check_traces(cfg, shifted, abstraction=Abstraction({0: cfg.frontier + 40})).accepted
+
+
+@pytest.mark.timeout(60)
+def test_files_roundtrip_and_errors(tmp_path):
+    cfg, p = runs(1, seed=10)[0]
+    tr = project(cfg, p)
+    write_dir(tr, tmp_path)
+    loaded = load_dir(tmp_path)[0]
+    assert [rec.action for rec in loaded[1].records] == [rec.action for rec in tr[1].records]
+    assert check_traces(cfg, loaded).accepted
+    f = tmp_path / "trace-a0-r1.ndjson"
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join([lines[0]] + lines[2:]) + "\n")  # seq gap
+    with pytest.raises(TraceError, match="gap-free"):
+        load_dir(tmp_path)
+    with pytest.raises(TraceError, match="no trace"):
+        load_dir(tmp_path / "nothing")

@@ -1,0 +1,214 @@
+"""L2 checkpoints (impl/checkpoint.py): commit marker, crash mid-save, bit-identical reload, F - C replay.
+
+Spec ids: C5 (L2 restart resumes from the last durable checkpoint C and replays F - C steps),
+S1 (state after recovery equals the uninterrupted run, bit for bit).
+
+The multi-process cases use a tiny DDP stand-in (a script written to tmp_path, 2 ranks, gloo on
+loopback, a launcher-hosted TCPStore) so that they do not depend on the workload module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from accelpact.impl.checkpoint import MARKER, CheckpointError, committed_steps, latest_committed, step_dir
+
+STANDIN = textwrap.dedent(r'''
+    import json, os, signal, sys
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import accelpact.impl.checkpoint as ck
+
+    torch.set_num_threads(1)
+    cfg = json.loads(sys.argv[1])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out = cfg["out"]
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60))
+    astore = dist.PrefixStore("attempt%d" % cfg["attempt"], store)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(100 + rank)  # per-rank RNG stream (dropout), restored from the checkpoint
+    mgr = ck.CheckpointManager(out + "/ckpt", every=cfg["every"], rank=rank, world=world,
+                               store=dist.PrefixStore("ckpt", astore), commit_timeout_s=cfg.get("commit_timeout_s", 60))
+    start = 0
+    c = ck.latest_committed(out + "/ckpt", world=world)
+    if c is not None:
+        start = mgr.load(c, model, opt).step
+    if cfg.get("kill_rank") == rank:
+        real = ck._atomic_write
+        def killing(path, data, _real=real):
+            if f"step-{cfg['kill_step']}" in str(path) and path.name == cfg["kill_file"]:
+                os.kill(os.getpid(), signal.SIGKILL)  # die mid-save, before this file lands
+            _real(path, data)
+        ck._atomic_write = killing
+
+    def snap():
+        return {"params": [p.detach().clone() for p in model.parameters()], "optim": opt.state_dict(),
+                "rng": torch.get_rng_state()}
+
+    ran = []
+    for step in range(start, cfg["steps"]):
+        g = torch.Generator().manual_seed(step * 1000 + rank)  # data cursor = step
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        ran.append(step)
+        f = step + 1
+        if mgr.due(f):
+            try:
+                mgr.save(f, model, opt, cursor=f)
+            except ck.CheckpointError as exc:
+                print("commit failed:", exc, flush=True)
+                json.dump({"ran": ran, "commit_failed": f}, open(f"{out}/ran-a{cfg['attempt']}-r{rank}.json", "w"))
+                os._exit(75)
+            torch.save(snap(), f"{out}/snap-step{f}-a{cfg['attempt']}-r{rank}.pt")
+        if cfg.get("exit_after") == f:
+            json.dump({"ran": ran}, open(f"{out}/ran-a{cfg['attempt']}-r{rank}.json", "w"))
+            os._exit(70)
+    json.dump({"ran": ran, "start": start}, open(f"{out}/ran-a{cfg['attempt']}-r{rank}.json", "w"))
+    torch.save(snap(), f"{out}/final-a{cfg['attempt']}-r{rank}.pt")
+    dist.barrier()
+    os._exit(0)
+''')
+
+WORLD = 2
+
+
+def _launch(tmp_path: Path, cfg: dict, timeout: float = 120.0) -> list[int]:
+    """Run the stand-in on WORLD ranks with a launcher-hosted store; every process reaped."""
+    import torch.distributed as dist
+
+    script = tmp_path / "standin.py"
+    script.write_text(STANDIN)
+    store = dist.TCPStore("127.0.0.1", 0, world_size=WORLD + 1, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=60))
+    procs = []
+    try:
+        for r in range(WORLD):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_PORT=str(store.port), OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        codes = []
+        for p in procs:
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"stand-in rank did not finish in {timeout}s")
+            codes.append(p.returncode)
+        return codes
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def _load(path: Path):
+    import torch
+
+    return torch.load(path, weights_only=False)
+
+
+def _assert_identical(a: dict, b: dict) -> None:
+    import torch
+
+    assert len(a["params"]) == len(b["params"])
+    for x, y in zip(a["params"], b["params"]):
+        assert torch.equal(x, y)
+    assert torch.equal(a["rng"], b["rng"])
+    sa, sb = a["optim"]["state"], b["optim"]["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        for name in sa[k]:
+            assert torch.equal(torch.as_tensor(sa[k][name]), torch.as_tensor(sb[k][name])), (k, name)
+
+
+# ----------------------------------------------------------------------------- pure (no processes)
+
+def test_latest_committed_ignores_uncommitted_and_foreign(tmp_path: Path) -> None:
+    """C5: only folders with a valid marker count; a torn or foreign marker is ignored."""
+    assert latest_committed(tmp_path / "missing") is None
+    for s in (2, 4, 6, 8):
+        step_dir(tmp_path, s).mkdir(parents=True)
+    (step_dir(tmp_path, 2) / MARKER).write_text(json.dumps({"step": 2, "world": 2}))
+    (step_dir(tmp_path, 4) / MARKER).write_text(json.dumps({"step": 4, "world": 2}))
+    (step_dir(tmp_path, 6) / MARKER).write_text('{"step": 6, "wor')          # torn write
+    (step_dir(tmp_path, 8) / MARKER).write_text(json.dumps({"step": 8, "world": 4}))  # other world size
+    (tmp_path / "step-x").mkdir()
+    assert committed_steps(tmp_path, world=2) == [2, 4]
+    assert latest_committed(tmp_path, world=2) == 4
+    assert latest_committed(tmp_path) == 8
+
+
+def test_load_refuses_uncommitted_folder(tmp_path: Path) -> None:
+    """C5: loading a folder without the marker raises and says what to do instead."""
+    import torch
+
+    from accelpact.impl.checkpoint import CheckpointManager
+
+    step_dir(tmp_path, 3).mkdir(parents=True)
+    m = torch.nn.Linear(2, 2)
+    mgr = CheckpointManager(tmp_path, every=1, rank=0, world=1)
+    with pytest.raises(CheckpointError, match="latest_committed"):
+        mgr.load(3, m, torch.optim.SGD(m.parameters(), lr=0.1))
+
+
+# ----------------------------------------------------------------------------- multi-process
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kill_rank,kill_file", [(1, "rank1.pt"), (0, MARKER)])
+def test_crash_mid_save_never_loads_half_checkpoint(tmp_path: Path, kill_rank: int, kill_file: str) -> None:
+    """C5: SIGKILL of a rank mid-save (before its rank file / before the marker) leaves step 4
+    uncommitted; the resume loads step 2, bit-identical to what was saved there."""
+    cfg = {"out": str(tmp_path), "attempt": 0, "every": 2, "steps": 6, "kill_rank": kill_rank,
+           "kill_step": 4, "kill_file": kill_file, "commit_timeout_s": 5}
+    codes = _launch(tmp_path, cfg)
+    assert codes[kill_rank] == -9, codes
+    assert step_dir(tmp_path / "ckpt", 4).is_dir()          # the half checkpoint exists on disk ...
+    assert not (step_dir(tmp_path / "ckpt", 4) / MARKER).exists()
+    assert latest_committed(tmp_path / "ckpt", world=WORLD) == 2   # ... and is never chosen
+    # Restart: every rank resumes from 2 and its state equals what it had at step 2.
+    cfg2 = {"out": str(tmp_path), "attempt": 1, "every": 0, "steps": 2}
+    assert _launch(tmp_path, cfg2) == [0, 0]
+    for r in range(WORLD):
+        ran = json.loads((tmp_path / f"ran-a1-r{r}.json").read_text())
+        assert ran == {"ran": [], "start": 2}
+        _assert_identical(_load(tmp_path / f"final-a1-r{r}.pt"), _load(tmp_path / f"snap-step2-a0-r{r}.pt"))
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_resume_replays_exactly_f_minus_c_and_ends_bit_identical(tmp_path: Path) -> None:
+    """C5/S1: exit at F=5 with C=3 committed; the restart replays steps 3 and 4 (F - C = 2) and
+    ends bit-identical (params, AdamW state, RNG) to an uninterrupted run."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    assert _launch(ref, {"out": str(ref), "attempt": 0, "every": 3, "steps": 8}) == [0, 0]
+    run = tmp_path / "run"
+    run.mkdir()
+    assert _launch(run, {"out": str(run), "attempt": 0, "every": 3, "steps": 8, "exit_after": 5}) == [70, 70]
+    c = latest_committed(run / "ckpt", world=WORLD)
+    assert c == 3
+    assert _launch(run, {"out": str(run), "attempt": 1, "every": 3, "steps": 8}) == [0, 0]
+    f = 5
+    for r in range(WORLD):
+        first = json.loads((run / f"ran-a0-r{r}.json").read_text())["ran"]
+        second = json.loads((run / f"ran-a1-r{r}.json").read_text())["ran"]
+        assert first == list(range(0, f))
+        assert second[0] == c and second == list(range(c, 8))
+        replayed = [s for s in second if s < f]
+        assert len(replayed) == f - c
+        _assert_identical(_load(run / f"final-a1-r{r}.pt"), _load(ref / f"final-a0-r{r}.pt"))

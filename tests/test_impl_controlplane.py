@@ -1,0 +1,171 @@
+"""Control plane over a real TCPStore (loopback): decided barriers, fencing, abort.
+
+Spec ids: S2.1 (one decision per generation), S2.2/S2.3 (agreement on (F, g)), S4 (generation
+fencing), S1 (the late rank reads the same decision as everyone).  Ranks are threads, each with
+its own TCPStore client connection (the store is what is under test, not the processes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _mp  # noqa: E402
+
+pytest.importorskip("torch")
+
+from accelpact.impl.controlplane import ControlPlane, SEEDED_BUGS, seeded_bug  # noqa: E402
+
+
+@pytest.fixture
+def store():
+    return _mp.master_store()
+
+
+def planes(store, world, prefix="job/"):
+    return [ControlPlane(_mp.client_store(store.port), r, world, prefix) for r in range(world)]
+
+
+def run_all(fns, timeout=30.0):
+    out: dict[int, object] = {}
+    errs: list[BaseException] = []
+
+    def wrap(i, fn):
+        try:
+            out[i] = fn()
+        except BaseException as exc:  # reported below
+            errs.append(exc)
+
+    ts = [threading.Thread(target=wrap, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in ts), "a rank thread did not finish"
+    assert not errs, errs
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_agreement_commits_with_one_decider(store):
+    """S2.1: exactly one last arriver decides; every rank reads commit."""
+    cps = planes(store, 4)
+
+    def rank(cp):
+        def go():
+            count, last = cp.arrive(0, 5)
+            dec = cp.decide_agreement(0) if last else None
+            return count, last, dec, cp.await_agreement(0, time.monotonic() + 10)
+        return go
+
+    res = run_all([rank(cp) for cp in cps])
+    assert sorted(r[0] for r in res.values()) == [1, 2, 3, 4]
+    assert sum(r[1] for r in res.values()) == 1
+    assert {r[3] for r in res.values()} == {"commit"}
+    assert cps[0].read_abort() == ""
+
+
+@pytest.mark.timeout(30)
+def test_late_rank_after_others_timed_out_reads_the_same_abort(store):
+    """S1/S2: ranks 0-2 time out; the late rank 3 then completes the count and tries to decide
+    commit, but reads the standing abort:deadline like everyone else (store.barrier would split)."""
+    cps = planes(store, 4)
+
+    def early(cp):
+        def go():
+            cp.arrive(0, 5)
+            return cp.await_agreement(0, time.monotonic() + 0.3), cp.last_expired
+        return go
+
+    res = run_all([early(cp) for cp in cps[:3]])
+    assert {v[0] for v in res.values()} == {"abort:deadline"}
+    assert sum(v[1] for v in res.values()) == 3
+    count, last = cps[3].arrive(0, 5)
+    assert (count, last) == (4, True)
+    assert cps[3].decide_agreement(0) == "abort:deadline"
+    assert cps[3].await_agreement(0, time.monotonic() + 5) == "abort:deadline"
+    assert cps[3].last_expired is False
+
+
+@pytest.mark.timeout(30)
+def test_frontier_mismatch_aborts_job(store):
+    """S2.2: a rank reporting F+1 makes the decider write abort:mismatch and the job abort."""
+    cps = planes(store, 3)
+    for cp, f in zip(cps[:2], (5, 5)):
+        assert not cp.arrive(0, f)[1]
+    assert cps[2].arrive(0, 6) == (3, True)
+    assert cps[2].decide_agreement(0) == "abort:mismatch"
+    assert cps[0].await_agreement(0, time.monotonic() + 1) == "abort:mismatch"
+    assert cps[1].read_abort() == "mismatch"
+
+
+@pytest.mark.timeout(30)
+def test_release_and_first_abort_wins(store):
+    cps = planes(store, 2)
+    assert cps[0].ready(3) == (1, False)
+    assert cps[1].ready(3) == (2, True)
+    assert cps[1].decide_release(3) == "release"
+    assert cps[0].await_release(3, time.monotonic() + 1) == "release"
+    # a late abort decision cannot overwrite the release (single assignment)
+    assert cps[0].write_abort_decision(3, "release", "deadline") == "release"
+    assert cps[0].abort("deadline") == "deadline"
+    assert cps[1].abort("exception") == "deadline"
+    assert cps[1].read_abort() == "deadline"
+    with pytest.raises(ValueError, match="which must be"):
+        cps[0].write_abort_decision(3, "bogus", "deadline")
+
+
+@pytest.mark.timeout(30)
+def test_generation_fencing(store):
+    """S4: decisions of generation g are invisible in g+1; a stale decider cannot decide g+1."""
+    cps = planes(store, 2)
+    for cp in cps:
+        count, last = cp.arrive(0, 5)
+        if last:
+            cp.decide_agreement(0)
+    assert cps[0].await_agreement(0, time.monotonic() + 1) == "commit"
+    # generation 1: nobody arrived yet; the agreement of g0 must not be read
+    assert cps[0].await_agreement(1, time.monotonic() + 0.2) == "abort:deadline"
+    assert cps[1].arrive(1, 6) == (1, False)
+    assert cps[0].key(1, "agree") != cps[0].key(0, "agree")
+
+
+@pytest.mark.timeout(30)
+def test_no_fence_seeded_bug_reads_stale_decision(store, monkeypatch):
+    """The no-fence seeded bug: g1 reads g0's commit without any arrival (what fencing prevents)."""
+    monkeypatch.setenv("ACCELPACT_SEEDED_BUG", "no-fence")
+    cps = planes(store, 2, prefix="nofence/")
+    for cp in cps:
+        count, last = cp.arrive(0, 5)
+        if last:
+            cp.decide_agreement(0)
+    assert cps[0].await_agreement(1, time.monotonic() + 0.2) == "commit"  # stale: nobody arrived in g1
+
+
+def test_seeded_bug_env_is_validated(monkeypatch):
+    monkeypatch.setenv("ACCELPACT_SEEDED_BUG", "nonsense")
+    with pytest.raises(ValueError, match="not a seeded bug"):
+        seeded_bug()
+    monkeypatch.delenv("ACCELPACT_SEEDED_BUG")
+    assert seeded_bug() == ""
+    assert set(SEEDED_BUGS) == {"skip-rebind", "early-release", "no-fence"}
+
+
+@pytest.mark.timeout(30)
+def test_early_release_seeded_bug_first_vote_decides(store, monkeypatch):
+    monkeypatch.setenv("ACCELPACT_SEEDED_BUG", "early-release")
+    cps = planes(store, 3, prefix="early/")
+    assert cps[0].ready(0) == (1, True)
+
+
+@pytest.mark.timeout(30)
+def test_revoke_published_once(store):
+    cps = planes(store, 2)
+    assert cps[1].publish_revoke(0, "replicate1") is True
+    assert cps[0].publish_revoke(0, "replicate1") is False
+    assert cps[0].revoked(0, "replicate1") and not cps[0].revoked(1, "replicate1")

@@ -1,0 +1,123 @@
+"""Fault plans and the boundary guard (single process).
+
+Spec ids: F1 (faults named by point and kind, each recorded before it takes effect, outcome
+``info``), P2/C3 (the guard's record, not an error string, gives the failure phase; a dirty
+boundary fails the guard).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from accelpact.impl.faults import FAULT_ACTION, FaultContext, FaultPlan, InjectedFault  # noqa: E402
+from accelpact.impl.guard import BoundaryGuard  # noqa: E402
+from accelpact.impl.trace import Trace  # noqa: E402
+from accelpact.model.protocol import ACTIONS  # noqa: E402
+
+
+def model_and_opt():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    return m, torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+
+def test_fault_actions_are_model_actions():
+    assert set(FAULT_ACTION.values()) <= set(ACTIONS)
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"step": 1, "at": "lunch", "kind": "crash"}, "'at' must be one of"),
+    ({"step": 1, "at": "agree", "kind": "meteor"}, "'kind' must be one of"),
+    ({"step": "1", "at": "agree", "kind": "crash"}, "'step' must be an int"),
+    ({"step": 1, "at": "agree", "kind": "crash", "rank": 1}, "unknown field"),
+    ({"step": 1, "at": "agree", "kind": "crash", "ranks": "1"}, "'ranks' must be a list"),
+])
+def test_fault_plan_rejects_malformed(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        FaultPlan.from_list([bad])
+
+
+def test_fault_fires_once_at_its_point_step_and_ranks():
+    plan = FaultPlan.from_list([{"step": 2, "at": "agree", "kind": "frontier_mismatch", "ranks": [1]}])
+    assert plan.at("agree", 2, 0) == []
+    assert plan.at("agree", 1, 1) == []
+    assert plan.at("guard", 2, 1) == []
+    hit = plan.at("agree", 2, 1)
+    assert len(hit) == 1 and hit[0].kind == "frontier_mismatch"
+    assert plan.at("agree", 2, 1) == []
+    with pytest.raises(ValueError, match="unknown fault point"):
+        plan.at("nowhere", 2, 1)
+
+
+def _ctx(tmp_path, **kw):
+    tr = Trace(tmp_path / "f.ndjson", 1, {})
+    base = dict(trace=tr, rank=1, gen=3, state={"pc": "guarded", "frontier": 5, "tau": 5}, groups={})
+    base.update(kw)
+    return FaultContext(**base), tmp_path / "f.ndjson"
+
+
+def _records(path):
+    return [json.loads(x) for x in path.read_text().splitlines()][1:]
+
+
+def test_exception_fault_is_recorded_before_it_raises(tmp_path):
+    plan = FaultPlan.from_list([{"step": 0, "at": "rebind", "kind": "exception"}])
+    ctx, path = _ctx(tmp_path)
+    with pytest.raises(InjectedFault, match="rebind"):
+        plan.apply(plan.at("rebind", 0, 1)[0], ctx)
+    (rec,) = _records(path)
+    assert (rec["action"], rec["outcome"], rec["gen"], rec["detail"]["point"]) == ("FaultRaise", "info", 3, "rebind")
+
+
+def test_frontier_mismatch_reports_f_plus_one(tmp_path):
+    plan = FaultPlan.from_list([{"step": 0, "at": "agree", "kind": "frontier_mismatch"}])
+    ctx, path = _ctx(tmp_path)
+    assert plan.apply(plan.at("agree", 0, 1)[0], ctx) == {"frontier_delta": 1}
+    (rec,) = _records(path)
+    assert rec["action"] == "FaultMismatch" and rec["state"]["frontier"] == 6 and rec["state"]["tau"] == 6
+
+
+def test_collective_timeout_needs_a_known_group(tmp_path):
+    plan = FaultPlan.from_list([{"step": 0, "at": "boundary", "kind": "collective_timeout", "group": "shard"}])
+    ctx, _ = _ctx(tmp_path, groups={"replicate": None})
+    with pytest.raises(ValueError, match="no group named 'shard'"):
+        plan.apply(plan.at("boundary", 0, 1)[0], ctx)
+
+
+def test_guard_tracks_points_and_commits():
+    """The guard's record is the failure phase: forward, backward, optimizer; commit -> boundary."""
+    m, opt = model_and_opt()
+    seen = []
+    g = BoundaryGuard(m, opt, frontier=5, on_point=seen.append)
+    assert (g.point, g.tau, g.frontier) == ("boundary", 5, 5)
+    loss = m(torch.randn(3, 4)).sum()
+    assert g.point == "backward"
+    assert not g.check().ok  # mid-step
+    loss.backward()
+    opt.step()
+    assert seen == ["forward", "backward", "optimizer"]
+    assert (g.point, g.tau, g.frontier) == ("boundary", 6, 6)
+    rep = g.check()
+    assert not rep.ok and "hold .grad" in rep.reasons[0]  # grads not cleared yet
+    opt.zero_grad(set_to_none=True)
+    assert g.check().ok
+    g.remove()
+    m(torch.randn(3, 4))
+    assert g.point == "boundary"  # hooks removed
+
+
+def test_dirty_guard_fault_fails_the_guard(tmp_path):
+    m, opt = model_and_opt()
+    g = BoundaryGuard(m, opt)
+    plan = FaultPlan.from_list([{"step": 0, "at": "guard", "kind": "dirty_guard"}])
+    ctx, path = _ctx(tmp_path, guard=g, module=m)
+    assert g.check().ok
+    plan.apply(plan.at("guard", 0, 1)[0], ctx)
+    rep = g.check()
+    assert not rep.ok
+    assert any("hold .grad" in r for r in rep.reasons) and any("marked busy" in r for r in rep.reasons)
+    assert _records(path)[0]["action"] == "FaultDirtyGuard"
