@@ -237,6 +237,14 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
     if a.name == "RankArrive" and "last" in d:
         if bool(d["last"]) != ((g, r) in post.store.last_arriver):
             return f"last={d['last']} but the model says {(g, r) in post.store.last_arriver}"
+    if a.name == "RankArrive" and "count" in d:
+        n = sum(1 for x in post.store.arrivals if x[0] == g)
+        if int(d["count"]) != n:
+            return f"count={d['count']} (the store's arrival counter) but the model has {n} arrivals in generation {g}"
+    if a.name == "RankReady" and "count" in d:
+        n = sum(1 for x in post.store.ready if x[0] == g)
+        if int(d["count"]) != n:
+            return f"count={d['count']} (the store's release-vote counter) but the model has {n} votes in generation {g}"
     if a.name == "RankReady" and "last" in d:
         if bool(d["last"]) != ((g, r) in post.store.last_ready):
             return f"last={d['last']} but the model says {(g, r) in post.store.last_ready}"
@@ -373,7 +381,11 @@ class TraceChecker:
             rk = s.ranks[r]
             end = self.traces[r].end
             if end is None:
-                if not (rk.pc == PC_CRASHED or rk.hung or s.store.abort or s.supervisor):
+                # Without an end record the rank was killed: by its own crash, while hung, by the
+                # watchdog racing the trace writer after an abort, or by the supervisor, which
+                # (torchrun) kills every worker once any worker died.
+                someone_died = any(x.pc == PC_CRASHED for x in s.ranks)
+                if not (rk.pc == PC_CRASHED or rk.hung or s.store.abort or s.supervisor or someone_died):
                     return f"rank {r}'s trace stops without an end record while the model has it {rk.pc} and no abort (truncated?)"
                 continue
             out = end.get("outcome")
@@ -385,8 +397,53 @@ class TraceChecker:
                 return f"rank {r} ends 'exited' but the model never ended it"
         return None
 
+    def _successors(self, node: Node, reasons: dict | None = None) -> list[tuple[Node, str, int]]:
+        """(next node, edge label, t_ns of the consumed record or a large number for silent steps)."""
+        nexts = [(t, label, 0) for t, label in self._eager(node)]
+        if not nexts:
+            for r in self.world:
+                if node.cursors[r] < len(self.recs[r]):
+                    rec = self.recs[r][node.cursors[r]]
+                    for a, t, why in self._match(node, r):
+                        if why is not None:
+                            if reasons is not None:
+                                reasons.setdefault((r, node.cursors[r]), f"{a}: {why}")
+                            continue
+                        nexts.append((t, str(a) if a else f"(r{r} logs the group failure again)", rec.t_ns))
+            nexts.extend((t, f"silent {a}", 1 << 62) for a, t in self._silent(node))
+        return nexts
+
+    def _guided(self, start: Node) -> tuple[Node | None, dict]:
+        """Depth-first search that tries records in ``t_ns`` order first.
+
+        Only a heuristic for speed: the search is exhaustive (memoised), so the verdict does not
+        depend on timestamps; with honest timestamps it walks straight to the end.
+        """
+        parent: dict[Node, tuple[Node | None, str]] = {start: (None, "")}
+        stack = [start]
+        while stack:
+            node = stack.pop()
+            if self._done(node) is None:
+                return node, parent
+            nexts = sorted(self._successors(node), key=lambda x: x[2], reverse=True)
+            for t, label, _ts in nexts:
+                if t not in parent:
+                    if len(parent) >= self.max_nodes:
+                        return None, parent
+                    parent[t] = (node, label)
+                    stack.append(t)
+        return None, parent
+
     def check(self) -> Verdict:
         start = Node(initial_state(self.cfg), tuple(0 for _ in self.world), frozenset(), 0)
+        hit, seen = self._guided(start)
+        if hit is not None:
+            return Verdict(True, f"accepted: {sum(hit.cursors)} records of {len(self.world)} ranks match the model",
+                           len(seen), self._path(seen, hit))
+        return self._bfs(start)
+
+    def _bfs(self, start: Node) -> Verdict:
+        """Breadth-first search: shortest model paths, and the diagnostics of a rejection."""
         parent: dict[Node, tuple[Node | None, str]] = {start: (None, "")}
         queue = deque([start])
         best: list[Node] = [start]
@@ -406,17 +463,7 @@ class TraceChecker:
                 best_progress, best = prog, [node]
             elif prog == best_progress and len(best) < 8:
                 best.append(node)
-            nexts = self._eager(node)
-            for r in (self.world if not nexts else ()):
-                if node.cursors[r] < len(self.recs[r]):
-                    for a, t, why in self._match(node, r):
-                        if why is not None:
-                            reasons.setdefault((r, node.cursors[r]), f"{a}: {why}")
-                            continue
-                        nexts.append((t, str(a) if a else f"(r{r} logs the group failure again)"))
-            if not nexts or len(nexts) > 1 or not nexts[0][1].startswith("eager"):
-                nexts.extend((t, f"silent {a}") for a, t in self._silent(node))
-            for t, label in nexts:
+            for t, label, _ts in self._successors(node, reasons):
                 if t not in parent:
                     if len(parent) >= self.max_nodes:
                         return Verdict(False, f"rejected: search budget of {self.max_nodes} nodes exhausted "
@@ -493,6 +540,8 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
             detail["decision"] = true_lookup(post.store.release, g)
         elif a.name in ("RankArrive", "RankReady"):
             detail["last"] = (g, r) in (post.store.last_arriver if a.name == "RankArrive" else post.store.last_ready)
+            rows = post.store.arrivals if a.name == "RankArrive" else post.store.ready
+            detail["count"] = sum(1 for x in rows if x[0] == g)
         recs[r].append(Record(r, len(recs[r]), a.name, g, "ok", t0 + i, state, detail))
     final = path[-1][2] if path else initial_state(cfg)
     out = {}

@@ -75,8 +75,8 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     # a fault of each kind at the boundary itself and in each recovery phase, on each rank role
     for at in ("boundary",) + RECOVERY_POINTS:
         for kind in ALLOWED_KINDS[at]:
-            if kind == "collective_timeout":
-                continue
+            if kind == "collective_timeout" or (at == "boundary" and kind == "exception"):
+                continue  # these are the group failure itself (the repair scenarios)
             for rank in (3, 2):  # a member of R (not rank 0) and a rank outside R
                 role = _role(t22, wrapper, rank)
                 cell = ("2x2", wrapper, at, kind, role, 2)

@@ -145,15 +145,14 @@ class ControlPlane:
 
     def decide_agreement(self, g: int) -> str:
         """RankDecideAgreement (last arriver): compare every (F, g) with rank 0's; commit or
-        ``abort:mismatch``.  A mismatch also writes the job abort.  Returns the standing decision."""
+        ``abort:mismatch``.  Returns the standing decision.  On an abort the caller writes the
+        job abort (model ``_st_decide_agreement`` does both) *after* recording the action, so that
+        its own watchdog cannot exit the process before the record is written."""
         rows = self.frontiers(g)
         ref = rows.get(0)
         ok = ref is not None and all(v == (ref[0], g) or (not self._fenced and v[0] == ref[0]) for v in rows.values())
         value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
-        standing = self._decide(self.key(g, "agree"), value)
-        if standing.startswith("abort:"):
-            self.abort(standing[len("abort:"):])
-        return standing
+        return self._decide(self.key(g, "agree"), value)
 
     def await_agreement(self, g: int, deadline: float) -> str:
         """RankAwaitAgreement: the agreed decision, or ``abort:deadline`` if none by ``deadline``."""

@@ -106,6 +106,7 @@ class _Progress(threading.Thread):
         self.label, self.out, self.steps, self.console = label, out, steps, console
         self.stop = threading.Event()
         self._last = ""
+        self._repairs = 0
 
     def _line(self) -> str:
         from .launch import load_results
@@ -130,6 +131,12 @@ class _Progress(threading.Thread):
             if rec.get("type") == "action" and rec.get("action") != "RankResume":
                 phase = f" | rank {r}: {rec['action']}"
                 break
+        reports = max((len(v.get("reports") or []) for v in cur.values()), default=0)
+        if reports > self._repairs:
+            rep = max((v["reports"][-1] for v in cur.values() if v.get("reports")), key=lambda r: r.get("total_ns", 0))
+            self._repairs = reports
+            phase = (f" | repaired generation {rep.get('generation')} in place: {rep.get('total_ns', 0) / 1e6:.1f} ms, "
+                     f"{rep.get('refs_rebound')} references rebound, 0 steps replayed")
         codes = sorted({v.get("exit_code") for v in cur.values() if v.get("exit_code")})
         extra = f" exit {codes}" if codes else ""
         ls = f" loss {loss:.3f}" if isinstance(loss, (int, float)) else ""

@@ -107,12 +107,13 @@ class FaultPlan:
         from . import revoke
 
         action = FAULT_ACTION[fault.kind]
-        state = dict(ctx.state)
+        # the record's state holds only what the model's Fault* step changes for this rank
+        state: dict[str, Any] = {}
         detail = {"point": fault.at, "kind": fault.kind, "step": fault.step}
         if fault.kind == "frontier_mismatch":
-            state.update(frontier=state.get("frontier", 0) + 1, tau=state.get("tau", 0) + 1)
-        if fault.kind == "hang":
-            state["hung"] = True
+            state.update(frontier=ctx.state.get("frontier", 0) + 1, tau=ctx.state.get("tau", 0) + 1)
+        if fault.kind == "crash":
+            state["pc"] = "crashed"
         if fault.kind == "collective_timeout":
             detail["group"] = fault.group
         ctx.trace.action(action, ctx.gen, "info", state, detail)

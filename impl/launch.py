@@ -32,9 +32,14 @@ from pathlib import Path
 __all__ = [
     "LaunchError",
     "LaunchResult",
+    "PHASES",
+    "clear_outputs",
     "free_port",
     "job_key",
+    "l1_episodes",
+    "l2_episodes",
     "load_results",
+    "read_trace",
     "run_local",
     "run_reference",
     "run_torchrun",
@@ -119,6 +124,23 @@ def load_results(out: str | os.PathLike) -> dict[tuple[int, int], dict]:
     return results
 
 
+def clear_outputs(out: str | os.PathLike) -> None:
+    """Remove what a previous run left in ``out`` (results, traces, snapshots, checkpoints, logs).
+
+    Why: the worker resumes from the latest committed checkpoint it finds; a stale ``ckpt/`` from an
+    earlier run with the same ``out`` would make a fresh job start at that run's end.  Only files
+    this package writes are removed.
+    """
+    out = Path(out)
+    if not out.is_dir():
+        return
+    for pattern in ("result-a*-r*.json", "trace-a*-r*.ndjson", "final-r*.pt", "torchrun.log", "local-a*.log",
+                    "job.json", "DONE", ".final-r*.pt.tmp", "result-a*-r*.json.*.tmp"):
+        for p in out.glob(pattern):
+            p.unlink(missing_ok=True)
+    shutil.rmtree(out / "ckpt", ignore_errors=True)
+
+
 def _worker_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
@@ -141,14 +163,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_torchrun(job: dict, nproc: int, max_restarts: int = 1, timeout_s: float = 300.0,
-                 monitor_interval: float = 0.1) -> LaunchResult:
+                 monitor_interval: float = 0.1, fresh: bool = True) -> LaunchResult:
     """Run ``job`` under torchrun with ``nproc`` workers and at most ``max_restarts`` restarts.
+
+    ``fresh`` (default) first removes a previous run's outputs from ``job["out"]``
+    (:func:`clear_outputs`); pass False to resume from the checkpoints already there.
 
     Bounded: after ``timeout_s`` the agent's whole process group is SIGKILLed and the result says
     ``timed_out``.  Worker output goes to ``<out>/torchrun.log``.
     """
     if nproc < 1:
         raise LaunchError(f"nproc must be >= 1, got {nproc}")
+    if fresh and job.get("out"):
+        clear_outputs(job["out"])
     path = write_job(job)
     out = Path(job["out"])
     log = out / "torchrun.log"
@@ -182,23 +209,29 @@ def run_torchrun(job: dict, nproc: int, max_restarts: int = 1, timeout_s: float 
 
 
 def run_local(job: dict, nproc: int, timeout_s: float = 300.0, *, attempt: int = 0,
-              on_start=None) -> LaunchResult:
+              on_start=None, store=None) -> LaunchResult:
     """Spawn ``nproc`` workers directly (no supervisor, no restart) with torchrun's env variables.
 
     The launcher hosts the TCPStore, so the store outlives any worker.  ``attempt`` sets
     ``TORCHELASTIC_RESTART_COUNT`` (to emulate a restart by calling again with attempt + 1).
     ``on_start(procs)`` is called once every worker is spawned (tests use it to kill one).
+    ``store``: a master TCPStore to reuse across calls (as torchrun's agent keeps its store across
+    restarts, which is where the worker finds the previous attempt's frontier); None: a fresh one.
+    Attempt 0 starts from a clean ``out`` (:func:`clear_outputs`); later attempts keep it.
     Returns when all workers exited, or kills them all after ``timeout_s``.
     """
     from datetime import timedelta
 
     import torch.distributed as dist
 
+    if attempt == 0 and job.get("out"):
+        clear_outputs(job["out"])
     path = write_job(job)
     out = Path(job["out"])
     log = out / f"local-a{attempt}.log"
-    store = dist.TCPStore("127.0.0.1", 0, world_size=nproc + 1, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=max(timeout_s, 1)))
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", 0, world_size=nproc + 1, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=max(timeout_s, 1)))
     port = store.port
     procs: list[subprocess.Popen] = []
     t0 = time.monotonic()
@@ -237,8 +270,11 @@ def run_local(job: dict, nproc: int, timeout_s: float = 300.0, *, attempt: int =
 
 
 def job_key(job: dict) -> str:
-    """Cache key of a job's uninterrupted reference: workload, topology, backend (steps are in workload)."""
+    """Cache key of a job's uninterrupted reference: workload, topology, backend (steps are in
+    workload), and the workload code itself (a cached reference from other code proves nothing)."""
     basis = {k: job.get(k) for k in ("topology", "workload", "backend")}
+    src = Path(__file__).with_name("workload.py")
+    basis["workload_code"] = hashlib.sha256(src.read_bytes()).hexdigest() if src.exists() else ""
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -60,7 +60,7 @@ def timeline(runs: list[tuple[str, "LaunchResult", float | None, float | None]],
                 seen_labels.add("exit")
         if t_fault is not None and t_front is not None:
             ax.axvspan(t_fault - t0, t_front - t0, color="tab:red", alpha=0.12)
-            ax.text(t_front - t0, len(ranks) - 0.45, f" fault->frontier {t_front - t_fault:.2f}s", fontsize=8)
+            ax.text(t_fault - t0, len(ranks) - 0.45, f" fault->frontier {t_front - t_fault:.3f} s", fontsize=8)
         ax.set_title(title, fontsize=10, loc="left")
         ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
         ax.set_ylim(-0.6, len(ranks) - 0.2)

@@ -29,6 +29,7 @@ Seeded bugs (test-only, env ``ACCELPACT_SEEDED_BUG``, see :mod:`controlplane`):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from accelpact.model.state import (
     PC_VALIDATED,
     REASON_DEADLINE,
     REASON_EXCEPTION,
+    REASON_MISMATCH,
     REASON_REJECTED,
 )
 
@@ -115,7 +117,7 @@ class RecoveryReport:
     retire_ns: int             # dropping the old communicator
     total_ns: int              # observed -> resumed
     refs_rebound: int
-    revoke_to_observe_ns: int  # peer's revoke hard-close -> this rank observed (-1: it observed itself)
+    revoke_to_observe_ns: int  # this rank's revoke hard-close -> observed (-1: observed directly, before the revoke)
 
 
 class _Exited(BaseException):
@@ -176,6 +178,11 @@ class Pact:
         self._frontier_delta = 0
         self._pg = groups.affected
         self._record = groups.record
+        # keep no second reference to R's communicator: after a repair the adapters' walker would
+        # find it (the guard's hooks make the pact reachable from the module) and the old group
+        # could never be freed
+        groups = dataclasses.replace(groups, affected=None)
+        self.groups = groups
         self._bug = seeded_bug()
         if adapter is None:
             from .adapters import adapter_for
@@ -235,7 +242,8 @@ class Pact:
             self.control.publish_revoke(g, self.groups.key)  # peers blocked on R wake up
         except Exception:
             pass  # store lost: the watchdog exits DEADLINE
-        self._act("RankObserve", self._st(PC_OBSERVED, point=point), {"error": repr(exc)[:300], "in_flight": True})
+        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
+                  {"error": repr(exc)[:300], "in_flight": True})
         report = self.guard.check()
         decision = decide(self.envelope, self._key(point), report.ok)
         self._reject(decision.reason, report.reasons)
@@ -285,12 +293,12 @@ class Pact:
         revoke_lat = -1
         if member and err is not None:
             revs = [r for r in self.watchdog.revocations if r[0] == g]
-            if revs:
-                revoke_lat = t_obs - revs[0][3]
+            if revs and t_obs >= revs[0][3]:
+                revoke_lat = t_obs - revs[0][3]  # else: observed directly, before the revoke reached us
         # Phase 1: RankObserve
         if member:
             self.control.publish_revoke(g, self.groups.key)
-        self._act("RankObserve", self._st(PC_OBSERVED, point=point),
+        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
                   {"member": member, "failed_groups": failed, "error": repr(err)[:200] if err else None})
         t_start = time.monotonic_ns()
         new_pg = None
@@ -312,8 +320,12 @@ class Pact:
                       {"count": count, "last": last})
             if last:
                 dec = self.control.decide_agreement(g)
-                self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec},
-                          outcome="ok" if dec == DECISION_COMMIT else "fail")
+                if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
+                    self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
+                                                before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
+                                                                         {"decision": dec}, outcome="fail"))
+                    raise _Exited
+                self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
             dec = self.control.await_agreement(g, time.monotonic() + self.deadline_s)
             if dec != DECISION_COMMIT:
                 self._decided_abort(dec, expired=self.control.last_expired)
@@ -332,6 +344,8 @@ class Pact:
                 self._inject("rebind")
                 t = time.monotonic_ns()
                 stale = 0
+                # the engine's own reference moves first: it is one of the references to rebind
+                self._pg, self._record = new_pg, self.strategy.last_record
                 if self.strategy.needs_rebind:
                     if self._bug != "skip-rebind":
                         self.adapter.rebind(self.module, self.sites, old_pg, new_pg)
@@ -369,10 +383,7 @@ class Pact:
             self._fail(exc, t_start)
         # RankResume: generation g+1, R's communicator swapped, the old one dropped
         t_ret = time.monotonic_ns()
-        if member:
-            self._pg = new_pg
-            self._record = self.strategy.last_record
-            new_pg = None
+        new_pg = None
         self.gen = g + 1
         self._frontier_delta = 0
         self.watchdog.watch(self.gen, self.groups.key, self._record)
@@ -443,7 +454,9 @@ class Pact:
         """RankFail (exception in phases 2-6), or RankTimeout if a collective outlived the deadline."""
         claim_exit()
         g, which = self.gen, self._which()
-        timed_out = (time.monotonic_ns() - t_start) >= 0.9 * self.deadline_s * 1e9 and self.pc in (PC_REBOUND, PC_AGREED)
+        # the validation collective is phase 6's wait on peers (model: RankTimeout at "rebound");
+        # an error there after the deadline is a timeout, anything else an exception
+        timed_out = self.pc == PC_REBOUND and (time.monotonic_ns() - t_start) >= 0.9 * self.deadline_s * 1e9
         reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
         action = "RankTimeout" if timed_out else "RankFail"
 

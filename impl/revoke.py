@@ -63,8 +63,8 @@ def established_inodes() -> set[int]:
 
 @dataclass(slots=True)
 class SocketRecord:
-    """The connected sockets of one group (fd, inode), and a weak reference to the group
-    (for NCCL abort).  Holding a record never keeps the group alive."""
+    """The connected sockets of one group (fd, inode); for NCCL a weak reference to the group
+    (abort goes through it).  Holding a record never keeps the group alive."""
 
     backend: str
     sockets: tuple[tuple[int, int], ...] = ()
@@ -90,7 +90,9 @@ def recorded(build: Callable[[], T], backend: str = "gloo") -> tuple[T, SocketRe
     after = socket_inodes()
     est = established_inodes()
     new = tuple(sorted((fd, ino) for fd, ino in after.items() if (fd, ino) not in before and ino in est))
-    return group, SocketRecord(backend=backend, sockets=new, group_ref=_weak(group))
+    # gloo needs only the sockets: no reference to the group at all (not even a weak one, which
+    # the adapters' reference walker would count as a stale cached reference after a repair)
+    return group, SocketRecord(backend=backend, sockets=new, group_ref=_weak(group) if backend == "nccl" else None)
 
 
 def record_group(group, backend: str = "nccl") -> SocketRecord:

@@ -86,10 +86,13 @@ class Watchdog:
             self._target_changed.set()
 
     # ---- exits ---------------------------------------------------------------------------------
-    def exit_on_abort(self, hint: str) -> None:
+    def exit_on_abort(self, hint: str, before: Callable[[], None] | None = None) -> None:
         """Exit with the job's abort reason (writing ``hint`` first if no abort stands yet).
-        Used by the main thread when it reads an abort decision written by a peer."""
+        Used by the main thread when it reads (or decided) an abort decision.  ``before`` runs
+        once the exit is claimed, before the abort is written (the rank's own action record)."""
         claim_exit()
+        if before is not None:
+            before()
         try:
             reason = self.control.abort(hint)
         except Exception:

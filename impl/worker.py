@@ -35,9 +35,9 @@ from typing import Any
 
 __all__ = ["JobError", "build_recorded_groups", "faults_for_attempt", "load_job", "main", "run_job", "validate_job"]
 
-WRAPPERS = ("fsdp1-hybrid", "fsdp2-hybrid", "ddp")
-FAULT_POINTS = ("forward", "backward", "optimizer", "boundary", "guard", "agree", "replace", "rebind", "validate", "release")
-FAULT_KINDS = ("collective_timeout", "crash", "hang", "exception", "frontier_mismatch", "dirty_guard")
+from .faults import FAULT_KINDS, FAULT_POINTS  # no torch import at module level there
+
+WRAPPERS = ("fsdp1-hybrid", "fsdp2-hybrid", "ddp")  # workload.WRAPPERS, without importing torch
 
 
 class JobError(ValueError):
@@ -173,19 +173,26 @@ def _previous_frontier(store, attempt: int, rank: int) -> int | None:
     return best
 
 
-def _fault_time_ns(out: Path, attempt: int) -> int | None:
-    """Earliest injected-fault record in the previous attempt's traces (needs ``"trace": true``)."""
+def _fault_time_ns(out: Path, attempt: int, gen: int | None = None) -> int | None:
+    """Earliest injected-fault record (``Fault*``) in ``attempt``'s traces, of generation ``gen`` if
+    given; None when tracing is off or nothing was injected."""
     earliest = None
-    for p in out.glob(f"trace-a{attempt - 1}-r*.ndjson"):
+    for p in out.glob(f"trace-a{attempt}-r*.ndjson"):
         try:
-            for line in p.read_text().splitlines():
-                rec = json.loads(line)
-                if rec.get("type") == "action" and str(rec.get("action", "")).startswith("Fault"):
-                    t = int(rec["t_ns"])
-                    earliest = t if earliest is None else min(earliest, t)
-                    break
-        except (OSError, ValueError, KeyError):
+            lines = p.read_text().splitlines()
+        except OSError:
             continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line being written right now
+            if rec.get("type") != "action" or not str(rec.get("action", "")).startswith("Fault"):
+                continue
+            if gen is not None and rec.get("gen") != gen:
+                continue
+            t = int(rec["t_ns"])
+            earliest = t if earliest is None else min(earliest, t)
     return earliest
 
 
@@ -297,7 +304,7 @@ def run_job(job: dict) -> int:
             app.cursor = restored.cursor
         app.step = start = c
     replayed = max(0, (prev_f or 0) - start) if attempt > 0 else 0
-    t_fault_ns = _fault_time_ns(out, attempt) if attempt > 0 else None
+    t_fault_ns = _fault_time_ns(out, attempt - 1) if attempt > 0 else None
     result.update(start_step=start, resumed_from=c, replayed_steps=replayed, frontier=start,
                   t_fault=None if t_fault_ns is None else t_fault_ns / 1e9)
 
@@ -334,7 +341,9 @@ def run_job(job: dict) -> int:
         changes: dict[str, Any] = {"frontier": frontier, "losses": losses, "t_steps": t_steps}
         if report is not None:
             changes["reports"] = result.data["reports"] + [_jsonable(report)]
-            changes["t_frontier"] = now
+            changes["t_frontier"] = now  # L1: training again at the agreed F (zero replay)
+            t_f = _fault_time_ns(out, attempt, gen=report.generation) if job["trace"] else None
+            changes["t_fault"] = None if t_f is None else t_f / 1e9
         if prev_f is not None and frontier == prev_f:
             changes["t_frontier"] = now  # L2: back at the frontier the failure interrupted
         if ckpt.due(frontier):

@@ -14,10 +14,8 @@ Ordering requirements:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from importlib import resources
 from typing import Any

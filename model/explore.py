@@ -42,6 +42,10 @@ __all__ = [
     "explore",
     "format_counterexample",
     "l1_config",
+    "MANIFEST_CONFIGS",
+    "load_manifest",
+    "manifest_drift",
+    "write_manifest",
 ]
 
 #: Steps one rank can take in one generation after an abort is written: observe, guard,
@@ -188,6 +192,8 @@ class ExploreResult:
 
 
 def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return v if v else "''"
     if isinstance(v, frozenset):
         return repr(tuple(sorted(v)))
     return repr(v)
@@ -519,3 +525,100 @@ def explore(
             result.graph = g
     result.seconds = time.perf_counter() - t0
     return result
+
+
+# --------------------------------------------------------------------------------------
+# The manifest: pinned state-space sizes per configuration (as tlaplus/Examples does)
+
+MANIFEST_PATH = __import__("pathlib").Path(__file__).with_name("manifest.json")
+MANIFEST_FORMAT = "accelpact-manifest/1"
+
+
+def _ddp(nodes: int, faults: int) -> Config:
+    return Config(nodes=nodes, ranks_per_node=1, affected_local=0, group="world", max_faults=faults)
+
+
+#: name -> (configuration, fast): fast entries are recomputed by the test suite.
+MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
+    "2x2-f0": (Config(max_faults=0), True),
+    "2x2-f1": (Config(max_faults=1), True),
+    "2x2-f2": (Config(max_faults=2), False),
+    "2x2-world-f1": (Config(group="world", max_faults=1), True),
+    "2x1-ddp-f1": (_ddp(2, 1), True),
+    "2x1-ddp-f2": (_ddp(2, 2), True),
+    "3x1-ddp-f1": (_ddp(3, 1), True),
+    "3x2-f1": (Config(nodes=3, max_faults=1), True),
+    "4x2-f1": (Config(nodes=4, max_faults=1), False),
+}
+
+
+def config_summary(cfg: Config) -> dict[str, Any]:
+    return {
+        "nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "affected_local": cfg.affected_local,
+        "group": cfg.group, "max_faults": cfg.max_faults, "faults": sorted(cfg.faults) or "all",
+        "points": list(cfg.points), "mutant": cfg.mutant,
+    }
+
+
+def manifest_numbers(result: ExploreResult) -> dict[str, Any]:
+    """The pinned numbers of one exploration (everything deterministic, no timings)."""
+    return {
+        "states": result.states,
+        "transitions": result.transitions,
+        "edges": result.edges,
+        "depth": result.depth,
+        "sinks": result.sinks,
+        "exit_bound": result.exit_bound,
+        "exit_bound_limit": result.exit_bound_limit,
+        "ok": result.ok,
+    }
+
+
+def manifest_entry(name: str) -> dict[str, Any]:
+    cfg, fast = MANIFEST_CONFIGS[name]
+    return {
+        "config": config_summary(cfg),
+        "fast": fast,
+        "symmetry": manifest_numbers(explore(cfg, symmetry=True)),
+        "no_symmetry": manifest_numbers(explore(cfg, symmetry=False)),
+    }
+
+
+def load_manifest(path: Any = None) -> dict[str, Any]:
+    import json
+
+    with open(path or MANIFEST_PATH, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if data.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path or MANIFEST_PATH}: format is {data.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    return data
+
+
+def write_manifest(names: list[str] | None = None, path: Any = None) -> dict[str, Any]:
+    """Recompute ``names`` (default: all) and write the manifest, keeping the other entries."""
+    import json
+
+    target = path or MANIFEST_PATH
+    try:
+        data = load_manifest(target)
+    except (FileNotFoundError, ValueError):
+        data = {"format": MANIFEST_FORMAT, "configs": {}}
+    for name in names or list(MANIFEST_CONFIGS):
+        data["configs"][name] = manifest_entry(name)
+    data["configs"] = {k: data["configs"][k] for k in MANIFEST_CONFIGS if k in data["configs"]}
+    with open(target, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=False)
+        fh.write("\n")
+    return data
+
+
+def manifest_drift(name: str, pinned: dict[str, Any]) -> list[str]:
+    """Differences between the pinned entry and a fresh exploration, as readable lines."""
+    fresh = manifest_entry(name)
+    out = []
+    for mode in ("symmetry", "no_symmetry"):
+        for key, want in pinned[mode].items():
+            got = fresh[mode].get(key)
+            if got != want:
+                out.append(f"{name} [{mode}] {key}: pinned {want}, now {got}")
+    return out

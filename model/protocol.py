@@ -167,7 +167,7 @@ def _exit(s: State, r: int, reason: str) -> State:
 
 def _decision_key(pc: str) -> str:
     """Which decision a rank in ``pc`` is waiting for: agreement before phase 4, release after."""
-    return "agree" if pc in (PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
+    return "agree" if pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
 
 
 def _write_abort_decision(cfg: Config, s: State, r: int, reason: str) -> State:
@@ -374,6 +374,11 @@ def _en_timeout(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     if not _active(s, r) or not stalled(s):
         return False
+    if rk.pc == PC_TRAIN:
+        # A non-member blocks in the boundary's control-group all-reduce (all of W).  If every
+        # member of R died or hung before publishing revoke, nothing else ever wakes it: the
+        # all-reduce's deadline expires (found by the explorer: 2x2, group_fail + 2 crashes).
+        return not _member(cfg, r) and _in_episode(s, r) and rk.gen not in s.store.revoked
     if rk.pc == PC_ARRIVED:
         return _lookup(cfg, s.store.agree, rk.gen) is None
     if rk.pc == PC_REBOUND:

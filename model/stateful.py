@@ -51,12 +51,16 @@ def drain_bound(cfg: Config) -> int:
 
 
 def drain(cfg: Config, s: State, actions: tuple[Action, ...] | None = None) -> tuple[State, list[Action], str | None]:
-    """Take the first enabled non-fault action until none is left or the bound is hit.
+    """Take the most advanced enabled non-fault action until none is left or the bound is hit.
+
+    "Most advanced" is the last enabled action in :func:`all_actions` order (later phases,
+    then higher ranks first): it drives ranks apart instead of in lock step, so a drain
+    also exposes ordering bugs (e.g. a release decided before every vote).
 
     Returns the last state, the actions taken and an error (None when a final state was
     reached within :func:`drain_bound` with every invariant holding).
     """
-    acts = tuple(a for a in (actions or all_actions(cfg)) if ACTIONS[a.name].actor != "fault")
+    acts = tuple(a for a in reversed(actions or all_actions(cfg)) if ACTIONS[a.name].actor != "fault")
     taken: list[Action] = []
     for _ in range(drain_bound(cfg)):
         nxt = next((a for a in acts if ACTIONS[a.name].enabled(cfg, s, a.rank, a.arg)), None)
@@ -174,7 +178,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         target(float(max(rk.gen for rk in self.state.ranks)), label="generation reached")
         _s, taken, err = drain(self.cfg, self.state, self.actions)
         if err:
-            raise AssertionError(f"liveness: {err}; chaos steps {self.trail[-8:]}, drain {[str(a) for a in taken[-8:]]}")
+            raise AssertionError(f"after the fault-free drain: {err}; chaos steps {self.trail[-8:]}, drain {[str(a) for a in taken[-8:]]}")
 
 
 def make_machine(config: Config | None = None, *, mutant: str | None = None) -> type[ProtocolMachine]:

@@ -377,8 +377,11 @@ def hsdp_worker(rank: int, world: int, port: int, cfg: dict, out: Path) -> None:
         pg = PactGroups(control=control, affected=groups.replicate, members=groups.replicate_ranks,
                         record=records["replicate"], name="replicate", index=topo.local_of(rank),
                         count=topo.ranks_per_node, others={k: v for k, v in records.items() if k != "replicate"})
+    # header "affected" is R, the group the scenario fails (not this rank's own group)
+    first = (cfg.get("faults") or [{"ranks": [1]}])[0]["ranks"][0]
+    affected = list(range(world)) if spec.wrapper == "ddp" else topo.replicate_ranks(topo.local_of(first))
     trace = Trace(trace_path(out, 0, rank), rank, {"world": world, "nodes": topo.nodes, "ranks_per_node": 2,
-                                                   "group": pg.name, "affected": list(pg.members), "attempt": 0,
+                                                   "group": pg.name, "affected": affected, "attempt": 0,
                                                    "scenario": f"test-{spec.wrapper}", "seed": 0, "backend": "gloo",
                                                    "frontier_at_start": 0})
     cp = ControlPlane(store, rank, world, prefix="job/")
@@ -395,4 +398,26 @@ def hsdp_worker(rank: int, world: int, port: int, cfg: dict, out: Path) -> None:
     control.allreduce([torch.zeros(1)]).wait()  # nobody leaves before everyone saved
     pact.close()
     trace.close()
+    os._exit(0)
+
+
+def nccl_replace_worker(rank: int, world: int, port: int, cfg: dict, out: Path) -> None:
+    """NCCL: replace the default group's communicator (old one aborted) and all-reduce on the new one."""
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.impl.replace import ReplaceAndRebind
+
+    torch.cuda.set_device(rank)
+    store = client_store(port)
+    dist.init_process_group("nccl", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60), device_id=torch.device("cuda", rank))
+    old = dist.distributed_c10d._get_default_group()
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    new = ReplaceAndRebind("nccl/").replace(old, 1, tuple(range(world)), rank, store, 30.0, name="world")
+    u = torch.ones(1, device="cuda")
+    new.allreduce([u]).wait()
+    torch.cuda.synchronize()
+    (out / f"nccl-r{rank}.json").write_text(json.dumps({"old": float(t[0]), "new": float(u[0])}))
     os._exit(0)

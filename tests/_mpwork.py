@@ -7,7 +7,7 @@ poisoned group can abort the interpreter, torch-facts).
 """
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import multiprocessing as mp
 import os
 import sys
@@ -121,12 +121,14 @@ def fail_group(ctx: Ctx, group: Any, members: tuple[int, ...], skippers: set[int
 
 
 def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int = 2, layers: int = 4,
-                    pre_steps: int = 2, post_steps: int = 2, ablation: bool | str = True) -> dict:
+                    pre_steps: int = 2, post_steps: int = 2, ablation: bool | str = True,
+                    regen: bool = False) -> dict:
     """Clean run vs. run with a REAL failure of R at a committed boundary + new group + rebind.
 
     Returns reference counts, adapter/walker agreement, timings, the snapshot comparison, digests
     and (``ablation``) the error raised when a second failure is NOT followed by a rebind
-    (``ablation="python-only"``: followed by a rebind of the Python-visible references only).
+    (``ablation="python-only"``: followed by a rebind of the Python-visible references only);
+    ``regen``: before that, a second failure and a rebind of the same sites to a generation-2 group.
     """
     import torch
     import torch.distributed as dist
@@ -187,14 +189,27 @@ def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int 
         p0.copy_(keep)
     res["digest_restored"] = state_digest(ja.module, ja.optimizer)
 
-    if ablation:  # second real failure of R, replacement built, rebind SKIPPED
-        res["fail_error2"] = fail_group(ctx, new_R, members, skippers)
-        newer = make_gloo_group(ctx.store, f"gen2/{wrapper}/R{local}/", members, ctx.rank, timedelta(seconds=60), name=f"gen2-R{local}")
+    cur, step = new_R, total
+    if regen:  # generation 2: another real failure, the SAME sites rebound again (discover once, rebind many)
+        res["fail_error_regen"] = fail_group(ctx, cur, members, skippers)
+        gen2 = make_gloo_group(ctx.store, f"gen2/{wrapper}/R{local}/", members, ctx.rank, timedelta(seconds=60), name=f"gen2-R{local}")
+        adapter.rebind(ja.module, sites, cur, gen2)
+        check2 = adapter.verify(ja.module, sites, cur, gen2)
+        res["check_regen"] = (check2.ok, check2.stale, check2.total, check2.detail)
+        W.train_step(ja, step)
+        W.train_step(jb, step)
+        res["equal_regen"] = W.compare_snapshots(W.snapshot(ja), W.snapshot(jb))
+        if wrapper == "fsdp2-hybrid":
+            res["mesh_resolves_new"] = res["mesh_resolves_new"] and ga.mesh.get_group("replicate") is gen2
+        cur, step = gen2, step + 1
+    if ablation:  # another real failure of R, replacement built, rebind SKIPPED
+        res["fail_error2"] = fail_group(ctx, cur, members, skippers)
+        newer = make_gloo_group(ctx.store, f"gen9/{wrapper}/R{local}/", members, ctx.rank, timedelta(seconds=60), name=f"gen9-R{local}")
         if ablation == "python-only":  # rewrite only what a Python walk sees (DDP: not the C++ Reducer)
             from accelpact.impl.adapters import GenericAdapter
-            res["python_only_rebound"] = GenericAdapter().rebind(ja.module, find_references(ja.module, new_R), new_R, newer)
+            res["python_only_rebound"] = GenericAdapter().rebind(ja.module, find_references(ja.module, cur), cur, newer)
         try:
-            W.train_step(ja, total)
+            W.train_step(ja, step)
             res["ablation_error"] = ""
         except RuntimeError as e:
             res["ablation_error"] = str(e)[:300]
@@ -220,6 +235,9 @@ def assert_rebind_results(res: list[dict], wrapper: str, nodes: int, ranks_per_n
         assert eq, f"rank {rk}: continuation after rebind differs from the uninterrupted run: {why}"
         assert r["digest_perturbed"] != r["digest"] and r["digest_restored"] == r["digest"]
         assert len(r["digest"]) == 32
+        if "check_regen" in r:
+            assert r["check_regen"][0], f"rank {rk}: generation-2 rebind left stale references: {r['check_regen'][3]}"
+            assert r["equal_regen"][0], f"rank {rk}: after the generation-2 rebind: {r['equal_regen'][1]}"
         if "ablation_error" in r:
             assert any(m in r["ablation_error"] for m in FAILURE_MARKERS), \
                 f"rank {rk}: training on with stale references did not raise: {r['ablation_error']!r}"

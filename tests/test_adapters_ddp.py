@@ -4,6 +4,7 @@ S6 StatePreserved, RankValidate digests).
 DDP caches the group in ``ddp.process_group`` (1 Python reference) and in the C++ Reducer, which
 no walk sees: ``_update_process_group`` must be used. Ablation: rewriting only the Python-visible
 reference (GenericAdapter) leaves the Reducer on the dead group and the next backward raises.
+A second failure is rebound with the same sites (discover once, rebind many).
 """
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.multiproc
 
 @pytest.mark.timeout(300)
 def test_ddp_2x2_rebind_after_real_failure(tmp_path):
-    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 4, tmp_path, timeout=240, wrapper="ddp", ablation="python-only")
+    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 4, tmp_path, timeout=240, wrapper="ddp", ablation="python-only",
+                            regen=True)
     for r in res:
         assert r["r_sites"] == ["model.process_group"]
         assert r["python_only_rebound"] == 1  # the walker saw (and rewrote) only the Python attribute

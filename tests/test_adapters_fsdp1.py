@@ -4,7 +4,8 @@ S6 StatePreserved, RankValidate digests).
 Reference counts per torch-facts: replicate group 2(L+1) (``_inter_node_pg`` + comm-hook
 ``DefaultState.process_group`` slot), shard group 2(L+1)+1 (after the first forward); the adapter's
 targeted sites equal the walker's; rebind after the failure continues bit-identically to an
-uninterrupted run; skipping the rebind makes the next backward raise.
+uninterrupted run; skipping the rebind makes the next backward raise. Built from a 2-D
+``device_mesh`` instead, the mesh's ``_pg_registry`` holds one more reference to each group.
 """
 import sys
 from pathlib import Path
@@ -38,3 +39,38 @@ def test_fsdp1_hybrid_4x2_rebind_after_real_failure(tmp_path):
     for r in res:
         assert len(r["r_sites"]) == 2 * (L + 1)
     _mpwork.assert_rebind_results(res, "fsdp1-hybrid", 4, 2)
+
+
+def mesh_counts(ctx, layers):
+    """FSDP1 HYBRID_SHARD built from a 2-D DeviceMesh: counts and adapter/walker agreement."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from accelpact.impl import workload as W
+    from accelpact.impl.adapters import adapter_for, find_references, site_set
+
+    topo = W.Topology(2, 2)
+    g = W.build_groups(topo, ctx.rank)
+    torch.manual_seed(0)
+    m = FSDP(W.CharLM(W.vocab_size(), W.WorkloadSpec(layers=layers)), device_mesh=g.mesh,
+             sharding_strategy=ShardingStrategy.HYBRID_SHARD, auto_wrap_policy=ModuleWrapPolicy({W.Block}),
+             device_id=torch.device("cpu"))
+    x, _ = W.DataCursor(0, 4, 16, ctx.rank, 4).batch(0)
+    m(x).sum().backward()  # the shard group's _ExecOrderData reference appears after the first forward
+    out = {}
+    for name in ("replicate", "shard"):
+        pg = g.mesh.get_group(name)
+        sites, walked = adapter_for(m).discover(m, pg), find_references(m, pg)
+        out[name] = (len(sites), site_set(sites) == site_set(walked), [s.path for s in walked])
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_fsdp1_hybrid_device_mesh_counts(tmp_path):
+    L = 2
+    for r in _mpwork.run_ranks(mesh_counts, 4, tmp_path, timeout=150, layers=L):
+        n, agree, paths = r["replicate"]
+        assert agree and n == 2 * (L + 1) + 1, paths  # + the mesh's _pg_registry entry
+        n, agree, paths = r["shard"]
+        assert agree and n == 2 * (L + 1) + 1 + 1, paths

@@ -3,7 +3,9 @@ replicate-group failure (S5 RebindComplete, S6 StatePreserved, RankValidate dige
 
 Reference counts: ``HSDPMeshInfo.replicate_process_group`` once per parameter group (L blocks +
 root = L+1) plus the DeviceMesh ``_pg_registry`` entry; after the rebind the mesh's name lookup
-(``mesh.get_group("replicate")``) returns the new communicator.
+(``mesh.get_group("replicate")``) returns the new communicator, also after a second failure
+rebound with the SAME sites (discover once, rebind many). Skipping the rebind makes the next
+backward raise.
 """
 import sys
 from pathlib import Path
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_fsdp2_hsdp_2x2_rebind_after_real_failure(tmp_path):
     L = 4
-    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 4, tmp_path, timeout=240, wrapper="fsdp2-hybrid", layers=L)
+    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 4, tmp_path, timeout=240, wrapper="fsdp2-hybrid", layers=L,
+                            regen=True)
     for r in res:
         infos = [p for p in r["r_sites"] if p.endswith("mesh_info.replicate_process_group")]
         registry = [p for p in r["r_sites"] if "._pg_registry[" in p]

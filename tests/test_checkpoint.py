@@ -1,7 +1,8 @@
 """L2 checkpoints (impl/checkpoint.py): commit marker, crash mid-save, bit-identical reload, F - C replay.
 
-Spec ids: C5 (L2 restart resumes from the last durable checkpoint C and replays F - C steps),
-S1 (state after recovery equals the uninterrupted run, bit for bit).
+Spec ids: P13.1 (commit marker only after every rank acknowledged), I6 (a crash mid-save never
+yields a loaded half checkpoint), I5 / C5.2 (L2 replays exactly F - C steps and its state equals the
+uninterrupted run's).
 
 The multi-process cases use a tiny DDP stand-in (a script written to tmp_path, 2 ranks, gloo on
 loopback, a launcher-hosted TCPStore) so that they do not depend on the workload module.
@@ -138,7 +139,7 @@ def _assert_identical(a: dict, b: dict) -> None:
 # ----------------------------------------------------------------------------- pure (no processes)
 
 def test_latest_committed_ignores_uncommitted_and_foreign(tmp_path: Path) -> None:
-    """C5: only folders with a valid marker count; a torn or foreign marker is ignored."""
+    """P13.1/I6: only folders with a valid marker count; a torn or foreign marker is ignored."""
     assert latest_committed(tmp_path / "missing") is None
     for s in (2, 4, 6, 8):
         step_dir(tmp_path, s).mkdir(parents=True)
@@ -153,7 +154,7 @@ def test_latest_committed_ignores_uncommitted_and_foreign(tmp_path: Path) -> Non
 
 
 def test_load_refuses_uncommitted_folder(tmp_path: Path) -> None:
-    """C5: loading a folder without the marker raises and says what to do instead."""
+    """I6: loading a folder without the marker raises and says what to do instead."""
     import torch
 
     from accelpact.impl.checkpoint import CheckpointManager
@@ -171,7 +172,7 @@ def test_load_refuses_uncommitted_folder(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kill_rank,kill_file", [(1, "rank1.pt"), (0, MARKER)])
 def test_crash_mid_save_never_loads_half_checkpoint(tmp_path: Path, kill_rank: int, kill_file: str) -> None:
-    """C5: SIGKILL of a rank mid-save (before its rank file / before the marker) leaves step 4
+    """I6: SIGKILL of a rank mid-save (before its rank file / before the marker) leaves step 4
     uncommitted; the resume loads step 2, bit-identical to what was saved there."""
     cfg = {"out": str(tmp_path), "attempt": 0, "every": 2, "steps": 6, "kill_rank": kill_rank,
            "kill_step": 4, "kill_file": kill_file, "commit_timeout_s": 5}
@@ -192,7 +193,7 @@ def test_crash_mid_save_never_loads_half_checkpoint(tmp_path: Path, kill_rank: i
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
 def test_resume_replays_exactly_f_minus_c_and_ends_bit_identical(tmp_path: Path) -> None:
-    """C5/S1: exit at F=5 with C=3 committed; the restart replays steps 3 and 4 (F - C = 2) and
+    """I5/C5.2: exit at F=5 with C=3 committed; the restart replays steps 3 and 4 (F - C = 2) and
     ends bit-identical (params, AdamW state, RNG) to an uninterrupted run."""
     ref = tmp_path / "ref"
     ref.mkdir()

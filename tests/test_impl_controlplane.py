@@ -94,13 +94,16 @@ def test_late_rank_after_others_timed_out_reads_the_same_abort(store):
 
 @pytest.mark.timeout(30)
 def test_frontier_mismatch_aborts_job(store):
-    """S2.2: a rank reporting F+1 makes the decider write abort:mismatch and the job abort."""
+    """S2.2: a rank reporting F+1 makes the decider write abort:mismatch (the engine then writes
+    the job abort after recording the decision)."""
     cps = planes(store, 3)
     for cp, f in zip(cps[:2], (5, 5)):
         assert not cp.arrive(0, f)[1]
     assert cps[2].arrive(0, 6) == (3, True)
     assert cps[2].decide_agreement(0) == "abort:mismatch"
     assert cps[0].await_agreement(0, time.monotonic() + 1) == "abort:mismatch"
+    assert cps[1].read_abort() == ""
+    assert cps[2].abort("mismatch") == "mismatch"
     assert cps[1].read_abort() == "mismatch"
 
 

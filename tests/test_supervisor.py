@@ -1,9 +1,10 @@
 """L2 under a real torchrun supervisor (impl/launch.py + impl/worker.py).
 
-Spec ids: C3 (an in-flight failure is rejected to L2: every rank exits 70), C5 (torchrun restarts
-all workers, restart count 1, resume from the committed checkpoint C and replay F - C steps),
-S1 (the restarted job ends bit-identical to the uninterrupted reference), L3 (a hung rank becomes
-an exit and a restart within the bound: collective timeout + deadline).
+Spec ids: C5.1 / P11.2 (an in-flight failure is rejected: every rank exits 70), C5.2 / P13.2
+(torchrun restarts all workers, restart count 1, they load the committed checkpoint C and replay
+F - C steps), I5 (the restarted job's state equals the uninterrupted reference), L2 (after a loss
+every surviving rank exits and the supervisor restarts within a bound: here a hung rank, bound =
+collective timeout + deadline).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _job(out: Path, wrapper: str, nodes: int, rpn: int, steps: int, faults: list
 
 @pytest.mark.timeout(420)
 def test_inflight_failure_rejected_restarted_and_replayed(tmp_path: Path) -> None:
-    """C3/C5/S1: exception in backward of step 3 -> every rank exits 70 -> torchrun restarts once ->
+    """C5.1/C5.2/I5: exception in backward of step 3 -> every rank exits 70 -> torchrun restarts once ->
     DCP reload of C=2 -> replay of F - C = 1 step -> final state equal to the reference."""
     import torch
 
@@ -64,7 +65,7 @@ def test_inflight_failure_rejected_restarted_and_replayed(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(300)
 def test_hang_becomes_exit_and_restart_within_bound(tmp_path: Path) -> None:
-    """L3: rank 1 hangs before the forward of step 2.  Its peer's backward all-reduce times out
+    """L2 (liveness): rank 1 hangs before the forward of step 2.  Its peer's backward all-reduce times out
     (collective_timeout_s), the peer rejects (in flight) and writes the abort key, the hung rank's
     watchdog exits on it: all exit 70 within collective timeout + deadline, torchrun restarts."""
     coll, deadline = 8.0, 10.0

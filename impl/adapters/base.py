@@ -128,7 +128,8 @@ def unregister_group(pg: Any) -> None:
 def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
     """Give ``new_pg`` the c10d identity (name, rank mapping) of ``old_pg`` and drop ``old_pg`` from
     c10d's registries; the c10d registry is one more cached reference (DeviceMesh resolves its
-    groups by name). No-op when ``old_pg`` is unregistered or ``new_pg`` is a bare backend.
+    groups by name) and, dropping the old group's entries, c10d no longer keeps it alive.
+    No-op when ``old_pg`` is unregistered or the default group, or ``new_pg`` is a bare backend.
     Returns the adopted name."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -137,7 +138,9 @@ def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
     name = w.pg_names.get(old_pg)
     if name is None or not isinstance(new_pg, dist.ProcessGroup) or old_pg is new_pg:
         return None
-    mapping = w.pg_group_ranks.get(old_pg) or {}
+    if old_pg is c10d.GroupMember.WORLD:  # never unregister the default group: dist.* would break
+        return None
+    mapping = w.pg_group_ranks.get(new_pg) or w.pg_group_ranks.get(old_pg) or {}
     ranks = [g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
     store = (w.pg_map.get(new_pg) or w.pg_map.get(old_pg) or (None, None))[1]
     unregister_group(old_pg)

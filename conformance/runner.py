@@ -1,0 +1,243 @@
+"""Run one scenario against the real implementation and judge it with three oracles.
+
+1. Outcome: the observed outcome is one the model allows (and ``expect`` if given).
+   L1: every rank released at F in attempt 0, nothing replayed, no restart, and the final
+   per-rank snapshots are bit-identical to the uninterrupted reference run.  L2: every
+   surviving rank of attempt 0 exited with one rejection/abort code, torchrun restarted the
+   job from checkpoint C, it finished, and the final snapshots are bit-identical.
+2. Trace: the checker (:mod:`.checker`) accepts attempt 0's traces under the scenario's script.
+3. Deadlines: every rank that exited did so within the bound after the first fault (``t_ns``).
+
+The reference run is cached per workload (``impl.launch.run_reference``).  Every process is
+reaped by the launcher; every wait is bounded (``timeout_s``).  torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checker import Abstraction, TraceChecker, TraceError, load_dir
+from .scenario import Scenario, explore, model_config, script_for
+
+#: model exit reason -> process exit code (spec/implementation.md "Exit codes")
+EXIT_CODES = {"rejected": 70, "mismatch": 71, "deadline": 72, "exception": 73}
+DEFAULT_CACHE = Path(os.environ.get("ACCELPACT_REF_CACHE", Path.home() / ".cache" / "accelpact" / "refs"))
+
+
+@dataclass
+class Report:
+    scenario: str
+    expected: list[str]
+    outcome: str = "none"
+    conforms: bool = False
+    replayed_steps: int | None = None
+    bit_identical: bool | None = None
+    trace_ok: bool | None = None
+    deadlines_ok: bool | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    trace_message: str = ""
+    wall_s: float = 0.0
+    out: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario, "outcome": self.outcome, "expected": self.expected, "conforms": self.conforms,
+            "replayed_steps": self.replayed_steps, "bit_identical": self.bit_identical, "trace_ok": self.trace_ok,
+            "deadlines_ok": self.deadlines_ok, "phases_s": self.phases_s, "problems": self.problems,
+            "wall_s": round(self.wall_s, 3), "out": self.out,
+        }
+
+    def summary(self) -> str:
+        verdict = "CONFORMS" if self.conforms else "DOES NOT CONFORM"
+        lines = [f"{self.scenario}: {verdict} (observed {self.outcome}, model allows {'/'.join(self.expected)})",
+                 f"  replayed_steps={self.replayed_steps} bit_identical={self.bit_identical} trace_ok={self.trace_ok} "
+                 f"deadlines_ok={self.deadlines_ok} wall={self.wall_s:.1f}s"]
+        if self.phases_s:
+            lines.append("  phases: " + " ".join(f"{k}={v * 1e3:.1f}ms" for k, v in self.phases_s.items()))
+        lines += [f"  problem: {p}" for p in self.problems]
+        if self.trace_ok is False:
+            lines.append(self.trace_message)
+        return "\n".join(lines)
+
+
+@contextmanager
+def _seeded_bug(name: str | None):
+    """Workers read ACCELPACT_SEEDED_BUG from the environment the launcher passes on."""
+    old = os.environ.get("ACCELPACT_SEEDED_BUG")
+    if name:
+        os.environ["ACCELPACT_SEEDED_BUG"] = name
+    else:
+        os.environ.pop("ACCELPACT_SEEDED_BUG", None)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ACCELPACT_SEEDED_BUG", None)
+        else:
+            os.environ["ACCELPACT_SEEDED_BUG"] = old
+
+
+def job_for(sc: Scenario, out: Path, backend: str, deadline_s: float, seeded_bug: str | None) -> dict:
+    return {
+        "scenario": sc.name,
+        "topology": {"nodes": sc.topology.nodes, "ranks_per_node": sc.topology.ranks_per_node},
+        "workload": {"wrapper": sc.workload.wrapper, "layers": sc.workload.layers, "steps": sc.workload.steps,
+                     "seed": sc.workload.seed, "checkpoint_every": sc.workload.checkpoint_every},
+        "faults": [f.to_json() for f in sc.faults],
+        "backend": backend, "out": str(out), "trace": True, "deadline_s": deadline_s, "seeded_bug": seeded_bug,
+    }
+
+
+def abstraction_for(sc: Scenario) -> Abstraction:
+    """Real frontier of episode g = the number of committed steps when its fault struck = step + 1."""
+    return Abstraction({g: s + 1 for g, s in enumerate(sc.episode_steps)})
+
+
+def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
+    """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs."""
+    try:
+        attempts = load_dir(out)
+    except TraceError as exc:
+        return False, f"trace files unusable: {exc}"
+    cfg = model_config(sc)
+    msgs = []
+    ok = True
+    for attempt, traces in sorted(attempts.items()):
+        if attempt == 0:
+            v = TraceChecker(cfg, traces, script=script_for(sc), abstraction=abstraction_for(sc)).check()
+        else:
+            v = TraceChecker(cfg.with_(max_faults=0), traces).check()
+        ok = ok and v.accepted
+        msgs.append(f"attempt {attempt}: {v.message}")
+    return ok, "\n".join(msgs)
+
+
+def _snapshots_equal(out: Path, ref: Path, world: int) -> tuple[bool, str]:
+    import torch
+
+    from ..impl.workload import compare_snapshots
+
+    for r in range(world):
+        a, b = out / f"final-r{r}.pt", ref / f"final-r{r}.pt"
+        if not a.exists():
+            return False, f"rank {r} wrote no final snapshot ({a.name})"
+        eq, why = compare_snapshots(torch.load(a, weights_only=False), torch.load(b, weights_only=False), f"rank {r}")
+        if not eq:
+            return False, why
+    return True, ""
+
+
+def _trace_times(out: Path, attempt: int, world: int) -> tuple[int | None, dict[int, int]]:
+    first_fault = None
+    last: dict[int, int] = {}
+    for r in range(world):
+        p = out / f"trace-a{attempt}-r{r}.ndjson"
+        if not p.exists():
+            continue
+        for line in p.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            t = rec.get("t_ns")
+            if not isinstance(t, int):
+                continue
+            if rec.get("type") == "action" and rec["action"].startswith("Fault"):
+                first_fault = t if first_fault is None else min(first_fault, t)
+            if rec.get("type") == "end" and rec.get("outcome") == "exited":
+                last[r] = t
+    return first_fault, last
+
+
+def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None = None, deadline_s: float = 8.0,
+                 timeout_s: float = 300.0, cache_dir: str | Path | None = None, seeded_bug: str | None = None,
+                 torchrun_args: dict | None = None) -> Report:
+    """Run ``sc`` for real and apply the three oracles (module doc).  Bounded by ``timeout_s`` per launch."""
+    from ..impl import launch
+
+    t0 = time.monotonic()
+    model = explore(sc)
+    rep = Report(sc.name, sorted(model.outcomes))
+    world = sc.topology.world
+    out = Path(out) if out is not None else Path(f"/tmp/accelpact-conformance/{sc.name}")
+    rep.out = str(out)
+    job = job_for(sc, out, backend, deadline_s, seeded_bug)
+    ref = launch.run_reference(job, cache_dir or DEFAULT_CACHE, timeout_s=timeout_s, launcher="local")
+    may_l2 = "L2" in model.outcomes
+    with _seeded_bug(seeded_bug):
+        if may_l2:
+            kw = dict(torchrun_args or {})
+            res = launch.run_torchrun(job, world, max_restarts=kw.pop("max_restarts", 1), timeout_s=timeout_s, **kw)
+        else:
+            res = launch.run_local(job, world, timeout_s=timeout_s)
+    if res.timed_out:
+        rep.problems.append(f"the run did not finish within {timeout_s}s (hang); log tail:\n{res.log_tail(1500)}")
+    a0 = res.attempt(0)
+    attempts = res.attempts
+    # ---- oracle 1: outcome
+    if len(attempts) <= 1 and a0 and all(r.get("outcome") == "finished" for r in a0.values()) and len(a0) == world:
+        rep.outcome = "L1"
+        rep.replayed_steps = max(int(r.get("replayed_steps") or 0) for r in a0.values())
+        if rep.replayed_steps:
+            rep.problems.append(f"L1 replayed {rep.replayed_steps} steps (must be 0)")
+        if any(r.get("resumed_from") is not None for r in a0.values()):
+            rep.problems.append("L1 run resumed from a checkpoint")
+        gens = {int(r.get("generation") or 0) for r in a0.values()}
+        if gens != {len(sc.episode_steps)}:
+            rep.problems.append(f"ranks ended in generation(s) {sorted(gens)}, expected {len(sc.episode_steps)} (one per repair)")
+        for ep in launch.l1_episodes(res):
+            for k, v in ep["phases_s"].items():
+                rep.phases_s[k] = rep.phases_s.get(k, 0.0) + v
+    elif len(attempts) >= 2:
+        rep.outcome = "L2"
+        codes = {r: r_.get("exit_code") for r, r_ in a0.items()}
+        abort_codes = {c for c in codes.values() if c is not None}
+        crashed = any(f.kind == "crash" for f in sc.faults)
+        # torchrun kills every worker once one died (SIGKILL): survivors then have no exit code
+        if (not abort_codes and not crashed) or len(abort_codes) > 1 or not abort_codes <= set(EXIT_CODES.values()):
+            rep.problems.append(f"attempt 0 exit codes {codes}: every surviving rank must exit with one abort code {sorted(EXIT_CODES.values())}")
+        last = res.attempt(attempts[-1])
+        c = sc.checkpoint
+        resumed = {r_.get("resumed_from") for r_ in last.values()}
+        if resumed != {c}:
+            rep.problems.append(f"restart resumed from {sorted(map(str, resumed))}, expected the last checkpoint C={c}")
+        rep.replayed_steps = max(int(r_.get("replayed_steps") or 0) for r_ in last.values())
+        if not all(r_.get("outcome") == "finished" for r_ in last.values()) or len(last) != world:
+            rep.problems.append("the restarted job did not finish on every rank")
+        for ep in launch.l2_episodes(res):
+            if ep.get("exit_to_ready_s") is not None:
+                rep.phases_s["exit_to_ready"] = ep["exit_to_ready_s"]
+            if ep.get("fault_to_frontier_s") is not None:
+                rep.phases_s["fault_to_frontier"] = ep["fault_to_frontier_s"]
+    else:
+        rep.problems.append(f"neither L1 nor L2: attempts {attempts}, results {[(k, v.get('outcome'), v.get('exit_code')) for k, v in sorted(res.results.items())]}")
+    if rep.outcome not in model.outcomes:
+        rep.problems.append(f"observed {rep.outcome} but the model allows only {sorted(model.outcomes)}")
+    if sc.expect and rep.outcome != sc.expect:
+        rep.problems.append(f"observed {rep.outcome} but the scenario expects {sc.expect}")
+    if rep.outcome in ("L1", "L2"):
+        eq, why = _snapshots_equal(out, ref, world)
+        rep.bit_identical = eq
+        if not eq:
+            rep.problems.append(f"final state differs from the reference: {why}")
+    # ---- oracle 2: traces
+    rep.trace_ok, rep.trace_message = check_run_traces(sc, out)
+    if not rep.trace_ok:
+        rep.problems.append("the trace checker rejects the run (see below)")
+    # ---- oracle 3: deadlines (every rank that exited did so within the bound after the fault)
+    first, ends = _trace_times(out, 0, world)
+    bound = 3 * deadline_s + 10.0  # a wait per decision (agree, validate, release) plus slack for a loaded machine
+    late = {r: (t - first) / 1e9 for r, t in ends.items() if first is not None and (t - first) / 1e9 > bound}
+    rep.deadlines_ok = not late and not res.timed_out
+    if late:
+        rep.problems.append(f"rank(s) ended later than {bound:.0f}s after the fault: {late}")
+    rep.conforms = not rep.problems
+    rep.wall_s = time.monotonic() - t0
+    return rep

@@ -1,0 +1,190 @@
+"""``accelpact explore``: check the protocol model exhaustively (bfs) or by random walks (hypothesis).
+
+Exit status: 0 when every property holds, 1 with a counterexample, 2 for bad flags.
+No torch import anywhere here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .mutants import MUTANTS
+from .protocol import FAULT_KINDS
+from .state import Config
+
+POINTS = ("boundary", "forward", "backward", "optimizer")
+
+
+class FlagError(ValueError):
+    """A command-line flag has a value outside what it allows."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=2, help="nodes in the world (default 2)")
+    parser.add_argument("--ranks-per-node", type=int, default=2, help="ranks per node (default 2)")
+    parser.add_argument("--max-faults", type=int, default=2, help="fault budget per run (default 2)")
+    parser.add_argument("--method", default="bfs", help="bfs (exhaustive, default) or hypothesis (random walks)")
+    parser.add_argument("--mutant", default=None, help=f"explore a deliberately broken variant: {', '.join(MUTANTS)}")
+    parser.add_argument("--group", default="replicate", help="the affected group R: replicate (HSDP, default) or world (DDP)")
+    parser.add_argument("--faults", default="", help=f"comma-separated fault kinds to enable (default all): {','.join(FAULT_KINDS)}")
+    parser.add_argument("--points", default="", help=f"comma-separated failure points of FaultGroupFail (default all): {','.join(POINTS)}")
+    parser.add_argument("--affected-local", type=int, default=None, help="local index of R's ranks (default 1, or 0 with one rank per node)")
+    parser.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
+    parser.add_argument("--continue", dest="keep_going", action="store_true", help="do not stop at the first safety violation")
+    parser.add_argument("--max-examples", type=int, default=200, help="hypothesis: runs to try (default 200)")
+    parser.add_argument("--steps", type=int, default=100, help="hypothesis: steps per run (default 100)")
+    parser.add_argument("--update-manifest", action="store_true", help="recompute every configuration in model/manifest.json and rewrite it")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def _csv(value: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in value.split(",") if x.strip())
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise FlagError(f"{flag}: unknown value(s) {', '.join(bad)}; allowed: {', '.join(allowed)}")
+    return items
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Validate the flags and build the Config; raises FlagError naming the flag."""
+    if args.method not in ("bfs", "hypothesis"):
+        raise FlagError(f"--method: unknown value {args.method!r}; allowed: bfs, hypothesis")
+    if args.group not in ("replicate", "world"):
+        raise FlagError(f"--group: unknown value {args.group!r}; allowed: replicate, world")
+    if args.mutant is not None and args.mutant not in MUTANTS:
+        raise FlagError(f"--mutant: unknown mutant {args.mutant!r}; allowed: {', '.join(MUTANTS)}")
+    for flag, v, lo in (("--nodes", args.nodes, 1), ("--ranks-per-node", args.ranks_per_node, 1), ("--max-faults", args.max_faults, 0),
+                        ("--max-examples", args.max_examples, 1), ("--steps", args.steps, 1)):
+        if v < lo:
+            raise FlagError(f"{flag}: must be >= {lo}, got {v}")
+    faults = _csv(args.faults, FAULT_KINDS, "--faults")
+    points = _csv(args.points, POINTS, "--points") or POINTS
+    local = args.affected_local
+    if local is None:
+        local = 1 if args.ranks_per_node > 1 else 0
+    if not 0 <= local < args.ranks_per_node:
+        raise FlagError(f"--affected-local: must be in [0, {args.ranks_per_node}), got {local}")
+    return Config(
+        nodes=args.nodes, ranks_per_node=args.ranks_per_node, affected_local=local, group=args.group,
+        max_faults=args.max_faults, faults=frozenset(faults), points=points, mutant=args.mutant,
+    )
+
+
+def _describe(cfg: Config) -> str:
+    faults = ",".join(sorted(cfg.faults)) or "all"
+    return (f"{cfg.nodes}x{cfg.ranks_per_node} group={cfg.group} R={list(cfg.affected)} max_faults={cfg.max_faults} "
+            f"faults={faults} points={','.join(cfg.points)} mutant={cfg.mutant or 'none'}")
+
+
+def _run_bfs(cfg: Config, args: argparse.Namespace) -> int:
+    from .explore import explore
+
+    result = explore(cfg, symmetry=not args.no_symmetry, stop_on_violation=not args.keep_going)
+    if args.json:
+        print(json.dumps({"method": "bfs", **result.to_dict()}, indent=2))
+        return 0 if result.ok else 1
+    rows = [
+        ("configuration", _describe(cfg)),
+        ("symmetry reduction", "on" if result.symmetry else "off"),
+        ("distinct states", f"{result.states:,}"),
+        ("transitions", f"{result.transitions:,}"),
+        ("graph edges", f"{result.edges:,}"),
+        ("depth", str(result.depth)),
+        ("invariant checks", f"{result.invariants_checked:,}"),
+        ("time", f"{result.seconds:.2f} s"),
+    ]
+    if result.complete:
+        rows += [
+            ("sinks / deadlocks / livelocks", f"{result.sinks} / {result.deadlocks} / {result.livelocks}"),
+            ("L1 boundary faults recover", _verdict(result.liveness.get("L1"))),
+            ("L2 bounded exit", f"{_verdict(result.liveness.get('L2'))}: longest post-abort path {result.exit_bound} steps (bound {result.exit_bound_limit})"),
+            ("L3 no deadlock/livelock", _verdict(result.liveness.get("L3"))),
+        ]
+    else:
+        rows.append(("liveness", "not checked: the search stopped at the first safety violation (use --continue)"))
+    rows.append(("verdict", "all properties hold" if result.ok else f"VIOLATED: {', '.join(sorted(result.violated()))}"))
+    _table(rows)
+    for v in result.violations:
+        print()
+        print(v.format())
+    return 0 if result.ok else 1
+
+
+def _verdict(v: bool | None) -> str:
+    return "not checked" if v is None else ("holds" if v else "VIOLATED")
+
+
+def _table(rows: list[tuple[str, str]]) -> None:
+    if sys.stdout.isatty():
+        try:
+            from rich.console import Console
+            from rich.table import Table
+
+            t = Table(show_header=False)
+            t.add_column(style="bold")
+            t.add_column()
+            for k, v in rows:
+                t.add_row(k, v)
+            Console().print(t)
+            return
+        except ImportError:  # pragma: no cover - rich is a dependency
+            pass
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def _run_hypothesis(cfg: Config, args: argparse.Namespace) -> int:
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from .stateful import make_machine
+
+    s = settings(
+        derandomize=True, database=None, print_blob=True, deadline=None, max_examples=args.max_examples,
+        stateful_step_count=args.steps, suppress_health_check=list(HealthCheck),
+    )
+    t0 = time.perf_counter()
+    error = None
+    try:
+        run_state_machine_as_test(make_machine(cfg), settings=s)
+    except AssertionError as exc:
+        error = str(exc)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"method": "hypothesis", "config": _describe(cfg), "max_examples": args.max_examples,
+                          "steps": args.steps, "seconds": round(seconds, 3), "ok": error is None, "counterexample": error}, indent=2))
+    else:
+        _table([
+            ("configuration", _describe(cfg)),
+            ("method", f"hypothesis, {args.max_examples} runs x {args.steps} steps, then a fault-free drain"),
+            ("time", f"{seconds:.2f} s"),
+            ("verdict", "all properties hold" if error is None else "VIOLATED"),
+        ])
+        if error:
+            print()
+            print(error)
+    return 0 if error is None else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except (FlagError, ValueError) as exc:
+        print(f"accelpact explore: {exc}", file=sys.stderr)
+        return 2
+    if args.update_manifest:
+        from .explore import MANIFEST_PATH, write_manifest
+
+        data = write_manifest()
+        for name, entry in data["configs"].items():
+            a, b = entry["symmetry"], entry["no_symmetry"]
+            print(f"{name:<14} states {a['states']:>8,} (no symmetry {b['states']:>8,})  edges {a['edges']:>8,}  depth {a['depth']:>3}  exit bound {a['exit_bound']}")
+        print(f"wrote {MANIFEST_PATH}")
+        return 0
+    if args.method == "hypothesis":
+        return _run_hypothesis(cfg, args)
+    return _run_bfs(cfg, args)

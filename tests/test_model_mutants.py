@@ -1,0 +1,78 @@
+"""Every deliberately broken protocol (model/mutants.py) must be caught by BOTH drivers.
+
+BFS on the smallest configuration that exposes the mutant (<= 2x2, <= 2 faults) must report a
+counterexample violating one of ``Mutant.expect`` (deadlock/L2 for linger), and the hypothesis
+state machine (ci profile) must fail on the same configuration.  The correct protocol passes
+both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
+S2.1/S2.3/S4.2 (no-fence), S5 (partial-rebind), S3 (admit-inflight), L2/L3 (linger).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from accelpact.model.explore import explore
+from accelpact.model.mutants import MUTANTS, get
+from accelpact.model.state import Config
+from accelpact.model.stateful import make_machine
+
+_DDP2 = dict(nodes=2, ranks_per_node=1, affected_local=0)
+
+#: the smallest configuration exposing each mutant (found by search; all <= 2x2 and <= 2 faults)
+SMALLEST: dict[str, Config] = {
+    "early-release": Config(**_DDP2, max_faults=1),
+    "skip-agreement": Config(**_DDP2, max_faults=1),
+    "no-fence": Config(**_DDP2, max_faults=2, faults=frozenset({"group_fail"}), points=("boundary",)),
+    "partial-rebind": Config(**_DDP2, max_faults=1),
+    "admit-inflight": Config(**_DDP2, max_faults=1, points=("forward",)),
+    "linger": Config(**_DDP2, max_faults=2, faults=frozenset({"group_fail", "crash"})),
+}
+
+
+def _hypothesis_settings() -> settings:
+    # the loaded profile (ci by default), without shrinking: we only need "found", and
+    # shrinking a state machine costs far more than finding the bug
+    return settings(settings.default, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+
+
+def test_every_mutant_has_a_configuration():
+    assert set(SMALLEST) == set(MUTANTS)
+    with pytest.raises(ValueError, match="choose one of: early-release"):
+        get("nope")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_bfs_catches_mutant(name):
+    cfg = SMALLEST[name].with_(mutant=name)
+    assert cfg.nodes * cfg.ranks_per_node <= 4 and cfg.max_faults <= 2
+    r = explore(cfg)
+    expect = set(MUTANTS[name].expect)
+    caught = r.violated() & expect
+    assert caught, f"mutant {name!r} NOT caught by BFS: violated {sorted(r.violated())}, expected one of {sorted(expect)}"
+    v = next(v for v in r.violations if v.property in caught)
+    assert v.counterexample is not None and len(v.counterexample) >= 1
+    assert v.counterexample.states[0] == r.counterexample.states[0]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_hypothesis_catches_mutant(name):
+    cfg = SMALLEST[name].with_(mutant=name)
+    with pytest.raises(AssertionError) as info:
+        run_state_machine_as_test(make_machine(cfg), settings=_hypothesis_settings())
+    msg = str(info.value)
+    expect = MUTANTS[name].expect
+    words = [e for e in expect if e in msg] + (["deadlock", "final state"] if name == "linger" else [])
+    assert any(w in msg for w in words), f"mutant {name!r}: hypothesis failed for another reason: {msg[:400]}"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_correct_protocol_passes_both_on_the_same_configuration(name):
+    cfg = SMALLEST[name]
+    r = explore(cfg)
+    assert r.ok and r.complete, [v.format() for v in r.violations]
+    run_state_machine_as_test(make_machine(cfg), settings=_hypothesis_settings())

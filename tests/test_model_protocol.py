@@ -1,0 +1,206 @@
+"""Unit tests of individual protocol actions (model/protocol.py): enabled/step.
+
+Spec ids: P1 observe/revoke, P2 guard + contract (C3), P3 decided control barrier, P4 replace,
+P5 rebind, P6 validate + release; S2.1 single-assignment decisions, S4.2 fencing, S7 exit reasons.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from accelpact.model.protocol import Action, all_actions, enabled, is_final, step
+from accelpact.model.state import (
+    PC_AGREED,
+    PC_ARRIVED,
+    PC_EXITED,
+    PC_GUARDED,
+    PC_OBSERVED,
+    PC_TRAIN,
+    REASON_DEADLINE,
+    REASON_MISMATCH,
+    REASON_REJECTED,
+    Config,
+    initial_state,
+)
+
+DDP = Config(nodes=2, ranks_per_node=1, affected_local=0, max_faults=2)
+HSDP = Config(max_faults=3)
+
+
+def A(name, rank=None, arg=None):
+    return Action(name, rank, arg)
+
+
+def run(cfg, *actions, s=None):
+    s = s or initial_state(cfg)
+    for a in actions:
+        assert enabled(cfg, s, a), f"{a} should be enabled"
+        s = step(cfg, s, a)
+    return s
+
+
+def to_guarded(cfg, ranks, point="boundary"):
+    acts = [A("FaultGroupFail", None, point)]
+    acts += [A("RankObserve", r) for r in ranks]
+    acts += [A("RankGuard", r) for r in ranks]
+    return run(cfg, *acts)
+
+
+def test_step_refuses_a_disabled_action():
+    cfg = DDP
+    with pytest.raises(ValueError, match="not enabled"):
+        step(cfg, initial_state(cfg), A("RankObserve", 0))
+
+
+def test_p1_members_observe_and_revoke_non_members_follow_the_revoke():
+    """P1: members of R observe the failed collective; non-members observe only once R is revoked."""
+    cfg = HSDP  # R = {1, 3}
+    s = run(cfg, A("FaultGroupFail", None, "boundary"))
+    assert not enabled(cfg, s, A("RankObserve", 0))
+    s = run(cfg, A("RankObserve", 1), s=s)
+    assert s.store.revoked == frozenset({0}) and s.ranks[1].point == "boundary"
+    assert enabled(cfg, s, A("RankObserve", 0)) and enabled(cfg, s, A("RankObserve", 2))
+
+
+def test_p2_contract_rejects_in_flight_failures():
+    """P2/C3: a failure in forward is L2: RankGuard is disabled, RankReject aborts with 'rejected'."""
+    cfg = DDP
+    s = run(cfg, A("FaultGroupFail", None, "forward"), A("RankObserve", 0))
+    assert not enabled(cfg, s, A("RankGuard", 0))
+    s = run(cfg, A("RankReject", 0), s=s)
+    assert s.ranks[0].pc == PC_EXITED and s.ranks[0].reason == REASON_REJECTED
+    assert s.store.abort == REASON_REJECTED and s.store.agree == ((0, "abort:rejected"),)
+
+
+def test_p2_failed_guard_rejects_even_at_the_boundary():
+    cfg = DDP
+    s = run(cfg, A("FaultGroupFail", None, "boundary"), A("RankObserve", 0), A("FaultDirtyGuard", 0))
+    assert not enabled(cfg, s, A("RankGuard", 0)) and enabled(cfg, s, A("RankReject", 0))
+
+
+def test_p3_last_arriver_decides_commit_and_everyone_reads_it():
+    cfg = DDP
+    s = to_guarded(cfg, [0, 1])
+    s = run(cfg, A("RankArrive", 0), s=s)
+    assert not enabled(cfg, s, A("RankDecideAgreement", 0)), "only the last arriver decides"
+    s = run(cfg, A("RankArrive", 1), A("RankDecideAgreement", 1), s=s)
+    assert s.store.agree == ((0, "commit"),)
+    s = run(cfg, A("RankAwaitAgreement", 0), A("RankAwaitAgreement", 1), s=s)
+    assert all(rk.pc == PC_AGREED for rk in s.ranks)
+    assert not enabled(cfg, s, A("RankDecideAgreement", 1)), "S2.1: decided once per generation"
+
+
+def test_p3_decided_barrier_late_arriver_reads_the_abort():
+    """P3: a rank that arrives after a peer's deadline expired reads the abort, never a commit."""
+    cfg = DDP
+    s = to_guarded(cfg, [0, 1])
+    s = run(cfg, A("RankArrive", 0), A("FaultDelay", 1), A("RankTimeout", 0), s=s)
+    assert s.store.agree == ((0, f"abort:{REASON_DEADLINE}"),) and s.store.abort == REASON_DEADLINE
+    s = run(cfg, A("RankArrive", 1), s=s)
+    assert s.ranks[1].pc == PC_ARRIVED
+    assert not enabled(cfg, s, A("RankDecideAgreement", 1)), "the decision already stands"
+    assert not enabled(cfg, s, A("RankAwaitAgreement", 1))
+    s = run(cfg, A("RankExit", 1), s=s)
+    assert s.ranks[1].reason == REASON_DEADLINE
+    s = run(cfg, A("SupervisorRestart"), s=s)
+    assert is_final(cfg, s) and all(rk.replayed == cfg.frontier - cfg.checkpoint for rk in s.ranks)
+
+
+def test_p3_deadlines_expire_only_when_a_peer_is_stuck():
+    """Deadline assumption: with every rank healthy, RankTimeout is never enabled."""
+    cfg = DDP
+    s = to_guarded(cfg, [0, 1])
+    s = run(cfg, A("RankArrive", 0), s=s)
+    assert not enabled(cfg, s, A("RankTimeout", 0))
+
+
+def test_p3_frontier_mismatch_aborts():
+    cfg = DDP
+    s = run(cfg, A("FaultGroupFail", None, "boundary"), A("RankObserve", 0), A("RankObserve", 1), A("FaultMismatch", 1))
+    s = run(cfg, A("RankGuard", 0), A("RankGuard", 1), A("RankArrive", 0), A("RankArrive", 1), A("RankDecideAgreement", 1), s=s)
+    assert s.store.agree == ((0, f"abort:{REASON_MISMATCH}"),) and s.store.abort == REASON_MISMATCH
+    assert not enabled(cfg, s, A("RankAwaitAgreement", 0)) and enabled(cfg, s, A("RankExit", 0))
+
+
+def _recover(cfg, s, ranks):
+    s = run(cfg, *[A("RankObserve", r) for r in ranks], *[A("RankGuard", r) for r in ranks], *[A("RankArrive", r) for r in ranks], s=s)
+    s = run(cfg, A("RankDecideAgreement", ranks[-1]), *[A("RankAwaitAgreement", r) for r in ranks], s=s)
+    s = run(cfg, *[A("RankReplace", r) for r in ranks], *[A("RankRebind", r) for r in ranks], *[A("RankValidate", r) for r in ranks], s=s)
+    s = run(cfg, *[A("RankReady", r) for r in ranks], A("RankDecideRelease", ranks[-1]), *[A("RankResume", r) for r in ranks], s=s)
+    return s
+
+
+def test_full_recovery_resumes_every_rank_in_the_next_generation():
+    """P4-P6: replace, rebind, validate, vote, release: every rank trains at gen 1 with new references."""
+    cfg = DDP
+    s = _recover(cfg, run(cfg, A("FaultGroupFail", None, "boundary")), [0, 1])
+    assert all(rk.pc == PC_TRAIN and rk.gen == 1 and rk.comm == 1 and rk.refs == (1, 1) for rk in s.ranks)
+    assert is_final(cfg, s) and s.store.release == ((0, "release"),)
+
+
+def test_fencing_decisions_are_namespaced_by_generation():
+    """S4.2: in generation 1 the generation-0 commit is invisible; the no-fence mutant reads it."""
+    for mutant, visible in ((None, False), ("no-fence", True)):
+        cfg = DDP.with_(mutant=mutant)
+        s = _recover(cfg, run(cfg, A("FaultGroupFail", None, "boundary")), [0, 1])
+        s = run(cfg, A("FaultGroupFail", None, "boundary"), A("RankObserve", 0), A("RankGuard", 0), A("RankArrive", 0), s=s)
+        assert enabled(cfg, s, A("RankAwaitAgreement", 0)) is visible
+
+
+def test_p6_validation_needs_every_member_of_r():
+    cfg = DDP
+    s = run(cfg, A("FaultGroupFail", None, "boundary"))
+    s = run(cfg, *[A(n, r) for n in ("RankObserve", "RankGuard", "RankArrive") for r in (0, 1)], s=s)
+    s = run(cfg, A("RankDecideAgreement", 1), A("RankAwaitAgreement", 0), A("RankAwaitAgreement", 1),
+            A("RankReplace", 0), A("RankRebind", 0), s=s)
+    assert not enabled(cfg, s, A("RankValidate", 0)), "rank 1 has not joined the validation collective"
+    s = run(cfg, A("RankReplace", 1), A("RankRebind", 1), s=s)
+    assert enabled(cfg, s, A("RankValidate", 0))
+
+
+def test_p6_release_is_decided_by_the_last_voter_only():
+    cfg = DDP
+    s = run(cfg, A("FaultGroupFail", None, "boundary"))
+    s = run(cfg, *[A(n, r) for n in ("RankObserve", "RankGuard", "RankArrive") for r in (0, 1)], s=s)
+    s = run(cfg, A("RankDecideAgreement", 1), *[A(n, r) for n in ("RankAwaitAgreement", "RankReplace", "RankRebind") for r in (0, 1)], s=s)
+    s = run(cfg, A("RankValidate", 0), A("RankValidate", 1), A("RankReady", 0), s=s)
+    assert not enabled(cfg, s, A("RankDecideRelease", 0))
+    early = run(DDP.with_(mutant="early-release"), A("RankDecideRelease", 0), s=s.with_store(last_ready=((0, 0),)))
+    assert early.store.release == ((0, "release"),)
+
+
+def test_watchdog_exits_hung_ranks_on_abort():
+    """RankExit: the watchdog thread ends a hung rank once the abort key is set."""
+    cfg = DDP
+    s = to_guarded(cfg, [0, 1])
+    s = run(cfg, A("FaultHang", 1), A("RankArrive", 0), s=s)
+    assert s.ranks[1].hung and not enabled(cfg, s, A("RankArrive", 1))
+    s = run(cfg, A("RankTimeout", 0), A("RankExit", 1), s=s)
+    assert s.ranks[1].pc == PC_EXITED and not s.ranks[1].hung and s.ranks[1].reason == REASON_DEADLINE
+
+
+def test_exception_in_a_phase_ends_the_rank():
+    cfg = DDP
+    s = to_guarded(cfg, [0, 1])
+    s = run(cfg, A("FaultRaise", 0), s=s)
+    assert not enabled(cfg, s, A("RankArrive", 0)) and not enabled(cfg, s, A("RankExit", 0))
+    s = run(cfg, A("RankFail", 0), s=s)
+    assert s.ranks[0].reason == "exception" and s.store.abort == "exception"
+
+
+def test_non_member_times_out_when_every_member_of_r_died_before_revoking():
+    """L3 (found by the explorer): if all of R crashes before revoke, non-members leave via their deadline."""
+    cfg = HSDP  # R = {1, 3}
+    s = run(cfg, A("FaultGroupFail", None, "boundary"), A("FaultCrash", 1), A("FaultCrash", 3))
+    assert not enabled(cfg, s, A("RankObserve", 0))
+    assert not enabled(cfg, s, A("RankTimeout", 1)) and not enabled(cfg, s, A("RankTimeout", 3))
+    s = run(cfg, A("RankTimeout", 0), A("RankExit", 2), A("SupervisorRestart"), s=s)
+    assert s.store.agree == ((0, "abort:deadline"),) and is_final(cfg, s)
+    # with a live member the deadline of a healthy world never expires
+    s2 = run(cfg, A("FaultGroupFail", None, "boundary"))
+    assert not enabled(cfg, s2, A("RankTimeout", 0))
+
+
+def test_all_actions_is_deterministic():
+    assert all_actions(HSDP) == all_actions(Config(max_faults=3))
+    assert len(set(all_actions(HSDP))) == len(all_actions(HSDP))

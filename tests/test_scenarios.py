@@ -1,0 +1,144 @@
+"""Scenario schema, validation and the scenario -> model mapping (spec/scenario-format.md F1-F4).
+Pure: no processes, no torch."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from accelpact.conformance.generate import SCENARIO_DIR, generate
+from accelpact.conformance.scenario import (
+    ScenarioError,
+    explore,
+    load_scenario,
+    model_config,
+    scenario_from_mapping,
+    script_for,
+)
+from accelpact.model.state import PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_REBOUND, PC_TRAIN
+
+BASE = {
+    "name": "t",
+    "topology": {"nodes": 2, "ranks_per_node": 2},
+    "workload": {"wrapper": "fsdp1-hybrid", "layers": 2, "steps": 8, "seed": 0, "checkpoint_every": 3},
+    "faults": [{"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [1, 3], "group": "replicate"}],
+}
+
+
+def mk(**over):
+    d = copy.deepcopy(BASE)
+    for k, v in over.items():
+        d[k] = v
+    return d
+
+
+def with_fault(extra, **over):
+    d = mk(**over)
+    d["faults"] = d["faults"] + extra
+    return d
+
+
+@pytest.mark.parametrize("data, field", [
+    (mk(name=""), "name"),
+    (mk(topology={"nodes": 0, "ranks_per_node": 2}), "topology.nodes"),
+    (mk(workload={**BASE["workload"], "wrapper": "zero3"}), "workload.wrapper"),
+    (mk(workload={**BASE["workload"], "steps": "8"}), "workload.steps"),
+    (mk(faults=[]), "faults"),
+    (mk(faults=[{**BASE["faults"][0], "at": "lunch"}]), "faults[0].at"),
+    (mk(faults=[{**BASE["faults"][0], "kind": "meteor"}]), "faults[0].kind"),
+    (mk(faults=[{**BASE["faults"][0], "ranks": [9]}]), "faults[0].ranks[0]"),
+    (mk(faults=[{**BASE["faults"][0], "step": 7}]), "faults[0].step"),
+    (mk(faults=[{**BASE["faults"][0], "group": "world"}]), "faults[0].group"),
+    (mk(expect={"outcome": "L3"}), "expect.outcome"),
+    (mk(extra=1), "unknown field"),
+    (with_fault([{"step": 5, "at": "agree", "kind": "collective_timeout", "ranks": [2]}]), "cannot be injected at 'agree'"),
+    (with_fault([{"step": 4, "at": "agree", "kind": "crash", "ranks": [2]}]), "needs a fault at 'boundary'"),
+    (mk(faults=[{**BASE["faults"][0], "ranks": [0, 3]}]), "different replicate groups"),
+])
+def test_validation_names_the_field(data, field):
+    """F1: every malformed field is reported by name, with what to do instead."""
+    with pytest.raises(ScenarioError) as exc:
+        scenario_from_mapping(data)
+    assert field in str(exc.value)
+
+
+def test_roundtrip_and_defaults():
+    sc = scenario_from_mapping(mk())
+    assert scenario_from_mapping(json.loads(sc.dumps())) == sc
+    assert sc.frontier == 5 and sc.checkpoint == 3 and sc.group == "replicate"
+
+
+def test_model_config_mapping():
+    """F2: Config from the scenario: world, R from the failing ranks, F, C, group, fault budget."""
+    cfg = model_config(scenario_from_mapping(mk()))
+    assert (cfg.nodes, cfg.ranks_per_node, cfg.affected, cfg.frontier, cfg.checkpoint, cfg.group) == (2, 2, (1, 3), 5, 3, "replicate")
+    assert cfg.max_faults == 1
+    d = mk(faults=[{"step": 2, "at": "boundary", "kind": "collective_timeout", "ranks": [0, 2]}])
+    assert model_config(scenario_from_mapping(d)).affected == (0, 2)
+    ddp = mk(workload={**BASE["workload"], "wrapper": "ddp"}, faults=[{"step": 5, "at": "boundary", "kind": "crash", "ranks": [2]}])
+    cfg = model_config(scenario_from_mapping(ddp))
+    assert cfg.group == "world" and cfg.affected == (0, 1, 2, 3) and cfg.max_faults == 2
+
+
+def test_script_windows():
+    """F3: recovery-phase faults fire only in their pc window; members and non-members differ."""
+    d = with_fault([{"step": 5, "at": "agree", "kind": "crash", "ranks": [2]},
+                    {"step": 5, "at": "validate", "kind": "hang", "ranks": [3, 0]}])
+    script = script_for(scenario_from_mapping(d))
+    by = {(f.action, f.rank): f for f in script.faults}
+    assert by[("FaultGroupFail", None)].arg == "boundary"
+    assert by[("FaultCrash", 2)].pcs == (PC_GUARDED, PC_ARRIVED)
+    assert by[("FaultHang", 3)].pcs == (PC_REBOUND,)        # member of R: before validation
+    assert by[("FaultHang", 0)].pcs == (PC_AGREED,)         # outside R: while the members rebuild
+    boundary_crash = script_for(scenario_from_mapping(with_fault([{"step": 5, "at": "boundary", "kind": "crash", "ranks": [3]}])))
+    assert ("FaultCrash", 3, (PC_TRAIN,)) in {(f.action, f.rank, f.pcs) for f in boundary_crash.faults}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("faults, outcome", [
+    ([], "L1"),
+    ([{"step": 5, "at": "agree", "kind": "crash", "ranks": [3]}], "L2:deadline"),
+    ([{"step": 5, "at": "guard", "kind": "dirty_guard", "ranks": [2]}], "L2:rejected"),
+    ([{"step": 5, "at": "guard", "kind": "frontier_mismatch", "ranks": [2]}], "L2:mismatch"),
+])
+def test_outcome_classes(faults, outcome):
+    """F4: expected outcomes come from the model."""
+    o = explore(scenario_from_mapping(with_fault(faults)))
+    assert o.outcome_class == outcome and o.deadlocks == 0
+
+
+def test_in_flight_rejected_by_model():
+    d = mk(faults=[{"step": 5, "at": "backward", "kind": "collective_timeout", "ranks": [1, 3]}])
+    assert explore(scenario_from_mapping(d)).outcome_class == "L2:rejected"
+
+
+def test_rank_traces_of_the_repair():
+    """Per-rank abstract traces from the model: a non-member never replaces or rebinds."""
+    o = explore(scenario_from_mapping(mk()), traces=True)
+    assert all("RankReplace" not in t for t in o.rank_actions[0])
+    assert all("RankRebind" in t and t[-1] == "RankResume" for t in o.rank_actions[1])
+
+
+def test_checked_in_corpus_is_valid_and_expected():
+    files = sorted(SCENARIO_DIR.glob("*.json"))
+    assert len(files) >= 20
+    names = set()
+    for p in files:
+        sc = load_scenario(p)
+        assert sc.name == p.stem
+        names.add(sc.name)
+    for must in ("2x2-fsdp1-repair", "2x2-fsdp1-reject-forward", "2x2-fsdp1-reject-backward", "2x2-fsdp1-reject-optimizer",
+                 "2x2-fsdp1-guard-dirty-guard-r2", "2x2-fsdp1-guard-frontier-mismatch-r2", "2x2-fsdp1-successive-repairs",
+                 "2x2-ddp-ten-repairs", "4x2-fsdp1-repair"):
+        assert must in names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_checked_in_corpus_equals_generated():
+    """The corpus is what the model generates (python -m accelpact.conformance.generate --check)."""
+    files = generate()
+    existing = {p.stem: p.read_text() for p in SCENARIO_DIR.glob("*.json")}
+    assert existing == files, "corpus out of date: run `python -m accelpact.conformance.generate`"
