@@ -292,6 +292,15 @@ WINDOWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 KIND_WINDOWS = {"dirty_guard": (PC_OBSERVED,), "frontier_mismatch": (PC_OBSERVED, PC_GUARDED)}
 
 
+def surfaces(point: str | None) -> tuple[str | None, ...]:
+    """Where a failure injected at ``point`` can be observed: an in-flight failure surfaces at the
+    next collective on R, which may lie in a later in-flight phase (a group broken in forward is
+    typically noticed by the backward all-reduce); a boundary failure at the boundary."""
+    if point in IN_FLIGHT:
+        return IN_FLIGHT[IN_FLIGHT.index(point):]
+    return (point,)
+
+
 @dataclass(frozen=True, slots=True)
 class ScriptedFault:
     """One model fault action the script allows: its action, rank, generation and pc window."""
@@ -315,7 +324,7 @@ class Script:
             if i in fired or f.action != a.name:
                 continue
             if f.rank is None:
-                if a.arg == f.arg and s.ranks[0].gen == f.gen:
+                if a.arg in surfaces(f.arg) and s.ranks[0].gen == f.gen:
                     return i
                 continue
             if f.rank != a.rank:

@@ -87,6 +87,18 @@ def validate_job(job: dict) -> dict:
     return job
 
 
+def _failing_group(job: dict, topo, wrapper: str, own: list[int]) -> list[int]:
+    """R for the trace header: the replicate group the job's first group fault strikes (the
+    checker builds its model config from it); this rank's own group when no fault names one."""
+    if wrapper == "ddp":
+        return list(range(topo.nodes * topo.ranks_per_node))
+    for f in job.get("faults", []):
+        if f.get("kind") == "collective_timeout" and f.get("ranks"):
+            local = int(f["ranks"][0]) % topo.ranks_per_node
+            return [n * topo.ranks_per_node + local for n in range(topo.nodes)]
+    return own
+
+
 def faults_for_attempt(job: dict, attempt: int) -> list[dict]:
     """The job's faults that strike in ``attempt`` (a fault without ``"attempt"`` strikes in 0 only),
     without the ``attempt`` field (the engine's ``FaultPlan`` accepts only fault fields)."""
@@ -319,7 +331,7 @@ def run_job(job: dict) -> int:
     faults = faults_for_attempt(job, attempt)
     trace = (Trace(trace_path(out, attempt, rank), rank, dict(
         world=world, nodes=topo.nodes, ranks_per_node=topo.ranks_per_node, group=pg.name,
-        affected=list(pg.members), attempt=attempt, scenario=job["scenario"], seed=wl["seed"],
+        affected=_failing_group(job, topo, spec.wrapper, list(pg.members)), own_group=list(pg.members), attempt=attempt, scenario=job["scenario"], seed=wl["seed"],
         backend=job["backend"], frontier_at_start=start, wrapper=spec.wrapper))
         if job["trace"] else NullTrace())
     control = ControlPlane(astore, rank, world, prefix="accelpact/")
@@ -389,4 +401,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())  # reached only for a bad job file (2); every run ends in os._exit

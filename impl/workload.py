@@ -235,6 +235,26 @@ def r_ranks(spec: WorkloadSpec, groups: Groups) -> tuple[int, ...]:
     return tuple(range(groups.topo.world)) if spec.wrapper == "ddp" else groups.replicate_ranks
 
 
+def _per_gradient_allreduce(ddp, bucket):
+    """DDP comm hook: average each gradient of the bucket separately on ``ddp.process_group``.
+
+    The group is looked up at call time, so an L1 rebind of ``ddp.process_group`` covers the hook.
+    """
+    pg = ddp.process_group
+    world = pg.size()
+    for grad in bucket.gradients():  # views into bucket.buffer()
+        pg.allreduce([grad]).wait()
+    buffer = bucket.buffer()
+    buffer.div_(world)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+# DDP checks the hook's annotations as objects (this module uses postponed annotations).
+_per_gradient_allreduce.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+
+
 def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> Job:
     """Build the wrapped model, AdamW and the data cursor (identical init on all ranks)."""
     torch.manual_seed(spec.seed)
@@ -262,6 +282,11 @@ def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> Job:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         module = DDP(model, process_group=groups.world)
+        # Deterministic reduction order: DDP rebuilds its buckets after the first iteration, so a
+        # job restarted from a checkpoint (L2) would otherwise sum gradients in another order than
+        # the uninterrupted run (measured: differences of 2-4e-9).  Reducing every gradient on its
+        # own makes the sum independent of the bucket layout.
+        module.register_comm_hook(module, _per_gradient_allreduce)
     optimizer = torch.optim.AdamW(module.parameters(), lr=spec.lr, foreach=False)
     cursor = DataCursor(spec.seed, spec.batch, spec.seq, dp_index=groups.rank, dp_size=topo.world)
     return Job(spec, topo, groups, module, optimizer, cursor)

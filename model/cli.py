@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--continue", dest="keep_going", action="store_true", help="do not stop at the first safety violation")
     parser.add_argument("--max-examples", type=int, default=200, help="hypothesis: runs to try (default 200)")
     parser.add_argument("--steps", type=int, default=100, help="hypothesis: steps per run (default 100)")
+    parser.add_argument("--no-shrink", action="store_true", help="hypothesis: report the first failing run as found, without shrinking it")
     parser.add_argument("--update-manifest", action="store_true", help="recompute every configuration in model/manifest.json and rewrite it")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -138,7 +139,7 @@ def _table(rows: list[tuple[str, str]]) -> None:
 
 
 def _run_hypothesis(cfg: Config, args: argparse.Namespace) -> int:
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
     from .stateful import make_machine
@@ -146,6 +147,7 @@ def _run_hypothesis(cfg: Config, args: argparse.Namespace) -> int:
     s = settings(
         derandomize=True, database=None, print_blob=True, deadline=None, max_examples=args.max_examples,
         stateful_step_count=args.steps, suppress_health_check=list(HealthCheck),
+        phases=(Phase.explicit, Phase.generate) if args.no_shrink else tuple(Phase),
     )
     t0 = time.perf_counter()
     error = None

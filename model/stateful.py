@@ -137,27 +137,35 @@ class ProtocolMachine(RuleBasedStateMachine):
                 event(f"reached pc {rk.pc}")
 
     # -- rules ------------------------------------------------------------------------------
+    # Both rules are always valid (a precondition that fails makes hypothesis retry and then
+    # discard the run): each prefers its own kind of action and falls back to the other, and a
+    # state where nothing at all is enabled must be final (otherwise it is a deadlock, L3).
 
-    @precondition(lambda self: bool(self._enabled(self.protocol_actions)))
-    @rule(data=st.data())
-    def protocol_step(self, data) -> None:
-        """One protocol or supervisor step, drawn among the enabled ones."""
-        self._take(data.draw(st.sampled_from(self._enabled(self.protocol_actions)), label="step"))
+    def _pick(self, data, first: tuple[Action, ...], second: tuple[Action, ...], label: str) -> None:
+        acts = self._enabled(first) or self._enabled(second)
+        if not acts:
+            self._terminal()
+            return
+        self._take(data.draw(st.sampled_from(acts), label=label))
 
-    @precondition(lambda self: bool(self._enabled(self.fault_actions)))
-    @rule(data=st.data())
-    def inject_fault(self, data) -> None:
-        """One injected fault, drawn among the enabled ones (the budget is Config.max_faults)."""
-        self._take(data.draw(st.sampled_from(self._enabled(self.fault_actions)), label="fault"))
-
-    @precondition(lambda self: self.state is not None and not self._enabled(self.actions))
-    @rule()
-    def stutter(self) -> None:
-        """Nothing is enabled: that is only correct in a final state (otherwise a deadlock, L3)."""
+    def _terminal(self) -> None:
+        event("reached a state without successor")
         if not is_final(self.cfg, self.state):
             self.failed = True
             pcs = ", ".join(f"{r}:{rk.pc}" for r, rk in enumerate(self.state.ranks))
             raise AssertionError(f"deadlock (L3): no action enabled in a non-final state; ranks {pcs}; after {self.trail[-8:]}")
+
+    @precondition(lambda self: self.state is not None)
+    @rule(data=st.data())
+    def protocol_step(self, data) -> None:
+        """One protocol or supervisor step, drawn among the enabled ones (a fault if none is)."""
+        self._pick(data, self.protocol_actions, self.fault_actions, "step")
+
+    @precondition(lambda self: self.state is not None)
+    @rule(data=st.data())
+    def inject_fault(self, data) -> None:
+        """One injected fault, drawn among the enabled ones (the budget is Config.max_faults)."""
+        self._pick(data, self.fault_actions, self.protocol_actions, "fault")
 
     # -- properties -------------------------------------------------------------------------
 

@@ -264,3 +264,23 @@ def test_files_roundtrip_and_errors(tmp_path):
         load_dir(tmp_path)
     with pytest.raises(TraceError, match="no trace"):
         load_dir(tmp_path / "nothing")
+
+
+@pytest.mark.timeout(60)
+def test_check_trace_cli(tmp_path, capsys):
+    """`accelpact check-trace DIR`: exit 0 on a faithful trace, 1 on a mutated one, 2 on no traces."""
+    import argparse
+
+    from accelpact.conformance import cli_check
+
+    cfg, p = [x for x in runs(3, seed=11, l1_only=True) if len(x[0].world) == 4][0]
+    tr = project(cfg, p)
+    write_dir(tr, tmp_path / "good")
+    ns = argparse.Namespace(dir=str(tmp_path / "good"), scenario=None)
+    assert cli_check.run(ns) == 0
+    recs = tr[1].records
+    i = next(i for i, rec in enumerate(recs) if rec.action == "RankRebind")
+    write_dir(_with(tr, 1, recs[:i] + recs[i + 1:]), tmp_path / "bad")
+    assert cli_check.run(argparse.Namespace(dir=str(tmp_path / "bad"), scenario=None)) == 1
+    assert "first unmatched" in capsys.readouterr().out
+    assert cli_check.run(argparse.Namespace(dir=str(tmp_path / "none"), scenario=None)) == 2
