@@ -33,19 +33,10 @@ SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence")
 
 #: Non-conformances the suite found in the implementation, reported to its owners; non-strict
 #: xfail so that a fix turns them into passes (XPASS) without a change here.  Remove on fix.
-KNOWN_IMPL_ISSUES = {
-    "2x2-ddp-repair": "impl/faults.py: a boundary fault is injected on a rank as soon as *it* reaches the boundary; "
-                      "with DDP its peers may still be finishing the last backward all-reduce of the step, see the "
-                      "failure in flight (point=backward) and reject (L2) where the model says L1 (flaky)",
-    **{f"2x2-fsdp1-{at}-{kind}-r2": "impl/recovery.py injects replace/rebind/validate faults only on members of R; "
-                                    "a non-member's fault never fires (model: it fires while the rank is 'agreed')"
-       for at in ("replace", "rebind", "validate") for kind in ("crash", "hang", "exception")},
-    **{n: "model/impl granularity: see 2x2-fsdp1-repair-then-crash" for n in ("2x2-fsdp1-validate-crash-r3",)},
-    "2x2-fsdp1-repair-then-crash": "model/impl granularity: after a member of R crashes before validation, the "
-                                   "validation all-reduce on the new group raises at once (gloo: connection closed "
-                                   "by peer) and the implementation exits with RankFail/exception (73); the model "
-                                   "allows only RankTimeout/deadline there",
-}
+# Scenarios the implementation is known to fail, with the reason (non-strict xfail).  Empty:
+# the boundary-injection race, the non-member phase 4-6 faults and the phase 4/6 timeout
+# classification found by this suite were fixed in impl/recovery.py.
+KNOWN_IMPL_ISSUES: dict[str, str] = {}
 ALL = sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
 
 

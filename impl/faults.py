@@ -101,6 +101,11 @@ class FaultPlan:
         self.fired.extend(hit)
         return hit
 
+    def scheduled(self, point: str, step: int) -> bool:
+        """Whether any rank has a fault at ``point`` of ``step`` (the same answer on every rank:
+        the plan is the job's, not this rank's)."""
+        return any(f.at == point and f.step == step for f in self.faults)
+
     def apply(self, fault: Fault, ctx: FaultContext) -> dict[str, Any]:
         """Write the fault's trace record, then make it happen.  Returns effects the engine
         must apply itself (``{"frontier_delta": 1}``)."""

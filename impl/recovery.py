@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +57,7 @@ from accelpact.model.state import (
 from . import revoke as _revoke
 from .controlplane import ControlPlane, seeded_bug
 from .exitcodes import claim_exit, code_for, exit_now
-from .faults import FaultContext, FaultPlan
+from .faults import FaultContext, FaultPlan, InjectedFault
 from .guard import BoundaryGuard
 from .replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
@@ -124,30 +123,9 @@ class _Exited(BaseException):
     """Never escapes: exit paths end the process."""
 
 
-def _digest_fallback(module, optimizer) -> bytes:
-    """Local stand-in for ``accelpact.impl.digest.state_digest`` until it lands."""
-    import torch
-
-    h = hashlib.sha256()
-    for name, p in module.state_dict().items():
-        if isinstance(p, torch.Tensor):
-            h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    for pid, st in sorted(optimizer.state_dict()["state"].items()):
-        for k, v in sorted(st.items()):
-            h.update(f"{pid}/{k}".encode())
-            if isinstance(v, torch.Tensor):
-                h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-            else:
-                h.update(repr(v).encode())
-    return h.digest()
-
-
 def _state_digest(module, optimizer) -> bytes:
-    try:
-        from .digest import state_digest
-    except ImportError:
-        return _digest_fallback(module, optimizer)
+    from .digest import state_digest
+
     return state_digest(module, optimizer)
 
 
@@ -176,6 +154,7 @@ class Pact:
         self.last_loss = None
         self._step = frontier
         self._frontier_delta = 0
+        self._failed_groups: tuple[int, ...] = ()
         self._pg = groups.affected
         self._record = groups.record
         # keep no second reference to R's communicator: after a repair the adapters' walker would
@@ -256,6 +235,10 @@ class Pact:
         failure anywhere in R the six phases.  Returns the report of a repair, else None."""
         import torch
 
+        if self.plan.scheduled("boundary", self._step):
+            # A boundary fault strikes only once every rank has committed: without this fence a
+            # peer still finishing the step's last backward collective would see it in flight.
+            self.groups.control.allreduce([torch.zeros(1)]).wait()
         self._inject("boundary")
         t0 = time.monotonic_ns()
         observed, err = False, None
@@ -274,8 +257,8 @@ class Pact:
         try:
             self.groups.control.allreduce([flag]).wait()
         except RuntimeError as exc:
-            # the out-of-band control group failed: a rank is gone outside R; not repairable in place
-            self.watchdog.exit_on_abort(REASON_EXCEPTION)
+            # the out-of-band control group failed: a peer is gone; not repairable in place
+            self._fail(exc, time.monotonic_ns())
         failed = [i for i, v in enumerate(flag.tolist()) if v]
         if not failed:
             return None
@@ -288,6 +271,7 @@ class Pact:
         import torch
 
         g = self.gen
+        self._failed_groups = tuple(failed)
         member = self.groups.index in failed
         point = "boundary"
         revoke_lat = -1
@@ -365,6 +349,11 @@ class Pact:
                 digest = self._validate(new_pg, g)
                 durations["validate"] = time.monotonic_ns() - t
                 self._act("RankValidate", self._st(PC_VALIDATED), {"digest": digest, "duration_ns": durations["validate"]})
+            else:
+                # outside R the rank waits in "agreed" while R is rebuilt: faults aimed at phases
+                # 4-6 strike it there (model: Fault* while pc == agreed, before RankReady)
+                for point in ("replace", "rebind", "validate"):
+                    self._inject(point)
             # Release: RankReady, RankDecideRelease, RankResume
             self._inject("release")
             t_rel = time.monotonic_ns()
@@ -419,7 +408,7 @@ class Pact:
 
     # ---- exits (fail-stop) ----------------------------------------------------------------------
     def _which(self) -> str:
-        return "agree" if self.pc in (PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
+        return "agree" if self.pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
 
     def _reject(self, why: str, guard_reasons=()) -> None:
         """RankReject: the contract says L2; abort the job (every rank exits 70)."""
@@ -454,9 +443,13 @@ class Pact:
         """RankFail (exception in phases 2-6), or RankTimeout if a collective outlived the deadline."""
         claim_exit()
         g, which = self.gen, self._which()
-        # the validation collective is phase 6's wait on peers (model: RankTimeout at "rebound");
-        # an error there after the deadline is a timeout, anything else an exception
-        timed_out = self.pc == PC_REBOUND and (time.monotonic_ns() - t_start) >= 0.9 * self.deadline_s * 1e9
+        # Building R's communicator (phase 4, pc "agreed") and the validation collective (phase
+        # 6, pc "rebound") are waits on peers (model: RankTimeout there).  A communication error
+        # in them -- a peer died or never came -- is that wait failing: deadline.  Our own errors
+        # (stale references, digest mismatch, an injected exception) are exceptions.
+        own_error = isinstance(exc, (RebindError, ValidationError, InjectedFault))
+        timed_out = self.pc in (PC_AGREED, PC_REBOUND) and not own_error and (
+            self.pc == PC_REBOUND or self.groups.index in self._failed_groups)
         reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
         action = "RankTimeout" if timed_out else "RankFail"
 

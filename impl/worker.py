@@ -76,6 +76,9 @@ def validate_job(job: dict) -> dict:
         if not isinstance(job[key], (int, float)) or job[key] <= 0:
             raise JobError(f"{key} must be a number of seconds > 0, got {job[key]!r}")
     job.setdefault("seeded_bug", None)
+    envelope = job.setdefault("envelope", None)
+    if envelope is not None and not isinstance(envelope, str):
+        raise JobError(f"envelope must be the path of an envelope file or null, got {envelope!r}")
     faults = job.setdefault("faults", [])
     for i, f in enumerate(faults):
         if not isinstance(f.get("step"), int) or not 0 <= f["step"] < steps:
@@ -335,8 +338,15 @@ def run_job(job: dict) -> int:
         backend=job["backend"], frontier_at_start=start, wrapper=spec.wrapper))
         if job["trace"] else NullTrace())
     control = ControlPlane(astore, rank, world, prefix="accelpact/")
+    # K = (platform, profile, phase, objective): the profile is the wrapper, so an envelope written by
+    # `accelpact qualify` (one cell per wrapper) applies; without an envelope file, the default one.
+    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
+
+    platform = "cpu-gloo" if job["backend"] == "gloo" else "cuda-nccl"
+    key = ObservationKey(platform, spec.wrapper, "boundary", DEFAULT_OBJECTIVE)
+    envelope = load_envelope(job["envelope"]) if job["envelope"] else default_envelope()
     pact = attach(app.module, app.optimizer, groups=pg, control=control, trace=trace, deadline_s=deadline_s,
-                  fault_plan=faults, frontier=start)
+                  fault_plan=faults, frontier=start, key=key, envelope=envelope)
     result.update(t_ready=time.monotonic())
 
     losses: dict[int, float] = {}

@@ -123,6 +123,9 @@ class WorkloadSpec:
     batch: int = 4
     lr: float = 1e-3
     seed: int = 0
+    #: DDP only: reduce each gradient on its own (see ``_per_gradient_allreduce``); off leaves
+    #: DDP's bucketed all-reduce through its C++ Reducer (what a user's job usually runs).
+    ddp_per_gradient: bool = True
 
     def __post_init__(self) -> None:
         if self.wrapper not in WRAPPERS:
@@ -286,7 +289,8 @@ def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> Job:
         # job restarted from a checkpoint (L2) would otherwise sum gradients in another order than
         # the uninterrupted run (measured: differences of 2-4e-9).  Reducing every gradient on its
         # own makes the sum independent of the bucket layout.
-        module.register_comm_hook(module, _per_gradient_allreduce)
+        if spec.ddp_per_gradient:
+            module.register_comm_hook(module, _per_gradient_allreduce)
     optimizer = torch.optim.AdamW(module.parameters(), lr=spec.lr, foreach=False)
     cursor = DataCursor(spec.seed, spec.batch, spec.seq, dp_index=groups.rank, dp_size=topo.world)
     return Job(spec, topo, groups, module, optimizer, cursor)

@@ -525,10 +525,16 @@ def _st_drop(cfg, s, r, arg) -> State:
     return _bump(s.with_rank(r, drop=True))
 
 
-# Supervisor (torchrun): restarts every worker once all of them have exited.
+# Supervisor (torchrun): restarts every worker once all of them have exited, crashed or hung.
+# torchrun tears the whole job down after the first failed worker, killing hung survivors too;
+# without that, a crashed member of R plus hung peers with no abort written is a deadlock
+# (found by the hypothesis machine: 2x1, group_fail + crash + hang).
 
 def _en_restart(cfg, s, r, arg) -> bool:
-    return not s.supervisor and all(rk.pc in (PC_EXITED, PC_CRASHED) for rk in s.ranks)
+    if s.supervisor:
+        return False
+    gone = [rk.pc in (PC_EXITED, PC_CRASHED) for rk in s.ranks]
+    return any(gone) and all(g or rk.hung for g, rk in zip(gone, s.ranks))
 
 
 def _st_restart(cfg, s, r, arg) -> State:

@@ -137,7 +137,9 @@ def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int 
     from accelpact.impl.digest import state_digest
 
     topo = W.Topology(nodes, ranks_per_node)
-    spec = W.WorkloadSpec(wrapper=wrapper, layers=layers)
+    # The python-only ablation needs DDP's own bucketed all-reduce through the C++ Reducer
+    # (the per-gradient hook reads ddp.process_group, which a Python-level rebind does fix).
+    spec = W.WorkloadSpec(wrapper=wrapper, layers=layers, ddp_per_gradient=ablation != "python-only")
     total = pre_steps + post_steps
     res: dict = {"rank": ctx.rank}
 
