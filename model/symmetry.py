@@ -71,8 +71,14 @@ class Symmetry:
             return None
         perm: dict[int, int] = {}
         moved = False
+        ranks = s.ranks
         for cls in self.movable:
-            order = sorted(cls, key=lambda r: self._signature(s, r))
+            keys = [_rank_key(ranks[r]) for r in cls]
+            if len(set(keys)) == len(keys):
+                # the signature starts with the rank key: distinct keys already fix the order
+                order = [r for _k, r in sorted(zip(keys, cls))]
+            else:
+                order = sorted(cls, key=lambda r: self._signature(s, r))
             for new, old in zip(cls, order):
                 perm[old] = new
                 moved = moved or new != old
