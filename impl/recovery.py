@@ -429,6 +429,14 @@ class Pact:
         reason = dec[len("abort:"):] if dec.startswith("abort:") else REASON_EXCEPTION
         if expired and reason == REASON_DEADLINE:
             claim_exit()
+            standing = ""
+            try:
+                standing = self.control.read_abort()
+            except Exception:
+                pass
+            if standing:  # a peer's abort stands already: exit on it (RankExit), not a new timeout
+                self.watchdog._exit(standing, claimed=True)
+                raise _Exited
             g, which = self.gen, self._which()
 
             def record():
@@ -447,9 +455,20 @@ class Pact:
         # 6, pc "rebound") are waits on peers (model: RankTimeout there).  A communication error
         # in them -- a peer died or never came -- is that wait failing: deadline.  Our own errors
         # (stale references, digest mismatch, an injected exception) are exceptions.
+        # The boundary's control-group all-reduce (pc "train") is such a wait too.
         own_error = isinstance(exc, (RebindError, ValidationError, InjectedFault))
-        timed_out = self.pc in (PC_AGREED, PC_REBOUND) and not own_error and (
-            self.pc == PC_REBOUND or self.groups.index in self._failed_groups)
+        if not own_error:
+            # a wait on peers failed: if a peer already aborted the job, this is that abort
+            # reaching us (RankExit with its reason), not a new failure
+            try:
+                standing = self.control.read_abort()
+            except Exception:
+                standing = ""
+            if standing:
+                self.watchdog._exit(standing, claimed=True)  # records RankExit, os._exit
+                raise _Exited
+        timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error and (
+            self.pc != PC_AGREED or self.groups.index in self._failed_groups)
         reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
         action = "RankTimeout" if timed_out else "RankFail"
 

@@ -1,4 +1,4 @@
-"""Safety properties as predicates on one state (spec/properties.md, ids S1-S8).
+"""Safety properties as predicates on one state (spec/properties.md, ids S1-S7).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
 when it holds, or a sentence saying what is wrong.  Edge properties (generation
@@ -67,8 +67,10 @@ def one_decision_per_generation(cfg: Config, s: State) -> str | None:
 
 def agreed_frontier(cfg: Config, s: State) -> str | None:
     """S2.2: every rank that passed phase 3 in generation g reported rank 0's committed F."""
-    f0 = s.ranks[0].frontier
     for g, r, f in sorted(s.agreed):
+        # rank 0's frontier as it reported it in generation g (its current one if it never did)
+        posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == 0]
+        f0 = posted[0] if posted else s.ranks[0].frontier
         if f != f0:
             return f"rank {r} passed agreement in generation {g} with F={f}, but rank 0's committed frontier is F={f0}"
     return None

@@ -372,13 +372,17 @@ def _en_timeout(cfg, s, r, arg) -> bool:
     if cfg.mutant == "linger":
         return False
     rk = s.ranks[r]
-    if not _active(s, r) or not stalled(s):
+    if not _active(s, r) or not stalled(s) or s.store.abort:
+        # once an abort stands, a failed wait is an exit on that abort (RankExit), not a new one
         return False
     if rk.pc == PC_TRAIN:
-        # A non-member blocks in the boundary's control-group all-reduce (all of W).  If every
-        # member of R died or hung before publishing revoke, nothing else ever wakes it: the
-        # all-reduce's deadline expires (found by the explorer: 2x2, group_fail + 2 crashes).
-        return not _member(cfg, r) and _in_episode(s, r) and rk.gen not in s.store.revoked
+        # The boundary's failure flag is an all-reduce on the control group over all of W: if a
+        # peer crashed, exited or hangs, it fails or its deadline expires, whether or not R was
+        # revoked (found by the explorer: 2x2, group_fail + 2 crashes left non-members waiting).
+        return _in_episode(s, r) and any(pk.pc in (PC_CRASHED, PC_EXITED) or pk.hung for pk in s.ranks)
+    if rk.pc == PC_AGREED:
+        # building R's replacement communicator is a rendezvous of the members of R
+        return _member(cfg, r)
     if rk.pc == PC_ARRIVED:
         return _lookup(cfg, s.store.agree, rk.gen) is None
     if rk.pc == PC_REBOUND:

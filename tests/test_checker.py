@@ -165,7 +165,7 @@ def test_renamed_action_rejected():
 def test_wrong_decision_rejected():
     """A decide record claiming the other decision, or an arrive claiming the wrong 'last'."""
     tried = 0
-    for cfg, p in runs(40, seed=4):
+    for cfg, p in runs(40, seed=4) + runs(40, seed=4, l1_only=True):
         tr = project(cfg, p)
         r, idx = _rank_with(tr, lambda rec: rec.action in ("RankDecideAgreement", "RankArrive"))
         if r is None:
