@@ -70,7 +70,12 @@ def candidates() -> list[tuple[tuple, Scenario]]:
         # the happy repair and each in-flight rejection, per wrapper
         for at in ("boundary", "forward", "backward", "optimizer"):
             name = f"2x2-{w}-{'repair' if at == 'boundary' else 'reject-' + at}"
-            add(("2x2", wrapper, at, "collective_timeout", "-", 1), name, t22, wrapper, [_trigger(t22, wrapper, at)])
+            # None of the wrappers communicates inside optimizer.step(): a communicator broken
+            # there is first observed at the boundary (correctly L1, measured).  The in-flight
+            # optimizer failure is an exception raised inside the step (e.g. a failed sharded
+            # optimizer collective).
+            kind = "exception" if at == "optimizer" else "collective_timeout"
+            add(("2x2", wrapper, at, kind, "-", 1), name, t22, wrapper, [_trigger(t22, wrapper, at, kind=kind)])
     wrapper = "fsdp1-hybrid"
     # a fault of each kind at the boundary itself and in each recovery phase, on each rank role
     for at in ("boundary",) + RECOVERY_POINTS:

@@ -289,7 +289,7 @@ WINDOWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "release": ((PC_VALIDATED, PC_READY), (PC_AGREED, PC_READY)),
 }
 #: Narrower windows for the kinds whose model action is enabled only in some pcs.
-KIND_WINDOWS = {"dirty_guard": (PC_OBSERVED,), "frontier_mismatch": (PC_OBSERVED, PC_GUARDED)}
+KIND_WINDOWS = {"dirty_guard": (PC_TRAIN, PC_OBSERVED), "frontier_mismatch": (PC_TRAIN, PC_OBSERVED, PC_GUARDED)}
 
 
 def surfaces(point: str | None) -> tuple[str | None, ...]:

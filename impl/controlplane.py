@@ -89,8 +89,13 @@ class ControlPlane:
 
             if not isinstance(exc, dist.DistStoreError):
                 raise
-            self.last_expired = True
-            return self._decide(key, on_expiry)
+            # Several ranks' deadlines can expire together: only the first to expire on this key
+            # is the RankTimeout (the model's single step that writes the abort); the others read
+            # the decision that stands and exit on it (RankExit).
+            first = self.store.add(key + "/expired", 1) == 1
+            dec = self._decide(key, on_expiry)
+            self.last_expired = first and dec == on_expiry
+            return dec
         return _s(self.store.get(key))
 
     # ---- Store.abort -------------------------------------------------------------------

@@ -112,6 +112,10 @@ class FaultPlan:
         from . import revoke
 
         action = FAULT_ACTION[fault.kind]
+        if fault.kind == "exception" and fault.at in ("forward", "backward", "optimizer", "boundary"):
+            # raised by the training step itself: this *is* the failure that starts the episode
+            # (model: FaultGroupFail at that point), not an exception inside recovery (FaultRaise)
+            action = "FaultGroupFail"
         # the record's state holds only what the model's Fault* step changes for this rank
         state: dict[str, Any] = {}
         detail = {"point": fault.at, "kind": fault.kind, "step": fault.step}

@@ -66,6 +66,7 @@ class LaunchResult:
     out: Path
     log: Path
     results: dict[tuple[int, int], dict] = field(default_factory=dict)
+    port: int = 0  # the rendezvous port torchrun was given
 
     @property
     def attempts(self) -> list[int]:
@@ -179,6 +180,28 @@ def run_torchrun(job: dict, nproc: int, max_restarts: int = 1, timeout_s: float 
     path = write_job(job)
     out = Path(job["out"])
     log = out / "torchrun.log"
+    for launch in range(3):
+        res = _torchrun_once(path, out, log, nproc, max_restarts, timeout_s, monitor_interval)
+        # The free port can be taken between free_port() and the agent's bind (another launch,
+        # or an ephemeral port of a gloo connection): the rendezvous then never forms and no
+        # worker ever ran.  Only that case is retried, on a new port.
+        if res.results or res.timed_out or res.returncode == 0 or not _rendezvous_failed(log, res.port):
+            return res
+        clear_outputs(out)
+        path = write_job(job)
+    return res
+
+
+def _rendezvous_failed(log: Path, port: int) -> bool:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return False
+    return f"failed to connect/validate to host 127.0.0.1:{port}" in text
+
+
+def _torchrun_once(path, out: Path, log: Path, nproc: int, max_restarts: int, timeout_s: float,
+                   monitor_interval: float) -> "LaunchResult":
     port = free_port()
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
@@ -205,7 +228,7 @@ def run_torchrun(job: dict, nproc: int, max_restarts: int = 1, timeout_s: float 
             except (ProcessLookupError, PermissionError):
                 pass
     return LaunchResult(returncode=rc, timed_out=timed_out, wall_s=time.monotonic() - t0, out=out, log=log,
-                        results=load_results(out))
+                        results=load_results(out), port=port)
 
 
 def run_local(job: dict, nproc: int, timeout_s: float = 300.0, *, attempt: int = 0,

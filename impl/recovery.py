@@ -282,7 +282,8 @@ class Pact:
         # Phase 1: RankObserve
         if member:
             self.control.publish_revoke(g, self.groups.key)
-        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
+        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier + self._frontier_delta,
+                                          tau=self.guard.tau + self._frontier_delta),
                   {"member": member, "failed_groups": failed, "error": repr(err)[:200] if err else None})
         t_start = time.monotonic_ns()
         new_pg = None
@@ -429,14 +430,6 @@ class Pact:
         reason = dec[len("abort:"):] if dec.startswith("abort:") else REASON_EXCEPTION
         if expired and reason == REASON_DEADLINE:
             claim_exit()
-            standing = ""
-            try:
-                standing = self.control.read_abort()
-            except Exception:
-                pass
-            if standing:  # a peer's abort stands already: exit on it (RankExit), not a new timeout
-                self.watchdog._exit(standing, claimed=True)
-                raise _Exited
             g, which = self.gen, self._which()
 
             def record():

@@ -484,7 +484,7 @@ def _en_mismatch(cfg, s, r, arg) -> bool:
     return (
         _fault_ok(cfg, s, "mismatch")
         and _victim(s, r)
-        and rk.pc in (PC_OBSERVED, PC_GUARDED)
+        and rk.pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED)  # train: struck at the boundary itself
         and rk.frontier == cfg.frontier
         and _active(s, r)
     )
@@ -497,7 +497,8 @@ def _st_mismatch(cfg, s, r, arg) -> State:
 
 def _en_dirty(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    return _fault_ok(cfg, s, "dirty_guard") and _victim(s, r) and rk.pc == PC_OBSERVED and not rk.dirty and _active(s, r)
+    return (_fault_ok(cfg, s, "dirty_guard") and _victim(s, r) and rk.pc in (PC_TRAIN, PC_OBSERVED)
+            and not rk.dirty and _active(s, r))
 
 
 def _st_dirty(cfg, s, r, arg) -> State:
