@@ -132,7 +132,10 @@ class FaultPlan:
                 raise ValueError(f"collective_timeout: rank {ctx.rank} has no group named {fault.group!r}; "
                                  f"known: {sorted(ctx.groups)}")
             revoke.hard_close(rec)
-            return {}
+            # Shutting down our own connections fails the peers' pending operations at once, but
+            # an operation this rank posts next may still wait for its own timeout (measured under
+            # load): the injecting rank treats the group as failed without entering it.
+            return {"group_failed": fault.group}
         if fault.kind == "crash":
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(60)  # not reached

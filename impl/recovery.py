@@ -191,10 +191,12 @@ class Pact:
     def _on_point(self, point: str) -> None:
         self._inject(point)
 
-    def _inject(self, point: str) -> None:
+    def _inject(self, point: str) -> dict:
+        """Fire the faults planned for this rank at ``point``; returns their merged effects."""
         faults = self.plan.at(point, self._step, self.rank)
+        effects: dict = {}
         if not faults:
-            return
+            return effects
         groups = {self.groups.name: self._record, self.groups.key: self._record, **self.groups.others}
         state = {"pc": self.pc, "gen": self.gen, "frontier": self.guard.frontier + self._frontier_delta,
                  "tau": self.guard.tau + self._frontier_delta, "point": self.guard.point}
@@ -202,6 +204,8 @@ class Pact:
             ctx = FaultContext(self.trace, self.rank, self.gen, state, groups, self.guard, self.module)
             eff = self.plan.apply(f, ctx)
             self._frontier_delta += eff.get("frontier_delta", 0)
+            effects.update(eff)
+        return effects
 
     # ---- the step loop -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -239,11 +243,13 @@ class Pact:
             # A boundary fault strikes only once every rank has committed: without this fence a
             # peer still finishing the step's last backward collective would see it in flight.
             self.groups.control.allreduce([torch.zeros(1)]).wait()
-        self._inject("boundary")
+        injected = self._inject("boundary")
         t0 = time.monotonic_ns()
         observed, err = False, None
         t = (loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1))
         try:
+            if injected.get("group_failed") in (self.groups.name, self.groups.key):
+                raise InjectedFault(f"injected failure of {self.groups.key} at the boundary of step {self._step}")
             self._pg.allreduce([t]).wait()
             self.last_loss = float(t[0]) / len(self.groups.members)
         except RuntimeError as exc:

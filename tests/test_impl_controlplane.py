@@ -84,7 +84,9 @@ def test_late_rank_after_others_timed_out_reads_the_same_abort(store):
 
     res = run_all([early(cp) for cp in cps[:3]])
     assert {v[0] for v in res.values()} == {"abort:deadline"}
-    assert sum(v[1] for v in res.values()) == 3
+    # the three deadlines expire together; exactly one of them is the RankTimeout (the first to
+    # expire on the key), the others read the decision that stands and exit on it (RankExit)
+    assert sum(v[1] for v in res.values()) == 1
     count, last = cps[3].arrive(0, 5)
     assert (count, last) == (4, True)
     assert cps[3].decide_agreement(0) == "abort:deadline"
