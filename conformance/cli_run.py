@@ -17,7 +17,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--deadline", type=float, default=8.0, help="protocol wait deadline in seconds (default 8)")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on each launch in seconds (default 300)")
-    parser.add_argument("--seeded-bug", default=None, help="run with ACCELPACT_SEEDED_BUG (skip-rebind, early-release, no-fence)")
+    from accelpact.impl.controlplane import SEEDED_BUGS  # no torch at import
+
+    parser.add_argument("--seeded-bug", default=None, choices=SEEDED_BUGS,
+                        help="run with ACCELPACT_SEEDED_BUG, a deliberately broken engine (test-only)")
 
 
 def run(args) -> int:

@@ -33,15 +33,11 @@ SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence")
 
 #: Non-conformances the suite found in the implementation, reported to its owners; non-strict
 #: xfail so that a fix turns them into passes (XPASS) without a change here.  Remove on fix.
-# Scenarios the implementation is known to fail, with the reason (non-strict xfail).  The
-# boundary-injection race, the non-member phase 4-6 faults, the phase 4/6 timeout classification
-# and the double RankTimeout found by this suite were fixed in impl/.
-KNOWN_IMPL_ISSUES: dict[str, str] = {
-    **{f"2x2-fsdp1-boundary-frontier-mismatch-r{r}": (
-        "intermittent (not in FAST): in some runs the checker finds no interleaving for a frontier "
-        "mismatch injected at the boundary itself (e.g. 'RankArrive: last=True but the model says "
-        "False'); other runs of the same scenario conform. Not yet diagnosed.") for r in (2, 3)},
-}
+#: Empty: the boundary-injection race, the non-member phase 4-6 faults, the phase 4/6 timeout
+#: classification, the double RankTimeout and the write-then-record race (a peer's job abort ending
+#: a rank between a control-plane write and its record; seen as "RankArrive: last=True but the model
+#: says False" in boundary-frontier-mismatch-r2/r3) found by this suite were fixed in impl/.
+KNOWN_IMPL_ISSUES: dict[str, str] = {}
 ALL = sorted(p.stem for p in SCENARIO_DIR.glob("*.json"))
 
 

@@ -20,12 +20,13 @@ import datetime
 import os
 import time
 
+from .exitcodes import claim_exit, release_exit
 from accelpact.model.state import DECISION_COMMIT, DECISION_RELEASE, REASON_DEADLINE, REASON_MISMATCH
 
 __all__ = ["ControlPlane", "ControlPlaneError", "seeded_bug", "SEEDED_BUGS"]
 
 #: Test-only seeded bugs (conformance suite): each is a small branch in the engine, off by default.
-SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence")
+SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence", "unheld-records")
 
 
 def seeded_bug() -> str:
@@ -51,8 +52,13 @@ class ControlPlane:
     ``{prefix}abort`` and ``{prefix}g{g}/...`` (see spec/implementation.md).
     """
 
-    def __init__(self, store, rank: int, world_size: int, prefix: str = "accelpact/") -> None:
+    def __init__(self, store, rank: int, world_size: int, prefix: str = "accelpact/", *, claims_exit: bool = False) -> None:
         self.store = store
+        # The engine's control plane (claims_exit=True; Pact sets it): the first rank whose wait on a decision
+        # expires claims the process's exit before writing abort:deadline, and keeps the claim
+        # if that decision stands, so that its RankTimeout is recorded before any peer's reaction
+        # to the decision can reach its watchdog (see exitcodes.holding_exit).
+        self.claims_exit = claims_exit
         self.rank = rank
         self.world_size = world_size
         self.prefix = prefix
@@ -93,8 +99,18 @@ class ControlPlane:
             # is the RankTimeout (the model's single step that writes the abort); the others read
             # the decision that stands and exit on it (RankExit).
             first = self.store.add(key + "/expired", 1) == 1
-            dec = self._decide(key, on_expiry)
+            held = first and self.claims_exit
+            if held:
+                claim_exit()
+            try:
+                dec = self._decide(key, on_expiry)
+            except BaseException:
+                if held:
+                    release_exit()
+                raise
             self.last_expired = first and dec == on_expiry
+            if held and not self.last_expired:
+                release_exit()  # a decision already stood: not ours to time out on
             return dec
         return _s(self.store.get(key))
 
@@ -148,15 +164,20 @@ class ControlPlane:
                 raise ControlPlaneError(f"frontier of rank {r} in g{g} is {text!r}; expected 'F,g'") from None
         return out
 
-    def decide_agreement(self, g: int) -> str:
-        """RankDecideAgreement (last arriver): compare every (F, g) with rank 0's; commit or
-        ``abort:mismatch``.  Returns the standing decision.  On an abort the caller writes the
-        job abort (model ``_st_decide_agreement`` does both) *after* recording the action, so that
-        its own watchdog cannot exit the process before the record is written."""
+    def frontiers_agree(self, g: int) -> bool:
+        """Every posted (F, g) equals (rank 0's F, g).  Meaningful once all of W arrived
+        (the last arriver), when every frontier is posted."""
         rows = self.frontiers(g)
         ref = rows.get(0)
-        ok = ref is not None and all(v == (ref[0], g) or (not self._fenced and v[0] == ref[0]) for v in rows.values())
-        value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
+        return ref is not None and all(v == (ref[0], g) or (not self._fenced and v[0] == ref[0]) for v in rows.values())
+
+    def decide_agreement(self, g: int) -> str:
+        """RankDecideAgreement (last arriver): commit if the frontiers agree, else
+        ``abort:mismatch``.  Returns the decision that stands (an expirer's ``abort:deadline``
+        may have been written first).  On an abort the caller records the action, then writes
+        the job abort (model ``_st_decide_agreement`` does both), holding its exit claim from
+        before this write (``exitcodes.holding_exit``): every peer sees the decision at once."""
+        value = DECISION_COMMIT if self.frontiers_agree(g) else f"abort:{REASON_MISMATCH}"
         return self._decide(self.key(g, "agree"), value)
 
     def await_agreement(self, g: int, deadline: float) -> str:

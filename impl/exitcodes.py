@@ -13,6 +13,7 @@ interpreter teardown, which can turn gloo errors into SIGABRT).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import sys
@@ -22,7 +23,7 @@ from typing import Callable
 
 from accelpact.model.state import REASON_DEADLINE, REASON_EXCEPTION, REASON_MISMATCH, REASON_REJECTED
 
-__all__ = ["ExitCode", "code_for", "claim_exit", "exit_now"]
+__all__ = ["ExitCode", "code_for", "claim_exit", "exit_now", "holding_exit", "release_exit"]
 
 
 class ExitCode(enum.IntEnum):
@@ -54,16 +55,39 @@ def code_for(reason: str) -> ExitCode:
         raise ValueError(f"unknown exit reason {reason!r}; expected one of {sorted(_CODE_OF)}") from None
 
 
-_EXIT_LOCK = threading.Lock()
+# Reentrant: the main thread may hold the claim across a store write and its record
+# (``holding_exit``) and, inside that, decide to exit itself (``exit_now`` claims again).
+_EXIT_LOCK = threading.RLock()
 
 
 def claim_exit(blocking: bool = True) -> bool:
-    """Claim the right to end the process.  Whoever claims first exits; the lock is never
-    released, so a second claimer (blocking) waits until ``os._exit`` ends it."""
+    """Claim the right to end the process.  Whoever claims first exits; an exit never
+    releases the claim, so another thread's claim (blocking) waits until ``os._exit`` ends it."""
     if blocking:
         _EXIT_LOCK.acquire()
         return True
     return _EXIT_LOCK.acquire(blocking=False)
+
+
+def release_exit() -> None:
+    """Give back a claim taken before an outcome was known (see ``holding_exit``).  Must be
+    called by the thread that claimed, once per claim, and only when it will not exit."""
+    _EXIT_LOCK.release()
+
+
+@contextlib.contextmanager
+def holding_exit():
+    """Hold the exit claim across one model action: a control-plane write and its trace record.
+
+    A peer may act on the write at once, e.g. decide on a count that includes us and write
+    the job abort; without the claim our watchdog could end the process between the write
+    and the record, leaving a trace in which a peer acted on a step we never recorded.
+    Never hold it across a wait on peers: the watchdog could not exit meanwhile."""
+    claim_exit()
+    try:
+        yield
+    finally:
+        release_exit()
 
 
 def exit_now(code: int, reason: str, trace=None, *, record: Callable[[], None] | None = None, claimed: bool = False) -> None:

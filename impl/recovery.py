@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,7 @@ from accelpact.model.state import (
 
 from . import revoke as _revoke
 from .controlplane import ControlPlane, seeded_bug
-from .exitcodes import claim_exit, code_for, exit_now
+from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .faults import FaultContext, FaultPlan, InjectedFault
 from .guard import BoundaryGuard
 from .replace import ReplacementStrategy, choose_strategy
@@ -163,6 +164,12 @@ class Pact:
         groups = dataclasses.replace(groups, affected=None)
         self.groups = groups
         self._bug = seeded_bug()
+        # Each control-plane write and its trace record form one model action (exitcodes.holding_exit).
+        # Seeded bug "unheld-records" drops the hold; ACCELPACT_TEST_WRITE_TO_RECORD_S (test-only)
+        # sleeps between each write and its record, which widens the window the hold closes.
+        self._hold = holding_exit if self._bug != "unheld-records" else contextlib.nullcontext
+        self.control.claims_exit = self._bug != "unheld-records"
+        self._write_to_record_s = float(os.environ.get("ACCELPACT_TEST_WRITE_TO_RECORD_S", "0") or 0)
         if adapter is None:
             from .adapters import adapter_for
 
@@ -187,6 +194,12 @@ class Pact:
 
     def _act(self, action: str, state: dict, detail: dict | None = None, outcome: str = "ok", gen: int | None = None) -> None:
         self.trace.action(action, self.gen if gen is None else gen, outcome, state, detail)
+
+    def _written(self, value=None):
+        """Marks a control-plane write whose record follows; returns ``value``.  Test-only delay."""
+        if self._write_to_record_s:
+            time.sleep(self._write_to_record_s)
+        return value
 
     def _on_point(self, point: str) -> None:
         self._inject(point)
@@ -221,12 +234,13 @@ class Pact:
 
     def _in_flight(self, point: str, exc: BaseException) -> None:
         g = self.gen
-        try:
-            self.control.publish_revoke(g, self.groups.key)  # peers blocked on R wake up
-        except Exception:
-            pass  # store lost: the watchdog exits DEADLINE
-        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
-                  {"error": repr(exc)[:300], "in_flight": True})
+        with self._hold():
+            try:
+                self.control.publish_revoke(g, self.groups.key)  # peers blocked on R wake up
+            except Exception:
+                pass  # store lost: the watchdog exits DEADLINE
+            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
+                      {"error": repr(exc)[:300], "in_flight": True})
         report = self.guard.check()
         decision = decide(self.envelope, self._key(point), report.ok)
         self._reject(decision.reason, report.reasons)
@@ -286,11 +300,12 @@ class Pact:
             if revs and t_obs >= revs[0][3]:
                 revoke_lat = t_obs - revs[0][3]  # else: observed directly, before the revoke reached us
         # Phase 1: RankObserve
-        if member:
-            self.control.publish_revoke(g, self.groups.key)
-        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier + self._frontier_delta,
-                                          tau=self.guard.tau + self._frontier_delta),
-                  {"member": member, "failed_groups": failed, "error": repr(err)[:200] if err else None})
+        with self._hold():
+            if member:
+                self._written(self.control.publish_revoke(g, self.groups.key))
+            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier + self._frontier_delta,
+                                              tau=self.guard.tau + self._frontier_delta),
+                      {"member": member, "failed_groups": failed, "error": repr(err)[:200] if err else None})
         t_start = time.monotonic_ns()
         new_pg = None
         refs_rebound = 0
@@ -306,17 +321,21 @@ class Pact:
             # Phase 3: RankArrive, RankDecideAgreement, RankAwaitAgreement
             self._inject("agree")
             F = self.guard.frontier + self._frontier_delta
-            count, last = self.control.arrive(g, F)
-            self._act("RankArrive", self._st(PC_ARRIVED, frontier=F, tau=self.guard.tau + self._frontier_delta),
-                      {"count": count, "last": last})
+            # Each store write is recorded under the exit claim (exitcodes.holding_exit): a peer
+            # may act on it at once, and our watchdog must not exit between write and record.
+            with self._hold():
+                count, last = self._written(self.control.arrive(g, F))
+                self._act("RankArrive", self._st(PC_ARRIVED, frontier=F, tau=self.guard.tau + self._frontier_delta),
+                          {"count": count, "last": last})
             if last:
-                dec = self.control.decide_agreement(g)
-                if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
-                    self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
-                                                before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
-                                                                         {"decision": dec}, outcome="fail"))
-                    raise _Exited
-                self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
+                with self._hold():
+                    dec = self._written(self.control.decide_agreement(g))
+                    if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
+                        self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
+                                                    before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
+                                                                             {"decision": dec}, outcome="fail"))
+                        raise _Exited
+                    self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
             dec = self.control.await_agreement(g, time.monotonic() + self.deadline_s)
             if dec != DECISION_COMMIT:
                 self._decided_abort(dec, expired=self.control.last_expired)
@@ -364,12 +383,14 @@ class Pact:
             # Release: RankReady, RankDecideRelease, RankResume
             self._inject("release")
             t_rel = time.monotonic_ns()
-            count, last = self.control.ready(g)
-            self._act("RankReady", self._st(PC_READY), {"count": count, "last": last})
+            with self._hold():
+                count, last = self._written(self.control.ready(g))
+                self._act("RankReady", self._st(PC_READY), {"count": count, "last": last})
             if last:
-                dec = self.control.decide_release(g)
-                self._act("RankDecideRelease", {"pc": PC_READY}, {"decision": dec},
-                          outcome="ok" if dec == DECISION_RELEASE else "fail")
+                with self._hold():
+                    dec = self._written(self.control.decide_release(g))
+                    self._act("RankDecideRelease", {"pc": PC_READY}, {"decision": dec},
+                              outcome="ok" if dec == DECISION_RELEASE else "fail")
             dec = self.control.await_release(g, time.monotonic() + self.deadline_s)
             if dec != DECISION_RELEASE:
                 self._decided_abort(dec, expired=self.control.last_expired)
@@ -464,7 +485,7 @@ class Pact:
             except Exception:
                 standing = ""
             if standing:
-                self.watchdog._exit(standing, claimed=True)  # records RankExit, os._exit
+                self.watchdog.exit_with(standing, claimed=True)  # records RankExit, os._exit
                 raise _Exited
         timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error and (
             self.pc != PC_AGREED or self.groups.index in self._failed_groups)

@@ -10,7 +10,9 @@ Two daemon threads per rank:
 
 * abort watcher: ``wait([abort])``; on the key, writes ``RankExit`` (model action) with the
   winning reason and ``os._exit(code)``.  If the store is lost (``DistNetworkError`` or any
-  error other than a wait timeout) it exits ``DEADLINE``.
+  error other than a wait timeout) it exits ``DEADLINE``.  Its exit waits for any action the
+  main thread is recording (``exitcodes.holding_exit``): a trace never ends between a
+  control-plane write and its record.
 * revoke watcher: ``wait([g{g}/revoke/{group}])`` for the group this rank is a member of
   in the current generation; on the key it calls :func:`revoke.hard_close` so the main
   thread's pending op on that group fails in milliseconds.
@@ -97,9 +99,11 @@ class Watchdog:
             reason = self.control.abort(hint)
         except Exception:
             reason = hint
-        self._exit(reason, claimed=True)
+        self.exit_with(reason, claimed=True)
 
-    def _exit(self, reason: str, *, claimed: bool = False, detail: dict | None = None) -> None:
+    def exit_with(self, reason: str, *, claimed: bool = False, detail: dict | None = None) -> None:
+        """RankExit: record the exit on the job's abort ``reason`` and end the process with its
+        code (an unknown reason exits DEADLINE).  ``claimed=True`` if the caller holds the claim."""
         try:
             code = code_for(reason)
         except ValueError:
@@ -124,7 +128,7 @@ class Watchdog:
                 if self._stop.is_set():
                     return
                 print(f"accelpact watchdog: control-plane store lost ({exc!r}); exiting DEADLINE", file=sys.stderr)
-                self._exit(REASON_DEADLINE, detail={"store_lost": repr(exc)[:200]})
+                self.exit_with(REASON_DEADLINE, detail={"store_lost": repr(exc)[:200]})
                 return
             if self._stop.is_set():
                 return
@@ -132,7 +136,7 @@ class Watchdog:
                 reason = _s(self._abort_store.get(key))
             except Exception as exc:
                 reason, _ = REASON_DEADLINE, exc
-            self._exit(reason)
+            self.exit_with(reason)
             return
 
     def _revoke_loop(self) -> None:

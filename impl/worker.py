@@ -144,6 +144,9 @@ class ResultFile:
         self.path = out / f"result-a{attempt}-r{rank}.json"
         self.data = dict(base)
         self._lock = threading.Lock()
+        #: fields computed when the process exits: the engine's state can be ahead of the last
+        #: update (e.g. a step committed just before a peer's abort ended this rank)
+        self.at_exit: dict[str, Callable[[], Any]] = {}
 
     def update(self, **changes) -> None:
         with self._lock:
@@ -166,8 +169,9 @@ def _record_exits(result: ResultFile) -> None:
 
     def _exit(code: int) -> None:  # noqa: ANN001
         try:
+            live = {k: f() for k, f in result.at_exit.items()} if code else {}
             result.update(outcome="exited" if code else result.data.get("outcome", "finished"),
-                          exit_code=int(code), t_exit=time.monotonic())
+                          exit_code=int(code), t_exit=time.monotonic(), **live)
         except Exception:  # noqa: BLE001 - exiting anyway; the code is what matters
             pass
         _real_exit(code)
@@ -348,6 +352,13 @@ def run_job(job: dict) -> int:
     pact = attach(app.module, app.optimizer, groups=pg, control=control, trace=trace, deadline_s=deadline_s,
                   fault_plan=faults, frontier=start, key=key, envelope=envelope)
     result.update(t_ready=time.monotonic())
+    # The committed frontier F is published at the commit itself (after the guard's hook), not after
+    # the boundary: a peer's abort can end this rank between its commit and the end of the step,
+    # and an L2 restart replays up to the F the failure interrupted.  No peer can be a step ahead
+    # before this runs: the boundary's control-group all-reduce follows every rank's commit.
+    progress_key = f"accelpact/progress/a{attempt}/r{rank}"
+    app.optimizer.register_step_post_hook(lambda *_: store.set(progress_key, str(pact.guard.frontier)))
+    result.at_exit["frontier"] = lambda: pact.guard.frontier
 
     losses: dict[int, float] = {}
     t_steps: dict[int, float] = {}
@@ -358,7 +369,6 @@ def run_job(job: dict) -> int:
         frontier = step + 1
         now = time.monotonic()
         losses[step] = float(pact.last_loss) if pact.last_loss is not None else float(loss)
-        store.set(f"accelpact/progress/a{attempt}/r{rank}", str(frontier))
         t_steps[step] = now
         changes: dict[str, Any] = {"frontier": frontier, "losses": losses, "t_steps": t_steps}
         if report is not None:

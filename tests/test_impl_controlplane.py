@@ -158,7 +158,7 @@ def test_seeded_bug_env_is_validated(monkeypatch):
         seeded_bug()
     monkeypatch.delenv("ACCELPACT_SEEDED_BUG")
     assert seeded_bug() == ""
-    assert set(SEEDED_BUGS) == {"skip-rebind", "early-release", "no-fence"}
+    assert set(SEEDED_BUGS) == {"skip-rebind", "early-release", "no-fence", "unheld-records"}
 
 
 @pytest.mark.timeout(30)

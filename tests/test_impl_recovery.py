@@ -56,7 +56,7 @@ def test_ten_repairs_no_leak(tmp_path):
     faults = [{"step": s, "at": "boundary", "kind": "collective_timeout", "ranks": [s % 2], "group": "world"}
               for s in range(1, 11)]
     run = _mp.launch(_mp.ddp_worker, 2, {"steps": 12, "faults": faults, "measure": True}, tmp_path, timeout=120)
-    assert run.codes == {0: 0, 1: 0}, run.codes
+    assert run.codes == {0: 0, 1: 0}, run.explain()
     import json
 
     for r in range(2):
@@ -84,7 +84,7 @@ def test_ablation_skip_rebind_next_backward_fails(tmp_path):
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [1], "group": "world"}]
     run = _mp.launch(_mp.ddp_worker, 2, {"steps": 4, "faults": faults, "reference": False}, tmp_path,
                      env={"ACCELPACT_SEEDED_BUG": "skip-rebind"})
-    assert set(run.codes.values()) == {70}, run.codes
+    assert set(run.codes.values()) == {70}, run.explain()
     saw_backward_failure = False
     for r in range(2):
         recs = [x for x in run.trace(r) if x.get("type") == "action"]
@@ -110,12 +110,15 @@ def test_in_flight_backward_failure_every_rank_exits_70(tmp_path):
     """S3/C3: a failure of R during backward is in flight: the contract says L2, every rank exits 70."""
     faults = [{"step": 1, "at": "backward", "kind": "collective_timeout", "ranks": [1], "group": "world"}]
     run = _mp.launch(_mp.ddp_worker, 4, {"steps": 3, "faults": faults, "reference": False}, tmp_path)
-    assert run.codes == {0: 70, 1: 70, 2: 70, 3: 70}, run.codes
+    assert run.codes == {0: 70, 1: 70, 2: 70, 3: 70}, run.explain()
     rejecters = [r for r in range(4) if "RankReject" in run.actions(r)]
     assert rejecters, "some rank must have rejected"
     for r in rejecters:
+        # rank 1 fails in backward; a peer can still be in forward (DDP's bucket-rebuild broadcast
+        # of step 1) when its collective fails: both are in flight, neither is the boundary
         obs = [x for x in run.trace(r) if x.get("action") == "RankObserve"]
-        assert obs[0]["state"]["point"] == "backward"
+        assert obs[0]["state"]["point"] == ("backward" if r == 1 else obs[0]["state"]["point"])
+        assert obs[0]["state"]["point"] in ("forward", "backward"), (r, obs[0]["state"])
     for r in set(range(4)) - set(rejecters):
         assert run.actions(r)[-1] == "RankExit"
     _assert_conforms(run, 4)
@@ -141,7 +144,7 @@ def test_fault_in_phases_every_survivor_exits_within_deadline(tmp_path, at, kind
     if kind == "crash":
         assert run.codes[victim] == -9
     got = {run.codes[r] for r in survivors}
-    assert len(got) == 1 and got <= codes, run.codes
+    assert len(got) == 1 and got <= codes, run.explain()
     fault_t = next(x["t_ns"] for x in run.trace(victim) if x.get("action", "").startswith("Fault") and x["detail"]["point"] == at)
     for r, end in _ends(run, survivors).items():
         assert end is not None and end["outcome"] == "exited", (r, end)
@@ -155,7 +158,7 @@ def test_boundary_failure_repaired_in_place_ddp_8(tmp_path):
     """S1/S5 at 8 ranks (4x2): repaired in place, bit-identical to an uninterrupted run."""
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [5], "group": "world"}]
     run = _mp.launch(_mp.ddp_worker, 8, {"steps": 3, "faults": faults}, tmp_path, timeout=200)
-    assert set(run.codes.values()) == {0}, run.codes
+    assert set(run.codes.values()) == {0}, run.explain()
     for r in range(8):
         res = run.result(r)
         _assert_equal_snapshots(res["run"], res["reference"])
@@ -171,8 +174,11 @@ def test_hsdp_boundary_failure_repaired_in_place(tmp_path, wrapper):
 
     group = "world" if wrapper == "ddp" else "replicate"
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [1], "group": group}]
-    run = _mp.launch(_mp.hsdp_worker, 4, {"wrapper": wrapper, "steps": 3, "faults": faults}, tmp_path, timeout=130)
-    assert run.codes == {0: 0, 1: 0, 2: 0, 3: 0}, run.codes
+    # deadline 30 s: this test is about the repair, not its speed; on 2 loaded CI cores one run in
+    # ~30 exited 72 with the default 10 s (not reproduced since; the message now shows the traces)
+    run = _mp.launch(_mp.hsdp_worker, 4, {"wrapper": wrapper, "steps": 3, "faults": faults, "deadline_s": 30.0},
+                     tmp_path, timeout=130)
+    assert run.codes == {0: 0, 1: 0, 2: 0, 3: 0}, run.explain()
     for r in range(4):
         res = run.result(r)
         ok, why = compare_snapshots(res["run"], res["reference"])
@@ -203,7 +209,7 @@ def test_fsdp1_hsdp_8_ranks_repaired_in_place(tmp_path):
 
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [5], "group": "replicate"}]
     run = _mp.launch(_mp.hsdp_worker, 8, {"wrapper": "fsdp1-hybrid", "steps": 3, "faults": faults}, tmp_path, timeout=280)
-    assert set(run.codes.values()) == {0}, run.codes
+    assert set(run.codes.values()) == {0}, run.explain()
     for r in range(8):
         res = run.result(r)
         ok, why = compare_snapshots(res["run"], res["reference"])
@@ -241,6 +247,33 @@ def test_nccl_replace_builds_working_communicator(tmp_path):
     import json
 
     run = _mp.launch(_mp.nccl_replace_worker, 2, {}, tmp_path, timeout=150)
-    assert run.codes == {0: 0, 1: 0}, run.codes
+    assert run.codes == {0: 0, 1: 0}, run.explain()
     for r in range(2):
         assert json.loads((tmp_path / f"nccl-r{r}.json").read_text()) == {"old": 2.0, "new": 2.0}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bug", ["", "unheld-records"])
+def test_control_plane_write_and_its_record_are_one_action(tmp_path, bug):
+    """I1 (traces are behaviours of the model): a control-plane write and its trace record are one
+    model action.  With 0.4 s between each write and its record, the last arriver's mismatch decision is
+    seen by its peer, which writes the job abort at once; the decider's watchdog must still wait
+    until the decision is recorded (the checker accepts).  Seeded bug ``unheld-records`` drops that
+    hold: the watchdog exits first, the trace lacks RankDecideAgreement, and the checker rejects."""
+    faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [0], "group": "world"},
+              {"step": 1, "at": "agree", "kind": "frontier_mismatch", "ranks": [1]}]
+    env = {"ACCELPACT_TEST_WRITE_TO_RECORD_S": "0.4", **({"ACCELPACT_SEEDED_BUG": bug} if bug else {})}
+    run = _mp.launch(_mp.ddp_worker, 2, {"steps": 3, "faults": faults, "reference": False, "deadline_s": 6.0},
+                     tmp_path, timeout=90, env=env)
+    assert run.codes == {0: 71, 1: 71}, run.explain()
+    deciders = [r for r in range(2) if "RankDecideAgreement" in run.actions(r)]
+    from accelpact.conformance.checker import check_traces, config_from_headers, load_dir
+
+    traces = load_dir(run.out)[0]
+    verdict = check_traces(config_from_headers(traces), traces, silent_faults=True)
+    if not bug:
+        assert len(deciders) == 1, {r: run.actions(r) for r in range(2)}
+        assert verdict.accepted, verdict.message
+    else:
+        assert not deciders, {r: run.actions(r) for r in range(2)}
+        assert not verdict.accepted and "RankExit" in verdict.message, verdict.message
