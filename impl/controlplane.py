@@ -16,12 +16,14 @@ Store facts this relies on (shared/notes/torch-facts.md):
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import time
 
 from .exitcodes import claim_exit, release_exit
-from accelpact.model.state import DECISION_COMMIT, DECISION_RELEASE, REASON_DEADLINE, REASON_MISMATCH
+from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_TRAIN,
+                                   REASON_DEADLINE, REASON_MISMATCH)
 
 __all__ = ["ControlPlane", "ControlPlaneError", "seeded_bug", "SEEDED_BUGS"]
 
@@ -98,7 +100,7 @@ class ControlPlane:
             # Several ranks' deadlines can expire together: only the first to expire on this key
             # is the RankTimeout (the model's single step that writes the abort); the others read
             # the decision that stands and exit on it (RankExit).
-            first = self.store.add(key + "/expired", 1) == 1
+            first = int(self.store.add(key + "/expired", 1)) == 1
             held = first and self.claims_exit
             if held:
                 claim_exit()
@@ -124,6 +126,24 @@ class ControlPlane:
         if self.store.check([self.abort_key]):
             return _s(self.store.get(self.abort_key))
         return ""
+
+    @staticmethod
+    def decision_for(pc: str) -> str:
+        """Which decision a rank in ``pc`` is before: ``agree`` up to phase 3, ``release`` after
+        (model ``_decision_key``)."""
+        return "agree" if pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
+
+    def on_store(self, store) -> "ControlPlane":
+        """The same control plane over another store connection (one per thread: a thread that
+        waits must not share a TCPStore client with the main thread)."""
+        other = copy.copy(self)
+        other.store = store
+        return other
+
+    def first_expirer(self, g: int, which: str) -> bool:
+        """Count one expiry on ``which`` of g; True for the first.  Among the ranks whose wait or
+        step deadline expires on one decision only the first writes the timeout."""
+        return int(self.store.add(self.key(g, which) + "/expired", 1)) == 1
 
     def write_abort_decision(self, g: int, which: str, reason: str) -> str:
         """Model ``_write_abort_decision``: ``abort:<reason>`` into ``agree`` or ``release`` of g."""

@@ -130,13 +130,25 @@ def _state_digest(module, optimizer) -> bytes:
     return state_digest(module, optimizer)
 
 
+#: Floor of the default step deadline: a step (forward, backward, optimizer, boundary) that makes
+#: no progress for this long is taken to be hung (``RankExpire``).  Set ``step_deadline_s`` above
+#: the longest legitimate step including its waits on slow peers (the collective timeout).
+DEFAULT_STEP_DEADLINE_S = 600.0
+
+
+def default_step_deadline(deadline_s: float) -> float:
+    """Every phase wait (agreement, replacement, validation, release) can take ``deadline_s``;
+    the step deadline must outlast them all and the step's own collectives."""
+    return max(DEFAULT_STEP_DEADLINE_S, 6 * deadline_s)
+
+
 class Pact:
     """The attached engine of one rank.  Create with :func:`attach`."""
 
     def __init__(self, module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
                  key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None,
                  fault_plan: FaultPlan | None = None, frontier: int = 0,
-                 strategy: ReplacementStrategy | None = None) -> None:
+                 strategy: ReplacementStrategy | None = None, step_deadline_s: float = DEFAULT_STEP_DEADLINE_S) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
@@ -148,6 +160,7 @@ class Pact:
         self.envelope = envelope if envelope is not None else default_envelope()
         self.key = key or ObservationKey(DEFAULT_PLATFORM, DEFAULT_PROFILE, "boundary", DEFAULT_OBJECTIVE)
         self.deadline_s = deadline_s
+        self.step_deadline_s = step_deadline_s
         self.plan = fault_plan or FaultPlan()
         self.gen = 0
         self.pc = PC_TRAIN
@@ -178,7 +191,7 @@ class Pact:
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
         self.sites = adapter.discover(module, self._pg)  # once, at attach: rebinding reuses them
         self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._on_point)
-        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen).start()
+        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc).start()
         self.watchdog.watch(self.gen, groups.key, self._record)
         self._closed = False
 
@@ -224,8 +237,10 @@ class Pact:
     @contextlib.contextmanager
     def step(self, step: int):
         """Wraps forward, backward and ``optimizer.step()``.  An exception inside is an
-        in-flight failure: the contract rejects it and every rank exits 70."""
+        in-flight failure: the contract rejects it and every rank exits 70.  Arms the
+        watchdog's step deadline (``step_deadline_s``), which :meth:`boundary` disarms."""
         self._step = step
+        self.watchdog.arm(self.step_deadline_s)
         try:
             yield self
         except Exception as exc:
@@ -281,9 +296,11 @@ class Pact:
             self._fail(exc, time.monotonic_ns())
         failed = [i for i, v in enumerate(flag.tolist()) if v]
         if not failed:
+            self.watchdog.disarm()
             return None
         report = self._recover(failed, t0, t_obs, err)
         self.reports.append(report)
+        self.watchdog.disarm()
         return report
 
     # ---- the six phases ----------------------------------------------------------------------
@@ -436,7 +453,7 @@ class Pact:
 
     # ---- exits (fail-stop) ----------------------------------------------------------------------
     def _which(self) -> str:
-        return "agree" if self.pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
+        return self.control.decision_for(self.pc)
 
     def _reject(self, why: str, guard_reasons=()) -> None:
         """RankReject: the contract says L2; abort the job (every rank exits 70)."""
@@ -520,9 +537,15 @@ class Pact:
 
 def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
            key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, fault_plan=None,
-           frontier: int = 0, strategy: ReplacementStrategy | None = None) -> Pact:
-    """Discover R's cached references once, install the guard, start the watchdog."""
+           frontier: int = 0, strategy: ReplacementStrategy | None = None,
+           step_deadline_s: float | None = None) -> Pact:
+    """Discover R's cached references once, install the guard, start the watchdog.
+
+    ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
+    (forward to the end of its boundary) before the watchdog takes the rank for hung and exits
+    72: default :func:`default_step_deadline`; ``math.inf`` turns it off."""
     if isinstance(fault_plan, (list, tuple)):
         fault_plan = FaultPlan.from_list(fault_plan)
     return Pact(module, optimizer, groups=groups, control=control, trace=trace, envelope=envelope, key=key,
-                deadline_s=deadline_s, adapter=adapter, fault_plan=fault_plan, frontier=frontier, strategy=strategy)
+                deadline_s=deadline_s, adapter=adapter, fault_plan=fault_plan, frontier=frontier, strategy=strategy,
+                step_deadline_s=step_deadline_s if step_deadline_s is not None else default_step_deadline(deadline_s))

@@ -6,7 +6,7 @@ within a millisecond (shared/notes/torch-facts.md).  Each watcher thread has its
 store connection (``store.clone()``), so a blocked ``wait`` never delays the main
 thread's store ops.  Every wait is a bounded slice, re-armed in a loop.
 
-Two daemon threads per rank:
+Three daemon threads per rank:
 
 * abort watcher: ``wait([abort])``; on the key, writes ``RankExit`` (model action) with the
   winning reason and ``os._exit(code)``.  If the store is lost (``DistNetworkError`` or any
@@ -16,6 +16,11 @@ Two daemon threads per rank:
 * revoke watcher: ``wait([g{g}/revoke/{group}])`` for the group this rank is a member of
   in the current generation; on the key it calls :func:`revoke.hard_close` so the main
   thread's pending op on that group fails in milliseconds.
+* step deadline (``arm``/``disarm``, model ``RankExpire``): armed when a step starts and disarmed
+  when its boundary returns.  If it expires the main thread is taken to be hung: the watchdog
+  writes ``abort:deadline`` into the decision of the rank's phase (if still open) and the job
+  abort, and exits 72.  Peers time out on a hung rank; this covers the case where nobody is left
+  to: every rank hung.  Unlike the abort watcher it acts on no store key, only on time.
 """
 
 from __future__ import annotations
@@ -26,10 +31,10 @@ import threading
 import time
 from typing import Callable
 
-from accelpact.model.state import PC_EXITED, REASON_DEADLINE
+from accelpact.model.state import PC_EXITED, PC_TRAIN, REASON_DEADLINE
 
 from . import revoke as _revoke
-from .exitcodes import claim_exit, code_for, exit_now
+from .exitcodes import claim_exit, code_for, exit_now, release_exit
 from .trace import NullTrace
 
 __all__ = ["Watchdog", "RETIRED"]
@@ -51,10 +56,14 @@ class Watchdog:
     """
 
     def __init__(self, control, *, trace=NullTrace(), gen_of: Callable[[], int] = lambda: 0,
-                 slice_s: float = 30.0, revoke_slice_s: float = 5.0) -> None:
+                 pc_of: Callable[[], str] = lambda: PC_TRAIN, slice_s: float = 30.0, revoke_slice_s: float = 5.0) -> None:
         self.control = control
         self.trace = trace
         self.gen_of = gen_of
+        self.pc_of = pc_of
+        self._step_cv = threading.Condition()
+        self._step_deadline: float | None = None
+        self._step_budget = 0.0
         self.slice_s = slice_s
         self.revoke_slice_s = revoke_slice_s
         self._stop = threading.Event()
@@ -64,9 +73,11 @@ class Watchdog:
         self.revocations: list[tuple[int, str, int, int]] = []  # (gen, group, sockets closed, t_ns)
         self._abort_store = control.store.clone()
         self._revoke_store = control.store.clone()
+        self._expire_control = control.on_store(control.store.clone())
         self._threads = [
             threading.Thread(target=self._abort_loop, name="accelpact-watchdog-abort", daemon=True),
             threading.Thread(target=self._revoke_loop, name="accelpact-watchdog-revoke", daemon=True),
+            threading.Thread(target=self._expire_loop, name="accelpact-watchdog-expire", daemon=True),
         ]
 
     def start(self) -> "Watchdog":
@@ -79,6 +90,60 @@ class Watchdog:
         current wait slice and never exit the process after this call."""
         self._stop.set()
         self._target_changed.set()
+        self.disarm()
+
+    # ---- step deadline -------------------------------------------------------------------------
+    def arm(self, budget_s: float | None) -> None:
+        """Start the step deadline: unless :meth:`disarm` is called within ``budget_s`` seconds
+        the rank exits 72 (``RankExpire``).  ``None`` leaves it disarmed."""
+        with self._step_cv:
+            self._step_deadline = None if budget_s is None else time.monotonic() + budget_s
+            self._step_budget = budget_s or 0.0
+            self._step_cv.notify()
+
+    def disarm(self) -> None:
+        with self._step_cv:
+            self._step_deadline = None
+            self._step_cv.notify()
+
+    def _expire_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._step_cv:
+                due = self._step_deadline
+                wait = self.revoke_slice_s if due is None else due - time.monotonic()
+                if wait > 0:
+                    self._step_cv.wait(min(wait, self.revoke_slice_s))
+                    continue
+                self._step_deadline = None  # one expiry per arming
+            if not self._stop.is_set():
+                self._expire()
+
+    def _expire(self) -> None:
+        """RankExpire (model ``_st_expire``): the main thread made no progress within the step
+        deadline.  Only the first expirer on the decision writes the timeout; if an abort already
+        stands, or another rank expired first, the abort watcher ends this rank (RankExit)."""
+        claim_exit()
+        cp = self._expire_control
+        g, pc = self.gen_of(), self.pc_of()
+        which = cp.decision_for(pc)
+        try:
+            if cp.read_abort() or not cp.first_expirer(g, which):
+                release_exit()
+                return
+            dec = cp.write_abort_decision(g, which, REASON_DEADLINE)
+        except Exception:  # store lost: the abort watcher exits DEADLINE
+            release_exit()
+            return
+        if dec.startswith("abort:") and dec != f"abort:{REASON_DEADLINE}":
+            release_exit()  # another abort decided this phase: its job abort follows (RankExit)
+            return
+
+        def record() -> None:
+            self.trace.action("RankExpire", g, "fail", {"pc": PC_EXITED, "reason": REASON_DEADLINE},
+                              {"pc": pc, "decision": dec, "step_deadline_s": self._step_budget})
+            cp.abort(REASON_DEADLINE)
+
+        exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
 
     # ---- revoke target ---------------------------------------------------------------------
     def watch(self, g: int, group: str, record: _revoke.SocketRecord | None) -> None:

@@ -72,8 +72,11 @@ def validate_job(job: dict) -> dict:
     job.setdefault("trace", False)
     job.setdefault("deadline_s", 20.0)
     job.setdefault("collective_timeout_s", 60.0)
-    for key in ("deadline_s", "collective_timeout_s"):
-        if not isinstance(job[key], (int, float)) or job[key] <= 0:
+    # a step's waits: one collective on a slow or hung peer, then up to six phase waits
+    job.setdefault("step_deadline_s", job["collective_timeout_s"] + 6 * job["deadline_s"]
+                   if all(isinstance(job[k], (int, float)) for k in ("deadline_s", "collective_timeout_s")) else None)
+    for key in ("deadline_s", "collective_timeout_s", "step_deadline_s"):
+        if not isinstance(job[key], (int, float)) or isinstance(job[key], bool) or job[key] <= 0:
             raise JobError(f"{key} must be a number of seconds > 0, got {job[key]!r}")
     job.setdefault("seeded_bug", None)
     envelope = job.setdefault("envelope", None)
@@ -350,6 +353,7 @@ def run_job(job: dict) -> int:
     key = ObservationKey(platform, spec.wrapper, "boundary", DEFAULT_OBJECTIVE)
     envelope = load_envelope(job["envelope"]) if job["envelope"] else default_envelope()
     pact = attach(app.module, app.optimizer, groups=pg, control=control, trace=trace, deadline_s=deadline_s,
+                  step_deadline_s=float(job["step_deadline_s"]),
                   fault_plan=faults, frontier=start, key=key, envelope=envelope)
     result.update(t_ready=time.monotonic())
     # The committed frontier F is published at the commit itself (after the guard's hook), not after

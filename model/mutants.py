@@ -27,6 +27,7 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("partial-rebind", "rebinding updates only the first cached reference", ("S5",)),
         Mutant("admit-inflight", "the contract admits L1 for in-flight (forward/backward/optimizer) failures", ("S3",)),
         Mutant("linger", "survivors keep waiting instead of exiting on an abort or an expired deadline", ("deadlock", "L2")),
+        Mutant("no-step-deadline", "the watchdog has no step deadline: a hung rank exits only on the abort key", ("deadlock", "L2")),
     )
 }
 

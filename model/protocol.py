@@ -398,6 +398,24 @@ def _st_timeout(cfg, s, r, arg) -> State:
     return _exit(s, r, REASON_DEADLINE)
 
 
+def _en_expire(cfg, s, r, arg) -> bool:
+    """The watchdog's step deadline: armed when a step starts and disarmed when its boundary
+    returns, it fires only if the main thread stopped (hung) inside a failure episode: in the
+    step, at the boundary, or in phases 2-6.  Without it a job whose every rank hangs would
+    wait forever (nobody left to time out); with it every rank exits within a bound."""
+    if cfg.mutant in ("linger", "no-step-deadline"):
+        return False
+    rk = s.ranks[r]
+    if not (_alive(s, r) and rk.hung) or s.store.abort:
+        return False
+    return rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))
+
+
+def _st_expire(cfg, s, r, arg) -> State:
+    """As RankTimeout: abort:deadline into its phase's decision (if still open) and the job."""
+    return _st_timeout(cfg, s, r, arg)
+
+
 def _en_fail(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     return rk.raised and rk.pc in RECOVERY_PCS and not rk.hung
@@ -487,6 +505,8 @@ def _en_mismatch(cfg, s, r, arg) -> bool:
         and rk.pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED)  # train: struck at the boundary itself
         and rk.frontier == cfg.frontier
         and _active(s, r)
+        # a divergent rank: some other rank keeps F (if every rank committed F + 1, that is F)
+        and any(o != r and s.ranks[o].frontier == cfg.frontier for o in range(len(s.ranks)))
     )
 
 
@@ -566,6 +586,7 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankDecideRelease", "rank", 6, _en_decide_release, _st_decide_release, doc="last voter compare_sets release"),
         ActionSpec("RankResume", "rank", 6, _en_resume, _st_resume, doc="read release; resume at F in generation g+1"),
         ActionSpec("RankTimeout", "rank", None, _en_timeout, _st_timeout, doc="a wait's deadline expired: abort and exit"),
+        ActionSpec("RankExpire", "rank", None, _en_expire, _st_expire, doc="watchdog: the step deadline of a hung rank expired: abort and exit"),
         ActionSpec("RankFail", "rank", None, _en_fail, _st_fail, doc="an exception in phases 2-6: abort and exit"),
         ActionSpec("RankExit", "rank", None, _en_exit, _st_exit, doc="watchdog: exit on the store's abort key"),
         ActionSpec("FaultGroupFail", "fault", None, _en_group_fail, _st_group_fail, fault_kind="group_fail", doc="R's communicator fails at a point"),

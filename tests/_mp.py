@@ -188,7 +188,7 @@ def native_threads() -> int:
 def ddp_worker(rank: int, world: int, port: int, cfg: dict, out: Path) -> None:
     """Reference run (no pact) then the run under test (pact, faults); saves both snapshots.
 
-    cfg: steps, faults, deadline_s, reference (bool), measure (bool: record fds/threads per repair).
+    cfg: steps, faults, deadline_s, step_deadline_s, reference (bool), measure (bool: record fds/threads per repair).
     """
     import torch
     import torch.distributed as dist
@@ -243,7 +243,7 @@ def ddp_worker(rank: int, world: int, port: int, cfg: dict, out: Path) -> None:
     trace = Trace(trace_path(out, 0, rank), rank, header)
     groups = PactGroups(control=control, affected=default, members=tuple(range(world)), record=rec, name="world")
     pact = attach(model, opt, groups=groups, control=cp, trace=trace, deadline_s=deadline, adapter=ddp_adapter(),
-                  fault_plan=cfg.get("faults", []))
+                  fault_plan=cfg.get("faults", []), step_deadline_s=cfg.get("step_deadline_s"))
     if cfg.get("measure"):
         with open(out / f"measure-r{rank}.jsonl", "a") as fh:
             fh.write(json.dumps({"step": -1, "fds": open_fds(), "threads": native_threads(),

@@ -277,3 +277,25 @@ def test_control_plane_write_and_its_record_are_one_action(tmp_path, bug):
     else:
         assert not deciders, {r: run.actions(r) for r in range(2)}
         assert not verdict.accepted and "RankExit" in verdict.message, verdict.message
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("at", ["agree", "boundary"])
+def test_every_rank_hung_exits_within_step_deadline(tmp_path, at):
+    """L2/S7 (RankExpire): after a failure at the boundary every rank hangs (at the agreement, or at
+    the boundary before observing it).  No rank is left whose wait could time out; the watchdog's
+    step deadline ends them: one RankExpire writes abort:deadline, every rank exits 72 within the
+    step deadline (plus a watcher slice), and the traces are a behaviour of the model."""
+    step_deadline = 6.0
+    faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [0], "group": "world"},
+              {"step": 1, "at": at, "kind": "hang", "ranks": [0, 1]}]
+    run = _mp.launch(_mp.ddp_worker, 2, {"steps": 3, "faults": faults, "reference": False, "deadline_s": 2.0,
+                                         "step_deadline_s": step_deadline}, tmp_path, timeout=60)
+    assert run.codes == {0: 72, 1: 72}, run.explain()
+    expirers = [r for r in range(2) if "RankExpire" in run.actions(r)]
+    assert len(expirers) == 1, run.explain()
+    hang_t = min(x["t_ns"] for r in range(2) for x in run.trace(r) if x.get("action") == "FaultHang")
+    for r, end in _ends(run, [0, 1]).items():
+        assert end is not None and end["outcome"] == "exited", (r, end)
+        assert (end["t_ns"] - hang_t) / 1e9 < step_deadline + 5.0, run.explain()
+    _assert_conforms(run, 2)

@@ -156,6 +156,21 @@ def test_deadlock_is_reported_with_a_path():
     assert r.deadlocks > 0 and len(r.counterexample) >= 2
 
 
+@pytest.mark.timeout(120)
+def test_every_rank_hung_is_no_deadlock():
+    """L2/L3 with RankExpire (protocol.md P10.5): a group failure and every rank hung used to be a
+    deadlock (nobody left to time out).  The step deadline ends them; without it (mutant
+    no-step-deadline) the same budget deadlocks with every rank hung."""
+    cfg = Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3, faults=frozenset({"group_fail", "hang"}))
+    r = explore(cfg)
+    assert r.ok and r.liveness == {"L1": True, "L2": True, "L3": True}, [v.format() for v in r.violations]
+    assert r.deadlocks == 0
+    stuck = explore(cfg.with_(mutant="no-step-deadline"))
+    assert stuck.deadlocks > 0
+    last = stuck.counterexample.states[-1]
+    assert all(rk.hung for rk in last.ranks), last
+
+
 @pytest.mark.timeout(240)
 def test_manifest_fast_configurations_have_not_drifted():
     """The pinned state-space sizes (model/manifest.json) still hold for every fast configuration."""

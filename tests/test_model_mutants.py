@@ -1,10 +1,11 @@
 """Every deliberately broken protocol (model/mutants.py) must be caught by BOTH drivers.
 
-BFS on the smallest configuration that exposes the mutant (<= 2x2, <= 2 faults) must report a
+BFS on the smallest configuration that exposes the mutant (<= 2x2, <= 3 faults) must report a
 counterexample violating one of ``Mutant.expect`` (deadlock/L2 for linger), and the hypothesis
 state machine (ci profile) must fail on the same configuration.  The correct protocol passes
 both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
-S2.1/S2.3/S4.2 (no-fence), S5 (partial-rebind), S3 (admit-inflight), L2/L3 (linger).
+S2.1/S2.3/S4.2 (no-fence), S5 (partial-rebind), S3 (admit-inflight), L2/L3 (linger,
+no-step-deadline).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from accelpact.model.stateful import make_machine
 
 _DDP2 = dict(nodes=2, ranks_per_node=1, affected_local=0)
 
-#: the smallest configuration exposing each mutant (found by search; all <= 2x2 and <= 2 faults)
+#: the smallest configuration exposing each mutant (found by search; all <= 2x2, <= 3 faults)
 SMALLEST: dict[str, Config] = {
     "early-release": Config(**_DDP2, max_faults=1),
     "skip-agreement": Config(**_DDP2, max_faults=1),
@@ -28,6 +29,9 @@ SMALLEST: dict[str, Config] = {
     "partial-rebind": Config(**_DDP2, max_faults=1),
     "admit-inflight": Config(**_DDP2, max_faults=1, points=("forward",)),
     "linger": Config(**_DDP2, max_faults=2, faults=frozenset({"group_fail", "crash"})),
+    # every rank hung needs a group failure plus one hang per rank: 3 faults on 2 ranks
+    "no-step-deadline": Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3,
+                               faults=frozenset({"group_fail", "hang"})),
 }
 
 
@@ -47,7 +51,7 @@ def test_every_mutant_has_a_configuration():
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_bfs_catches_mutant(name):
     cfg = SMALLEST[name].with_(mutant=name)
-    assert cfg.nodes * cfg.ranks_per_node <= 4 and cfg.max_faults <= 2
+    assert cfg.nodes * cfg.ranks_per_node <= 4 and cfg.max_faults <= 3
     r = explore(cfg)
     expect = set(MUTANTS[name].expect)
     caught = r.violated() & expect
@@ -65,7 +69,7 @@ def test_hypothesis_catches_mutant(name):
         run_state_machine_as_test(make_machine(cfg), settings=_hypothesis_settings())
     msg = str(info.value)
     expect = MUTANTS[name].expect
-    words = [e for e in expect if e in msg] + (["deadlock", "final state"] if name == "linger" else [])
+    words = [e for e in expect if e in msg] + (["deadlock", "final state"] if name in ("linger", "no-step-deadline") else [])
     assert any(w in msg for w in words), f"mutant {name!r}: hypothesis failed for another reason: {msg[:400]}"
 
 
