@@ -127,8 +127,10 @@ def parse_lines(lines: Iterable[str], source: str) -> RankTrace:
                                   int(obj.get("t_ns", 0)), obj.get("state") or {}, obj.get("detail") or {}))
         elif kind == "end":
             end = obj
+        elif kind == "note":
+            continue  # not a model action: a watcher's diagnostic (Trace.note)
         else:
-            raise TraceError(f"{source}:{n}: unknown record type {kind!r} (header, action, end)")
+            raise TraceError(f"{source}:{n}: unknown record type {kind!r} (header, action, note, end)")
     if header is None:
         raise TraceError(f"{source}: no header record")
     rank = int(header["rank"])

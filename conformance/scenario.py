@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ..impl.faults import Fault  # one definition: what a scenario names is what the engine injects (no torch)
 from ..model.symmetry import Symmetry
 from ..model.protocol import Action, all_actions, is_final, successors
 from ..model.state import (
@@ -89,18 +90,6 @@ class Workload:
     def key(self) -> tuple:
         """What makes two reference (fault-free) runs identical: used to cache references."""
         return (self.wrapper, self.layers, self.steps, self.seed, self.checkpoint_every)
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    step: int
-    at: str
-    kind: str
-    ranks: tuple[int, ...]
-    group: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "at": self.at, "kind": self.kind, "ranks": list(self.ranks), "group": self.group}
 
 
 @dataclass(frozen=True, slots=True)

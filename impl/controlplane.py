@@ -100,11 +100,14 @@ class ControlPlane:
             # Several ranks' deadlines can expire together: only the first to expire on this key
             # is the RankTimeout (the model's single step that writes the abort); the others read
             # the decision that stands and exit on it (RankExit).
-            first = int(self.store.add(key + "/expired", 1)) == 1
-            held = first and self.claims_exit
+            # The claim comes before the count: once the count makes us first, a peer may write
+            # the same abort:deadline and the job abort at once, and our watchdog must not end
+            # us (RankExit) before we record the RankTimeout that the model gives to the first.
+            held = self.claims_exit
             if held:
                 claim_exit()
             try:
+                first = int(self.store.add(key + "/expired", 1)) == 1
                 dec = self._decide(key, on_expiry)
             except BaseException:
                 if held:
@@ -112,7 +115,7 @@ class ControlPlane:
                 raise
             self.last_expired = first and dec == on_expiry
             if held and not self.last_expired:
-                release_exit()  # a decision already stood: not ours to time out on
+                release_exit()  # not the first, or a decision already stood: not ours to time out on
             return dec
         return _s(self.store.get(key))
 

@@ -48,6 +48,9 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Fault:
+    """One scheduled fault: at `step`, point `at`, of `kind`, on `ranks` (`group`: which group a
+    `collective_timeout` breaks).  The same type serves the engine's plan and the scenario format."""
+
     step: int
     at: str
     kind: str
@@ -69,6 +72,10 @@ class Fault:
         if not isinstance(ranks, (list, tuple)) or not all(isinstance(r, int) for r in ranks):
             raise ValueError(f"fault {d}: 'ranks' must be a list of ints")
         return cls(d["step"], d["at"], d["kind"], tuple(ranks), d.get("group", "replicate"))
+
+    def to_json(self) -> dict[str, Any]:
+        """The fault dict (the scenario format's and the job's): every field, fixed order."""
+        return {"step": self.step, "at": self.at, "kind": self.kind, "ranks": list(self.ranks), "group": self.group}
 
 
 @dataclass(slots=True)

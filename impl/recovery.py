@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,27 @@ class RebindError(RuntimeError):
 
 class ValidationError(RuntimeError):
     """Phase 6: the validation collective or the replica digests disagree."""
+
+
+class RevokedWhilePending(RuntimeError):
+    """An op on R was still pending ``REVOKE_GRACE_S`` after R was revoked: the op is abandoned
+    and the failure observed (phase 1), as if the op had raised."""
+
+
+#: Grace between R's revoke (its sockets shut down by the watchdog) and giving up on an op on R
+#: that is still pending.  Normally the op fails within milliseconds of the shutdown; in rare
+#: runs on loaded CI machines a gloo op on a 4-rank group stayed blocked for its whole timeout.
+REVOKE_GRACE_S = 1.0
+
+
+def _reap(work, group) -> None:
+    """Hold an abandoned op's group until the op ends (its own timeout at the latest): dropping
+    the last reference to a gloo group joins its worker threads, which would block the caller."""
+    try:
+        work.wait()
+    except Exception:  # noqa: BLE001 - the op failed, as expected of an abandoned op
+        pass
+    del group
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +301,7 @@ class Pact:
         try:
             if injected.get("group_failed") in (self.groups.name, self.groups.key):
                 raise InjectedFault(f"injected failure of {self.groups.key} at the boundary of step {self._step}")
-            self._pg.allreduce([t]).wait()
+            self._wait_unless_revoked(self._pg.allreduce([t]), "the boundary all-reduce")
             self.last_loss = float(t[0]) / len(self.groups.members)
         except RuntimeError as exc:
             observed, err = True, exc
@@ -302,6 +324,28 @@ class Pact:
         self.reports.append(report)
         self.watchdog.disarm()
         return report
+
+    def _wait_unless_revoked(self, work, what: str) -> None:
+        """Wait for an op on R; raise its error, or :class:`RevokedWhilePending` if R was revoked in
+        this generation and the op is still pending ``REVOKE_GRACE_S`` later (the op and its group
+        go to a reaper thread).  No added latency: the op's future wakes the wait."""
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _f: done.set())
+        seen = None  # when this rank first knew of the revoke (its watcher's, or the store key)
+        try:
+            while not done.wait(0.05):
+                if seen is None and (any(r[0] == self.gen for r in self.watchdog.revocations)
+                                     or self.control.revoked(self.gen, self.groups.key)):
+                    seen = time.monotonic()
+                if seen is not None and time.monotonic() - seen > REVOKE_GRACE_S:
+                    threading.Thread(target=_reap, args=(work, self._pg), name="accelpact-reaper", daemon=True).start()
+                    raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {REVOKE_GRACE_S} s after "
+                                              f"generation {self.gen}'s revoke shut down its sockets")
+            work.wait()  # raises the op's own error, if any
+        finally:
+            # the raised error's traceback keeps this frame: it must not keep the op (and through
+            # it the old group's sockets and threads) alive until the next garbage collection
+            del work
 
     # ---- the six phases ----------------------------------------------------------------------
     def _recover(self, failed: list[int], t0: int, t_obs: int, err) -> RecoveryReport:

@@ -38,6 +38,9 @@ class NullTrace:
     def action(self, action: str, gen: int, outcome: str = "ok", state: dict | None = None, detail: dict | None = None) -> None:
         return None
 
+    def note(self, what: str, **detail: Any) -> None:
+        return None
+
     def end(self, outcome: str, **detail: Any) -> None:
         return None
 
@@ -86,6 +89,14 @@ class Trace:
             }
             self._write(rec)
             self._seq += 1
+
+    def note(self, what: str, **detail: Any) -> None:
+        """A record that is not a model action (``type: note``; the checker skips it): what a
+        watcher thread did, for diagnosis (e.g. ``revoke``: sockets shut down)."""
+        with self._lock:
+            if self._ended or self._fd < 0:
+                return
+            self._write({"type": "note", "rank": self.rank, "note": what, "t_ns": time.monotonic_ns(), **detail})
 
     def end(self, outcome: str, **detail: Any) -> None:
         """The final record (``released`` or ``exited``); later writes are ignored."""

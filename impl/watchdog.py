@@ -238,4 +238,5 @@ class Watchdog:
                 continue
             n = _revoke.hard_close(record)
             self.revocations.append((g, group, n, time.monotonic_ns()))
+            self.trace.note("revoke", gen=g, group=group, sockets=n, recorded=len(record.sockets))
             done.add((g, group))

@@ -222,37 +222,23 @@ def build_recorded_groups(workload, topo, rank: int, backend: str, timeout):
     """``workload.build_groups`` plus the socket record of every group this rank belongs to.
 
     The engine revokes a gloo group by shutting down the sockets recorded when it was built
-    (:func:`accelpact.impl.revoke.recorded`); ``workload.build_groups`` builds all groups in one
-    call, so this mirrors it (same groups, same creation order on every rank) group by group.
-    Returns ``(groups, records)`` with records keyed "shard", "replicate", "world".
+    (:func:`accelpact.impl.revoke.recorded`).  Returns ``(groups, records)`` with records keyed
+    "shard", "replicate", "world".
     """
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
 
     from . import revoke
 
     rec_backend = "nccl" if backend == "nccl" else "gloo"
     records = {}
-    shard = replicate = None
-    for n in range(topo.nodes):
-        g, rec = revoke.recorded(lambda n=n: dist.new_group(topo.shard_ranks(n), backend=backend, timeout=timeout),
-                                 rec_backend)
-        if topo.node_of(rank) == n:
-            shard, records["shard"] = g, rec
-    for loc in range(topo.ranks_per_node):
-        g, rec = revoke.recorded(lambda loc=loc: dist.new_group(topo.replicate_ranks(loc), backend=backend,
-                                                                timeout=timeout), rec_backend)
-        if topo.local_of(rank) == loc:
-            replicate, records["replicate"] = g, rec
-    world, records["world"] = revoke.recorded(
-        lambda: dist.new_group(list(range(topo.world)), backend=backend, timeout=timeout), rec_backend)
-    mesh = DeviceMesh.from_group([replicate, shard], "cpu" if backend == "gloo" else "cuda",
-                                 mesh=topo.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
-    groups = workload.Groups(
-        topo=topo, rank=rank, replicate=replicate, shard=shard, world=world, mesh=mesh,
-        replicate_ranks=tuple(topo.replicate_ranks(topo.local_of(rank))),
-        shard_ranks=tuple(topo.shard_ranks(topo.node_of(rank))),
-    )
+
+    def new_group(kind: str, ranks: list[int]):
+        g, rec = revoke.recorded(lambda: dist.new_group(ranks, backend=backend, timeout=timeout), rec_backend)
+        if rank in ranks:
+            records[kind] = rec
+        return g
+
+    groups = workload.build_groups(topo, rank, backend, timeout, new_group=new_group)
     return groups, records
 
 

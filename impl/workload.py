@@ -18,7 +18,7 @@ import functools
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -79,31 +79,35 @@ class Groups:
     shard_ranks: tuple[int, ...] = ()
 
 
-def build_groups(topo: Topology, rank: int, backend: str = "gloo", timeout: timedelta = timedelta(seconds=60)) -> Groups:
+def build_groups(topo: Topology, rank: int, backend: str = "gloo", timeout: timedelta = timedelta(seconds=60),
+                 new_group: Callable[[str, list[int]], Any] | None = None) -> Groups:
     """Create shard, replicate and data-parallel world groups (collective over the default group).
 
     Every rank creates every group in the fixed order: shard groups by node, replicate groups by
     local index, then the world group; it keeps those it belongs to. The FSDP2 mesh reuses these
     groups (``DeviceMesh.from_group``), so they carry ``timeout`` instead of gloo's 30-min default.
+    ``new_group(kind, ranks)`` (kind: "shard", "replicate", "world") replaces ``dist.new_group``
+    when the caller must see each group as it is built (the worker records its sockets for revoke).
     """
     if not dist.is_initialized():
         raise RuntimeError("build_groups needs the default process group: call dist.init_process_group first")
     if dist.get_world_size() != topo.world:
         raise ValueError(f"Topology {topo.nodes}x{topo.ranks_per_node} needs world size {topo.world}, default group has {dist.get_world_size()}")
+    make = new_group or (lambda kind, ranks: dist.new_group(ranks, backend=backend, timeout=timeout))
     shard = replicate = None
     for n in range(topo.nodes):
-        g = dist.new_group(topo.shard_ranks(n), backend=backend, timeout=timeout)
+        g = make("shard", topo.shard_ranks(n))
         if topo.node_of(rank) == n:
             shard = g
     for l in range(topo.ranks_per_node):
-        g = dist.new_group(topo.replicate_ranks(l), backend=backend, timeout=timeout)
+        g = make("replicate", topo.replicate_ranks(l))
         if topo.local_of(rank) == l:
             replicate = g
-    world = dist.new_group(list(range(topo.world)), backend=backend, timeout=timeout)
+    world = make("world", list(range(topo.world)))
     from torch.distributed.device_mesh import DeviceMesh
 
     mesh = DeviceMesh.from_group(
-        [replicate, shard], "cpu", mesh=topo.mesh_ranks(), mesh_dim_names=("replicate", "shard")
+        [replicate, shard], "cuda" if backend == "nccl" else "cpu", mesh=topo.mesh_ranks(), mesh_dim_names=("replicate", "shard")
     )
     return Groups(
         topo=topo, rank=rank, replicate=replicate, shard=shard, world=world, mesh=mesh,

@@ -38,12 +38,12 @@ class Launch:
         a failed assertion on a run, so that a failure seen once in CI can be diagnosed."""
         lines = [f"exit codes {self.codes}; wall {self.wall_s:.1f} s; last records per rank:"]
         for r in sorted(self.codes):
-            recs = [x for x in self.trace(r) if x.get("type") in ("action", "end")]
+            recs = [x for x in self.trace(r) if x.get("type") in ("action", "note", "end")]
             t0 = recs[0]["t_ns"] if recs and "t_ns" in recs[0] else 0
             for x in recs[-last:]:
-                what = x.get("action") or f"end:{x.get('outcome')}"
+                what = x.get("action") or (f"note:{x['note']}" if x.get("type") == "note" else f"end:{x.get('outcome')}")
                 lines.append(f"  r{r} +{(x.get('t_ns', t0) - t0) / 1e9:7.3f}s {what} {x.get('outcome', '')} "
-                             f"{json.dumps(x.get('detail') or {k: v for k, v in x.items() if k in ('code', 'reason')})[:240]}")
+                             f"{json.dumps(x.get('detail') or {k: v for k, v in x.items() if k not in ('type', 'rank', 't_ns', 'note', 'outcome')})[:240]}")
         return "\n".join(lines)
 
     def result(self, rank: int) -> Any:
