@@ -284,3 +284,25 @@ def test_check_trace_cli(tmp_path, capsys):
     assert cli_check.run(argparse.Namespace(dir=str(tmp_path / "bad"), scenario=None)) == 1
     assert "first unmatched" in capsys.readouterr().out
     assert cli_check.run(argparse.Namespace(dir=str(tmp_path / "none"), scenario=None)) == 2
+
+
+@pytest.mark.timeout(120)
+def test_observation_point_abstraction():
+    """T2: in-flight points are one class (a peer observes an optimizer-time failure while still in
+    backward: accepted), but an in-flight failure observed as a boundary one is rejected."""
+    tried = 0
+    for cfg, p in runs(60, seed=11):
+        tr = project(cfg, p)
+        hits = [(r, i) for r, t in sorted(tr.items()) for i, rec in enumerate(t.records)
+                if rec.action == "RankObserve" and rec.state.get("point") in ("forward", "backward", "optimizer")]
+        if not hits:
+            continue
+        r, i = hits[0]
+        recs = list(tr[r].records)
+        other = {"forward": "backward", "backward": "optimizer", "optimizer": "backward"}[recs[i].state["point"]]
+        recs[i] = replace(recs[i], state={**recs[i].state, "point": other})
+        assert check_traces(cfg, _with(tr, r, recs)).accepted
+        recs[i] = replace(recs[i], state={**recs[i].state, "point": "boundary"})
+        assert not check_traces(cfg, _with(tr, r, recs)).accepted
+        tried += 1
+    assert tried >= 5
