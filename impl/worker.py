@@ -182,6 +182,33 @@ def _record_exits(result: ResultFile) -> None:
     os._exit = _exit  # type: ignore[assignment]
 
 
+#: After torchrun's SIGTERM, how long this rank's watchdog may take to exit it with the job's
+#: abort code (it normally has: the abort that made a peer exit is already in the store).
+SUPERVISOR_STOP_GRACE_S = 2.0
+
+
+def _on_supervisor_stop() -> None:
+    """torchrun stops the other workers (SIGTERM) as soon as one exits.  Python's default action
+    would end this rank at once, often before its watchdog exits it with the job's abort code and
+    its RankExit record; so the handler only starts a timer, and ends the rank with 128+SIGTERM
+    if the watchdog has not exited it within ``SUPERVISOR_STOP_GRACE_S``.  (The handler runs when
+    the main thread next runs Python; a main thread blocked in a collective cannot be stopped by
+    SIGTERM anyway, and its watchdog still can.)"""
+    import signal
+
+    from .exitcodes import claim_exit
+
+    def late_exit() -> None:
+        time.sleep(SUPERVISOR_STOP_GRACE_S)
+        claim_exit()
+        os._exit(128 + signal.SIGTERM)
+
+    def handler(signum, frame) -> None:  # noqa: ANN001
+        threading.Thread(target=late_exit, name="accelpact-supervisor-stop", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _previous_frontier(store, attempt: int, rank: int) -> int | None:
     """The committed frontier this rank reached in the previous attempt (the F an L2 restart replays to)."""
     if attempt == 0:
@@ -342,6 +369,8 @@ def run_job(job: dict) -> int:
                   step_deadline_s=float(job["step_deadline_s"]),
                   fault_plan=faults, frontier=start, key=key, envelope=envelope)
     result.update(t_ready=time.monotonic())
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # under torchrun (see _on_supervisor_stop)
+        _on_supervisor_stop()
     # The committed frontier F is published at the commit itself (after the guard's hook), not after
     # the boundary: a peer's abort can end this rank between its commit and the end of the step,
     # and an L2 restart replays up to the F the failure interrupted.  No peer can be a step ahead
