@@ -85,7 +85,7 @@ def test_ablation_skip_rebind_next_backward_fails(tmp_path):
     run = _mp.launch(_mp.ddp_worker, 2, {"steps": 4, "faults": faults, "reference": False}, tmp_path,
                      env={"ACCELPACT_SEEDED_BUG": "skip-rebind"})
     assert set(run.codes.values()) == {70}, run.explain()
-    saw_backward_failure = False
+    rejecters = 0
     for r in range(2):
         recs = [x for x in run.trace(r) if x.get("type") == "action"]
         rebind = [x for x in recs if x["action"] == "RankRebind"]
@@ -94,9 +94,10 @@ def test_ablation_skip_rebind_next_backward_fails(tmp_path):
         obs = [x for x in after if x["action"] == "RankObserve"]
         if obs:
             assert obs[0]["state"]["point"] == "backward", obs
-            assert "RankReject" in [x["action"] for x in after]
-            saw_backward_failure = True
-    assert saw_backward_failure
+            # the observer rejects, unless a peer's rejection reached its watchdog first (RankExit)
+            assert [x["action"] for x in after][-1] in ("RankReject", "RankExit"), after
+            rejecters += "RankReject" in [x["action"] for x in after]
+    assert rejecters >= 1, run.explain()
     # and the conformance checker rejects the traces (refs_stale != 0 is not a model behaviour)
     from accelpact.conformance.checker import check_traces, config_from_headers, load_dir
 
