@@ -85,9 +85,10 @@ class ControlPlane:
         """Single assignment: write ``value`` if ``key`` is empty; return the value that stands."""
         return _s(self.store.compare_set(key, "", value))
 
-    def _await(self, key: str, deadline: float, on_expiry: str) -> str:
+    def _await(self, g: int, which: str, deadline: float, on_expiry: str) -> str:
         """Wait for a decision key until ``deadline`` (monotonic seconds).  On expiry try to
         decide ``on_expiry`` ourselves; either way return the decision that stands."""
+        key = self.key(g, which)
         remaining = max(deadline - time.monotonic(), 0.001)
         self.last_expired = False
         try:
@@ -107,7 +108,7 @@ class ControlPlane:
             if held:
                 claim_exit()
             try:
-                first = int(self.store.add(key + "/expired", 1)) == 1
+                first = self.first_expirer(g, which)
                 dec = self._decide(key, on_expiry)
             except BaseException:
                 if held:
@@ -187,25 +188,21 @@ class ControlPlane:
                 raise ControlPlaneError(f"frontier of rank {r} in g{g} is {text!r}; expected 'F,g'") from None
         return out
 
-    def frontiers_agree(self, g: int) -> bool:
-        """Every posted (F, g) equals (rank 0's F, g).  Meaningful once all of W arrived
-        (the last arriver), when every frontier is posted."""
-        rows = self.frontiers(g)
-        ref = rows.get(0)
-        return ref is not None and all(v == (ref[0], g) or (not self._fenced and v[0] == ref[0]) for v in rows.values())
-
     def decide_agreement(self, g: int) -> str:
         """RankDecideAgreement (last arriver): commit if the frontiers agree, else
         ``abort:mismatch``.  Returns the decision that stands (an expirer's ``abort:deadline``
         may have been written first).  On an abort the caller records the action, then writes
         the job abort (model ``_st_decide_agreement`` does both), holding its exit claim from
         before this write (``exitcodes.holding_exit``): every peer sees the decision at once."""
-        value = DECISION_COMMIT if self.frontiers_agree(g) else f"abort:{REASON_MISMATCH}"
+        rows = self.frontiers(g)
+        ref = rows.get(0)
+        ok = ref is not None and all(v == (ref[0], g) or (not self._fenced and v[0] == ref[0]) for v in rows.values())
+        value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
         return self._decide(self.key(g, "agree"), value)
 
     def await_agreement(self, g: int, deadline: float) -> str:
         """RankAwaitAgreement: the agreed decision, or ``abort:deadline`` if none by ``deadline``."""
-        return self._await(self.key(g, "agree"), deadline, f"abort:{REASON_DEADLINE}")
+        return self._await(g, "agree", deadline, f"abort:{REASON_DEADLINE}")
 
     # ---- phase 6 release -------------------------------------------------------------------
     def ready(self, g: int) -> tuple[int, bool]:
@@ -220,4 +217,4 @@ class ControlPlane:
         return self._decide(self.key(g, "release"), DECISION_RELEASE)
 
     def await_release(self, g: int, deadline: float) -> str:
-        return self._await(self.key(g, "release"), deadline, f"abort:{REASON_DEADLINE}")
+        return self._await(g, "release", deadline, f"abort:{REASON_DEADLINE}")
