@@ -271,6 +271,9 @@ class Pact:
 
     def _in_flight(self, point: str, exc: BaseException) -> None:
         g = self.gen
+        # Held from the revoke to the exit: the guard check and the contract are local (no wait on
+        # peers), and a peer's rejection must not end this rank between its RankObserve and the
+        # RankReject it is about to record (the model allows both; the record then says which).
         with self._hold():
             try:
                 self.control.publish_revoke(g, self.groups.key)  # peers blocked on R wake up
@@ -278,9 +281,9 @@ class Pact:
                 pass  # store lost: the watchdog exits DEADLINE
             self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
                       {"error": repr(exc)[:300], "in_flight": True})
-        report = self.guard.check()
-        decision = decide(self.envelope, self._key(point), report.ok)
-        self._reject(decision.reason, report.reasons)
+            report = self.guard.check()
+            decision = decide(self.envelope, self._key(point), report.ok)
+            self._reject(decision.reason, report.reasons)
 
     def _key(self, point: str) -> ObservationKey:
         return ObservationKey(self.key.platform, self.key.profile, point, self.key.objective)
