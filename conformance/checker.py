@@ -26,7 +26,7 @@ import json
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from ..model.contract import IN_FLIGHT_PHASES
 from ..model.protocol import ACTIONS, Action, all_actions, successors, true_lookup
@@ -38,44 +38,11 @@ from ..model.state import (
     State,
     initial_state,
 )
+from ..impl.trace import FORMAT as TRACE_FORMAT
+from ..impl.trace import RankTrace, Record, TraceError
 from .scenario import Script, surfaces
 
-TRACE_FORMAT = "accelpact-trace/1"
 STATE_FIELDS = ("pc", "gen", "frontier", "tau", "point", "comm", "refs_stale", "reason")
-
-
-class TraceError(ValueError):
-    """A trace file is malformed (not a conformance verdict): names the file, line and field."""
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    rank: int
-    seq: int
-    action: str
-    gen: int
-    outcome: str
-    t_ns: int
-    state: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    detail: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-    def __str__(self) -> str:
-        st = ", ".join(f"{k}={v}" for k, v in self.state.items())
-        return f"r{self.rank}#{self.seq} {self.action} gen={self.gen} {self.outcome} [{st}]"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": "action", "seq": self.seq, "rank": self.rank, "action": self.action, "gen": self.gen,
-                "outcome": self.outcome, "t_ns": self.t_ns, "state": dict(self.state), "detail": dict(self.detail)}
-
-
-@dataclass(slots=True)
-class RankTrace:
-    """One rank's records of one attempt, plus its header and ``end`` record (None if absent)."""
-
-    rank: int
-    records: list[Record]
-    header: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,75 +59,6 @@ class Abstraction:
     def step(self, cfg: Config, gen: int, real: int) -> int:
         base = self.bases.get(gen)
         return real if base is None else cfg.frontier + (real - base)
-
-
-# --------------------------------------------------------------------------------------
-# Loading
-
-def parse_lines(lines: Iterable[str], source: str) -> RankTrace:
-    header: dict[str, Any] | None = None
-    records: list[Record] = []
-    end = None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if n > 1 and end is None:
-                # a torn last line (killed while writing) ends the trace
-                break
-            raise TraceError(f"{source}:{n}: not JSON ({exc.msg})") from exc
-        kind = obj.get("type")
-        if kind == "header":
-            if obj.get("format") != TRACE_FORMAT:
-                raise TraceError(f"{source}:{n}: header.format must be {TRACE_FORMAT!r}, got {obj.get('format')!r}")
-            header = obj
-        elif kind == "action":
-            if header is None:
-                raise TraceError(f"{source}:{n}: an action record before the header")
-            for k in ("seq", "rank", "action", "gen"):
-                if k not in obj:
-                    raise TraceError(f"{source}:{n}: action record lacks field {k!r}")
-            if obj["action"] not in ACTIONS:
-                raise TraceError(f"{source}:{n}: action {obj['action']!r} is not a model action (model.protocol.ACTIONS)")
-            records.append(Record(int(obj["rank"]), int(obj["seq"]), obj["action"], int(obj["gen"]), obj.get("outcome", "ok"),
-                                  int(obj.get("t_ns", 0)), obj.get("state") or {}, obj.get("detail") or {}))
-        elif kind == "end":
-            end = obj
-        elif kind == "note":
-            continue  # not a model action: a watcher's diagnostic (Trace.note)
-        else:
-            raise TraceError(f"{source}:{n}: unknown record type {kind!r} (header, action, note, end)")
-    if header is None:
-        raise TraceError(f"{source}: no header record")
-    rank = int(header["rank"])
-    for i, rec in enumerate(records):
-        if rec.seq != i:
-            raise TraceError(f"{source}: seq must be gap-free from 0; record {i} has seq {rec.seq}")
-        if rec.rank != rank:
-            raise TraceError(f"{source}: record seq {rec.seq} names rank {rec.rank} in rank {rank}'s trace")
-    return RankTrace(rank, records, header, end)
-
-
-def load_dir(path: str | Path) -> dict[int, dict[int, RankTrace]]:
-    """attempt -> rank -> trace, from ``trace-a{attempt}-r{rank}.ndjson`` files."""
-    p = Path(path)
-    out: dict[int, dict[int, RankTrace]] = {}
-    files = sorted(p.glob("trace-a*-r*.ndjson"))
-    if not files:
-        raise TraceError(f"{p}: no trace-a*-r*.ndjson files (run a scenario with tracing on, or name the right folder)")
-    for f in files:
-        try:
-            a, r = f.stem[len("trace-a"):].split("-r")
-            attempt, rank = int(a), int(r)
-        except ValueError:
-            raise TraceError(f"{f}: name must be trace-a<attempt>-r<rank>.ndjson") from None
-        tr = parse_lines(f.read_text().splitlines(), str(f))
-        if tr.rank != rank:
-            raise TraceError(f"{f}: header says rank {tr.rank}, file name says {rank}")
-        out.setdefault(attempt, {})[rank] = tr
-    return out
 
 
 def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None = None, checkpoint: int = 0,

@@ -17,7 +17,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .checker import TraceChecker, TraceError, config_from_headers, load_dir
+    from ..impl.trace import TraceError, load_traces
+    from .checker import TraceChecker, config_from_headers
     from .runner import check_run_traces
     from .scenario import ScenarioError, load_scenario, scenario_from_mapping
 
@@ -39,7 +40,7 @@ def run(args) -> int:
             ok, msg = check_run_traces(sc, d)
         else:
             ok, msgs = True, []
-            for attempt, traces in sorted(load_dir(d).items()):
+            for attempt, traces in sorted(load_traces(d).items()):
                 v = TraceChecker(config_from_headers(traces), traces).check()
                 ok = ok and v.accepted
                 msgs.append(f"attempt {attempt}: {v.message}")

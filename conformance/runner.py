@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checker import Abstraction, TraceChecker, TraceError, load_dir
+from ..impl.trace import TraceError, load_traces
+from .checker import Abstraction, TraceChecker
 from .scenario import Scenario, explore, model_config, script_for
 
 #: model exit reason -> process exit code (spec/implementation.md "Exit codes")
@@ -108,7 +109,7 @@ def abstraction_for(sc: Scenario) -> Abstraction:
 def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
     """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs."""
     try:
-        attempts = load_dir(out)
+        attempts = load_traces(out)
     except TraceError as exc:
         return False, f"trace files unusable: {exc}"
     cfg = model_config(sc)

@@ -1,22 +1,27 @@
-"""Fault injection at named points of the step and of the six phases (spec/implementation.md).
+"""The fault vocabulary: points, kinds, the ``Fault`` record and its one validator; the injector.
 
-A ``FaultPlan`` is built from fault dicts::
+This module is the one home of everything a fault *is* (spec/implementation.md, "Where things go").
+Adding a fault kind is one entry in :data:`KINDS` (its model action, where it may strike, the pc
+windows the scenario mapping gives it) plus its effect function below; the scenario schema, the
+job schema, the scenario-to-model mapping and the injector all read the table.
 
-    {"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [1], "group": "replicate"}
+A fault is ``{"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [1],
+"group": "replicate", "attempt": 0}``: at the ``at`` point of ``step`` in torchrun attempt
+``attempt``, on ``ranks`` (omitted or empty: every rank), ``group`` naming the group a
+``collective_timeout`` breaks.
 
-The engine calls ``plan.at(point, step, rank)`` at every point and ``plan.apply(fault, ctx)``
-for each fault returned.  Every injected fault first writes its ``Fault*`` trace record
-(outcome ``info``: its effect is still to come), then takes effect with a real mechanism:
+The injector (:class:`FaultPlan`) is called by the engine's :class:`~accelpact.impl.hooks.Hooks`
+at named points; every injected fault first writes its ``Fault*`` trace record (outcome ``info``:
+its effect is still to come), then takes effect with a real mechanism:
 
-* ``collective_timeout``: the named group breaks on ``ranks``: its connected sockets are
-  shut down (:func:`revoke.hard_close`), the mechanism that breaks a gloo group for real
-  (gloo's ``set_timeout`` does not shorten an op already configured, and ``abort()`` does
-  nothing to gloo).  The victim's next op on it fails at once; its peers stay blocked until
-  the victim publishes the revoke.
+* ``collective_timeout``: the named group breaks on ``ranks``: its connected sockets are shut down
+  (:func:`revoke.hard_close`), the mechanism that breaks a gloo group for real.
 * ``crash``: SIGKILL self.  ``hang``: the main thread sleeps forever (the watchdog still runs).
-* ``exception``: raise :class:`InjectedFault` inside the phase.
+* ``exception``: raise :class:`InjectedFault` at the point.
 * ``frontier_mismatch``: this rank reports F+1 at the control barrier.
 * ``dirty_guard``: leave a ``.grad`` on a parameter and mark the wrapper busy.
+
+No torch import at module level: the schema is used by torch-free code (scenarios, the model CLI).
 """
 
 from __future__ import annotations
@@ -25,62 +30,225 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["Fault", "FaultPlan", "InjectedFault", "FAULT_POINTS", "FAULT_KINDS", "FAULT_ACTION"]
+from accelpact.model.contract import IN_FLIGHT_PHASES
+from accelpact.model.state import PC_GUARDED, PC_OBSERVED, PC_TRAIN
 
-FAULT_POINTS = ("forward", "backward", "optimizer", "boundary", "guard", "agree", "replace", "rebind", "validate", "release")
-FAULT_KINDS = ("collective_timeout", "crash", "hang", "exception", "frontier_mismatch", "dirty_guard")
-#: the model action each kind is recorded as
-FAULT_ACTION = {
-    "collective_timeout": "FaultGroupFail",
-    "crash": "FaultCrash",
-    "hang": "FaultHang",
-    "exception": "FaultRaise",
-    "frontier_mismatch": "FaultMismatch",
-    "dirty_guard": "FaultDirtyGuard",
-}
+__all__ = [
+    "FAULT_ACTION", "FAULT_KINDS", "FAULT_POINTS", "Fault", "FaultContext", "FaultError", "FaultKind", "FaultPlan",
+    "IN_FLIGHT", "InjectedFault", "KINDS", "RECOVERY_POINTS", "TRIGGER_POINTS",
+]
+
+# --------------------------------------------------------------------------------------------- points
+#: In flight: inside ``with pact.step(...)`` (forward, backward, ``optimizer.step()``), as the contract names them.
+IN_FLIGHT: tuple[str, ...] = tuple(IN_FLIGHT_PHASES)
+#: Where a failure of R can start a recovery episode.
+TRIGGER_POINTS: tuple[str, ...] = IN_FLIGHT + ("boundary",)
+#: Inside the six phases (a fault there needs a trigger at the same step to start the recovery it strikes in).
+RECOVERY_POINTS: tuple[str, ...] = ("guard", "agree", "replace", "rebind", "validate", "release")
+FAULT_POINTS: tuple[str, ...] = TRIGGER_POINTS + RECOVERY_POINTS
+
+
+class FaultError(ValueError):
+    """A fault is malformed; the message names the field (``faults[2].at``) and what to write."""
 
 
 class InjectedFault(RuntimeError):
     """Raised by an injected ``exception`` fault (never by real code)."""
 
 
+# ---------------------------------------------------------------------------------------------- kinds
+@dataclass(frozen=True, slots=True)
+class FaultKind:
+    """One fault kind: its model action, where it may strike, and how it takes effect.
+
+    ``failure``: at a trigger point this kind *is* the failure of R that starts the episode (the
+    model's ``FaultGroupFail``), not a separate fault action.  ``windows``: the pcs in which the
+    model's action for it is enabled, when narrower than the point's window (None: the point's).
+    """
+
+    name: str
+    action: str
+    points: tuple[str, ...]
+    effect: Callable[["Fault", "FaultContext"], dict[str, Any]]
+    failure: bool = False
+    windows: tuple[str, ...] | None = None
+    doc: str = ""
+
+
+def _group_fail(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+    from . import revoke
+
+    rec = ctx.groups.get(fault.group)
+    if rec is None:
+        raise FaultError(f"collective_timeout: rank {ctx.rank} has no group named {fault.group!r}; known: {sorted(ctx.groups)}")
+    revoke.hard_close(rec)
+    # Shutting down our own connections fails the peers' pending operations at once, but an
+    # operation this rank posts next may still wait for its own timeout (measured under load):
+    # the injecting rank treats the group as failed without entering it.
+    return {"group_failed": fault.group}
+
+
+def _crash(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # not reached
+    return {}
+
+
+def _hang(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+    while True:
+        time.sleep(3600)
+
+
+def _raise(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+    raise InjectedFault(f"injected exception at {fault.at} of step {fault.step} on rank {ctx.rank}")
+
+
+def _mismatch(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+    return {"frontier_delta": 1}
+
+
+def _dirty_guard(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+    import torch
+
+    for p in ctx.module.parameters() if ctx.module is not None else ():
+        p.grad = torch.zeros_like(p)
+        break
+    if ctx.guard is not None:
+        ctx.guard.mark_busy(f"injected dirty_guard at {fault.at}")
+    return {}
+
+
+_RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
+
+#: kind -> FaultKind: the one table of fault kinds.
+KINDS: dict[str, FaultKind] = {k.name: k for k in (
+    FaultKind("collective_timeout", "FaultGroupFail", TRIGGER_POINTS, _group_fail, failure=True,
+              doc="the group's connections are shut down: its collectives fail"),
+    FaultKind("crash", "FaultCrash", FAULT_POINTS, _crash, doc="SIGKILL of the rank"),
+    FaultKind("hang", "FaultHang", FAULT_POINTS, _hang, doc="the rank's main thread stops making progress"),
+    FaultKind("exception", "FaultRaise", _RAISE_POINTS, _raise, failure=True,
+              doc="an exception raised at the point (in flight or at the boundary: the failure of the step)"),
+    FaultKind("frontier_mismatch", "FaultMismatch", ("boundary", "guard", "agree"), _mismatch,
+              windows=(PC_TRAIN, PC_OBSERVED, PC_GUARDED), doc="the rank reports F+1 at the agreement"),
+    FaultKind("dirty_guard", "FaultDirtyGuard", ("boundary", "guard"), _dirty_guard,
+              windows=(PC_TRAIN, PC_OBSERVED), doc="a stale gradient and a busy wrapper at the guard check"),
+)}
+FAULT_KINDS: tuple[str, ...] = tuple(KINDS)
+#: the model action each kind is recorded as (outside a trigger point)
+FAULT_ACTION: dict[str, str] = {k.name: k.action for k in KINDS.values()}
+
+
+# ---------------------------------------------------------------------------------------------- Fault
+FAULT_FIELDS = ("step", "at", "kind", "ranks", "group", "attempt")
+
+
+def _int(where: str, value: Any, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FaultError(f"{where}: must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        raise FaultError(f"{where}: must be {f'>= {lo}' if hi is None else f'in [{lo}, {hi}]'}, got {value}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One scheduled fault: at `step`, point `at`, of `kind`, on `ranks` (`group`: which group a
-    `collective_timeout` breaks).  The same type serves the engine's plan and the scenario format."""
+    """One scheduled fault (see the module doc).  The same type serves the engine's plan, the job
+    and the scenario format; :meth:`parse` is its one validator."""
 
     step: int
     at: str
     kind: str
     ranks: tuple[int, ...] = ()
     group: str = "replicate"
+    attempt: int = 0
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Fault":
-        unknown = set(d) - {"step", "at", "kind", "ranks", "group"}
+    def parse(cls, raw: Any, where: str = "fault", *, world: int | None = None, steps: int | None = None,
+              groups: Iterable[str] | None = None) -> "Fault":
+        """Validate one fault mapping.  ``world``/``steps`` bound ``ranks``/``step`` when known;
+        ``groups``: the group names a ``collective_timeout`` may break.  Errors name the field."""
+        if not isinstance(raw, Mapping):
+            raise FaultError(f"{where}: must be an object with fields {list(FAULT_FIELDS)}, got {type(raw).__name__}")
+        unknown = set(raw) - set(FAULT_FIELDS)
         if unknown:
-            raise ValueError(f"fault {d}: unknown field(s) {sorted(unknown)}; allowed: step, at, kind, ranks, group")
-        if d.get("at") not in FAULT_POINTS:
-            raise ValueError(f"fault {d}: 'at' must be one of {FAULT_POINTS}")
-        if d.get("kind") not in FAULT_KINDS:
-            raise ValueError(f"fault {d}: 'kind' must be one of {FAULT_KINDS}")
-        if not isinstance(d.get("step"), int):
-            raise ValueError(f"fault {d}: 'step' must be an int (the step at which it strikes)")
-        ranks = d.get("ranks", ())
-        if not isinstance(ranks, (list, tuple)) or not all(isinstance(r, int) for r in ranks):
-            raise ValueError(f"fault {d}: 'ranks' must be a list of ints")
-        return cls(d["step"], d["at"], d["kind"], tuple(ranks), d.get("group", "replicate"))
+            raise FaultError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {list(FAULT_FIELDS)}")
+        for k in ("step", "at", "kind"):
+            if k not in raw:
+                raise FaultError(f"{where}: missing required field {k!r}")
+        step = _int(f"{where}.step", raw["step"], 0, None if steps is None else steps - 1)
+        at, kind = raw["at"], raw["kind"]
+        if at not in FAULT_POINTS:
+            raise FaultError(f"{where}.at: {at!r} is not one of {list(FAULT_POINTS)}")
+        if kind not in KINDS:
+            raise FaultError(f"{where}.kind: {kind!r} is not one of {list(FAULT_KINDS)}")
+        if at not in KINDS[kind].points:
+            allowed = [k for k, fk in KINDS.items() if at in fk.points]
+            raise FaultError(f"{where}: kind {kind!r} cannot be injected at {at!r}; allowed there: {allowed}")
+        ranks = raw.get("ranks", [])
+        if not isinstance(ranks, (list, tuple)):
+            raise FaultError(f"{where}.ranks: must be a list of ranks (omit it for every rank), got {ranks!r}")
+        for j, r in enumerate(ranks):
+            _int(f"{where}.ranks[{j}]", r, 0, None if world is None else world - 1)
+        if len(set(ranks)) != len(ranks):
+            raise FaultError(f"{where}.ranks: duplicate rank in {list(ranks)}")
+        group = raw.get("group", "replicate")
+        known = tuple(groups) if groups is not None else None
+        if not isinstance(group, str) or (known is not None and group not in known):
+            raise FaultError(f"{where}.group: {group!r} is not a group this job can break; use one of {list(known or ())}")
+        attempt = _int(f"{where}.attempt", raw.get("attempt", 0), 0)
+        return cls(step, at, kind, tuple(sorted(ranks)), group, attempt)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Fault":
+        return cls.parse(d)
 
     def to_json(self) -> dict[str, Any]:
-        """The fault dict (the scenario format's and the job's): every field, fixed order."""
-        return {"step": self.step, "at": self.at, "kind": self.kind, "ranks": list(self.ranks), "group": self.group}
+        """The fault dict (the scenario format's and the job's): fixed field order; ``attempt``
+        only when not 0."""
+        out: dict[str, Any] = {"step": self.step, "at": self.at, "kind": self.kind, "ranks": list(self.ranks),
+                               "group": self.group}
+        if self.attempt:
+            out["attempt"] = self.attempt
+        return out
+
+    def targets(self, world: int) -> tuple[int, ...]:
+        """The ranks it strikes: ``ranks``, or every rank when empty."""
+        return self.ranks or tuple(range(world))
+
+    def strikes(self, rank: int) -> bool:
+        return not self.ranks or rank in self.ranks
+
+    @property
+    def is_trigger(self) -> bool:
+        """At a trigger point: the fault's step starts a recovery episode."""
+        return self.at in TRIGGER_POINTS
+
+    @property
+    def is_failure(self) -> bool:
+        """This fault is the failure of R itself (the model's FaultGroupFail), not a separate fault."""
+        return self.is_trigger and KINDS[self.kind].failure
+
+    @property
+    def action(self) -> str:
+        """The model action this fault is recorded as."""
+        return "FaultGroupFail" if self.is_failure else KINDS[self.kind].action
 
 
+def parse_faults(items: Any, where: str = "faults", **bounds: Any) -> tuple[Fault, ...]:
+    """A list of fault mappings (or Faults) -> Faults, each validated with :meth:`Fault.parse`."""
+    if items is None:
+        return ()
+    if not isinstance(items, (list, tuple)):
+        raise FaultError(f"{where}: must be a list of fault objects, got {type(items).__name__}")
+    return tuple(f if isinstance(f, Fault) else Fault.parse(f, f"{where}[{i}]", **bounds) for i, f in enumerate(items))
+
+
+# ------------------------------------------------------------------------------------------- injector
 @dataclass(slots=True)
 class FaultContext:
-    """What a fault may touch: filled in by the engine."""
+    """What a fault may touch: filled in by the hook that fires it."""
 
     trace: Any
     rank: int
@@ -93,73 +261,39 @@ class FaultContext:
 
 @dataclass(slots=True)
 class FaultPlan:
+    """The faults one attempt injects; each fires once, at its point, step and ranks."""
+
     faults: tuple[Fault, ...] = ()
     fired: list[Fault] = field(default_factory=list)
 
     @classmethod
-    def from_list(cls, items: Iterable[dict[str, Any]] | None) -> "FaultPlan":
-        return cls(tuple(Fault.from_dict(d) for d in (items or ())))
+    def from_list(cls, items: Iterable[Any] | None, attempt: int = 0) -> "FaultPlan":
+        """The faults of ``attempt`` among ``items`` (mappings are validated)."""
+        return cls(tuple(f for f in parse_faults(list(items or ())) if f.attempt == attempt))
 
     def at(self, point: str, step: int, rank: int) -> list[Fault]:
         """The faults that strike ``rank`` at ``point`` of ``step`` (each fires once)."""
         if point not in FAULT_POINTS:
             raise ValueError(f"unknown fault point {point!r}; one of {FAULT_POINTS}")
-        hit = [f for f in self.faults if f.at == point and f.step == step and (not f.ranks or rank in f.ranks) and f not in self.fired]
+        hit = [f for f in self.faults if f.at == point and f.step == step and f.strikes(rank) and f not in self.fired]
         self.fired.extend(hit)
         return hit
 
     def scheduled(self, point: str, step: int) -> bool:
-        """Whether any rank has a fault at ``point`` of ``step`` (the same answer on every rank:
-        the plan is the job's, not this rank's)."""
+        """Whether any rank has a fault at ``point`` of ``step`` (the same answer on every rank)."""
         return any(f.at == point and f.step == step for f in self.faults)
 
     def apply(self, fault: Fault, ctx: FaultContext) -> dict[str, Any]:
-        """Write the fault's trace record, then make it happen.  Returns effects the engine
-        must apply itself (``{"frontier_delta": 1}``)."""
-        from . import revoke
-
-        action = FAULT_ACTION[fault.kind]
-        if fault.kind == "exception" and fault.at in ("forward", "backward", "optimizer", "boundary"):
-            # raised by the training step itself: this *is* the failure that starts the episode
-            # (model: FaultGroupFail at that point), not an exception inside recovery (FaultRaise)
-            action = "FaultGroupFail"
+        """Write the fault's trace record, then make it happen.  Returns effects the engine must
+        apply itself (``{"frontier_delta": 1}``, ``{"group_failed": name}``)."""
         # the record's state holds only what the model's Fault* step changes for this rank
         state: dict[str, Any] = {}
-        detail = {"point": fault.at, "kind": fault.kind, "step": fault.step}
+        detail: dict[str, Any] = {"point": fault.at, "kind": fault.kind, "step": fault.step}
         if fault.kind == "frontier_mismatch":
             state.update(frontier=ctx.state.get("frontier", 0) + 1, tau=ctx.state.get("tau", 0) + 1)
         if fault.kind == "crash":
             state["pc"] = "crashed"
         if fault.kind == "collective_timeout":
             detail["group"] = fault.group
-        ctx.trace.action(action, ctx.gen, "info", state, detail)
-        if fault.kind == "collective_timeout":
-            rec = ctx.groups.get(fault.group)
-            if rec is None:
-                raise ValueError(f"collective_timeout: rank {ctx.rank} has no group named {fault.group!r}; "
-                                 f"known: {sorted(ctx.groups)}")
-            revoke.hard_close(rec)
-            # Shutting down our own connections fails the peers' pending operations at once, but
-            # an operation this rank posts next may still wait for its own timeout (measured under
-            # load): the injecting rank treats the group as failed without entering it.
-            return {"group_failed": fault.group}
-        if fault.kind == "crash":
-            os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(60)  # not reached
-        if fault.kind == "hang":
-            while True:
-                time.sleep(3600)
-        if fault.kind == "exception":
-            raise InjectedFault(f"injected exception at {fault.at} of step {fault.step} on rank {ctx.rank}")
-        if fault.kind == "frontier_mismatch":
-            return {"frontier_delta": 1}
-        if fault.kind == "dirty_guard":
-            import torch
-
-            for p in ctx.module.parameters() if ctx.module is not None else ():
-                p.grad = torch.zeros_like(p)
-                break
-            if ctx.guard is not None:
-                ctx.guard.mark_busy(f"injected dirty_guard at {fault.at}")
-            return {}
-        return {}
+        ctx.trace.action(fault.action, ctx.gen, "info", state, detail)
+        return KINDS[fault.kind].effect(fault, ctx)

@@ -14,20 +14,24 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from accelpact.model.protocol import ACTIONS
 
-__all__ = ["FORMAT", "Trace", "NullTrace", "trace_path"]
+__all__ = ["FORMAT", "NullTrace", "RankTrace", "Record", "Trace", "TraceError", "load_traces", "parse_trace", "read_records",
+           "trace_path"]
 
 FORMAT = "accelpact-trace/1"
 OUTCOMES = ("ok", "fail", "info")
 
 
 def trace_path(directory: str | os.PathLike, attempt: int, rank: int) -> Path:
-    """``trace-a{attempt}-r{rank}.ndjson`` inside ``directory``."""
-    return Path(directory) / f"trace-a{attempt}-r{rank}.ndjson"
+    """This rank's trace file in run folder ``directory`` (:class:`~accelpact.impl.rundir.RunDir`)."""
+    from .rundir import RunDir
+
+    return RunDir(directory).trace(attempt, rank)
 
 
 class NullTrace:
@@ -111,3 +115,116 @@ class Trace:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+# ----------------------------------------------------------------------------------------- reading
+class TraceError(ValueError):
+    """A trace file is malformed (not a conformance verdict): names the file, line and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One action record, as the checker reads it."""
+
+    rank: int
+    seq: int
+    action: str
+    gen: int
+    outcome: str
+    t_ns: int
+    state: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    detail: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __str__(self) -> str:
+        st = ", ".join(f"{k}={v}" for k, v in self.state.items())
+        return f"r{self.rank}#{self.seq} {self.action} gen={self.gen} {self.outcome} [{st}]"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "action", "seq": self.seq, "rank": self.rank, "action": self.action, "gen": self.gen,
+                "outcome": self.outcome, "t_ns": self.t_ns, "state": dict(self.state), "detail": dict(self.detail)}
+
+
+@dataclass(slots=True)
+class RankTrace:
+    """One rank's records of one attempt, plus its header and ``end`` record (None if absent)."""
+
+    rank: int
+    records: list[Record]
+    header: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] | None = None
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record of a trace file as a dict, for progress displays and diagnosis of a live run:
+    a line still being written (or torn by a kill) is skipped.  Not for checking: use
+    :func:`parse_trace`, which rejects what this forgives."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def parse_trace(lines: Iterable[str], source: str) -> RankTrace:
+    """Parse one rank's trace (format :data:`FORMAT`); :class:`TraceError` names file, line and field."""
+    header: dict[str, Any] | None = None
+    records: list[Record] = []
+    end = None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if n > 1 and end is None:
+                # a torn last line (killed while writing) ends the trace
+                break
+            raise TraceError(f"{source}:{n}: not JSON ({exc.msg})") from exc
+        kind = obj.get("type")
+        if kind == "header":
+            if obj.get("format") != FORMAT:
+                raise TraceError(f"{source}:{n}: header.format must be {FORMAT!r}, got {obj.get('format')!r}")
+            header = obj
+        elif kind == "action":
+            if header is None:
+                raise TraceError(f"{source}:{n}: an action record before the header")
+            for k in ("seq", "rank", "action", "gen"):
+                if k not in obj:
+                    raise TraceError(f"{source}:{n}: action record lacks field {k!r}")
+            if obj["action"] not in ACTIONS:
+                raise TraceError(f"{source}:{n}: action {obj['action']!r} is not a model action (model.protocol.ACTIONS)")
+            records.append(Record(int(obj["rank"]), int(obj["seq"]), obj["action"], int(obj["gen"]), obj.get("outcome", "ok"),
+                                  int(obj.get("t_ns", 0)), obj.get("state") or {}, obj.get("detail") or {}))
+        elif kind == "end":
+            end = obj
+        elif kind == "note":
+            continue  # not a model action: a watcher's diagnostic (Trace.note)
+        else:
+            raise TraceError(f"{source}:{n}: unknown record type {kind!r} (header, action, note, end)")
+    if header is None:
+        raise TraceError(f"{source}: no header record")
+    rank = int(header["rank"])
+    for i, rec in enumerate(records):
+        if rec.seq != i:
+            raise TraceError(f"{source}: seq must be gap-free from 0; record {i} has seq {rec.seq}")
+        if rec.rank != rank:
+            raise TraceError(f"{source}: record seq {rec.seq} names rank {rec.rank} in rank {rank}'s trace")
+    return RankTrace(rank, records, header, end)
+
+
+def load_traces(path: str | os.PathLike) -> dict[int, dict[int, RankTrace]]:
+    """attempt -> rank -> trace, every trace file of run folder ``path`` parsed strictly."""
+    from .rundir import RunDir
+
+    files = RunDir(path).trace_files()
+    if not files:
+        raise TraceError(f"{path}: no trace-a*-r*.ndjson files (run a scenario with tracing on, or name the right folder)")
+    out: dict[int, dict[int, RankTrace]] = {}
+    for (attempt, rank), f in sorted(files.items()):
+        tr = parse_trace(f.read_text().splitlines(), str(f))
+        if tr.rank != rank:
+            raise TraceError(f"{f}: header says rank {tr.rank}, file name says {rank}")
+        out.setdefault(attempt, {})[rank] = tr
+    return out

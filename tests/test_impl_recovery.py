@@ -33,7 +33,8 @@ def _assert_equal_snapshots(a, b):
 
 def _assert_conforms(run, world):
     """The traces of every rank are a behaviour of the model (accelpact.conformance checker)."""
-    from accelpact.conformance.checker import check_traces, config_from_headers, load_dir
+    from accelpact.conformance.checker import check_traces, config_from_headers
+    from accelpact.impl.trace import load_traces as load_dir
 
     traces = load_dir(run.out)[0]
     assert sorted(traces) == list(range(world))
@@ -99,7 +100,8 @@ def test_ablation_skip_rebind_next_backward_fails(tmp_path):
             rejecters += "RankReject" in [x["action"] for x in after]
     assert rejecters >= 1, run.explain()
     # and the conformance checker rejects the traces (refs_stale != 0 is not a model behaviour)
-    from accelpact.conformance.checker import check_traces, config_from_headers, load_dir
+    from accelpact.conformance.checker import check_traces, config_from_headers
+    from accelpact.impl.trace import load_traces as load_dir
 
     traces = load_dir(run.out)[0]
     verdict = check_traces(config_from_headers(traces), traces, silent_faults=True)
@@ -268,7 +270,8 @@ def test_control_plane_write_and_its_record_are_one_action(tmp_path, bug):
                      tmp_path, timeout=90, env=env)
     assert run.codes == {0: 71, 1: 71}, run.explain()
     deciders = [r for r in range(2) if "RankDecideAgreement" in run.actions(r)]
-    from accelpact.conformance.checker import check_traces, config_from_headers, load_dir
+    from accelpact.conformance.checker import check_traces, config_from_headers
+    from accelpact.impl.trace import load_traces as load_dir
 
     traces = load_dir(run.out)[0]
     verdict = check_traces(config_from_headers(traces), traces, silent_faults=True)

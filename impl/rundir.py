@@ -1,0 +1,122 @@
+"""The run folder: every file a job writes, named in one place (spec/implementation.md, "Run folder").
+
+::
+
+    <out>/job.json                       the job (impl/job.py)
+    <out>/trace-a{attempt}-r{rank}.ndjson per-rank action trace (impl/trace.py), when job.trace
+    <out>/result-a{attempt}-r{rank}.json  per-rank progress and outcome, rewritten atomically
+    <out>/final-r{rank}.pt                per-rank snapshot at the end (bit-identity checks)
+    <out>/ckpt/                           durable DCP checkpoints (impl/checkpoint.py)
+    <out>/torchrun.log, local-a{a}.log    the launchers' combined worker output
+    <out>/DONE                            a finished reference run (impl/launch.py)
+
+Readers go through :class:`RunDir`; nobody else spells a file name or a glob.  Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["RunDir"]
+
+_TRACE = re.compile(r"^trace-a(\d+)-r(\d+)\.ndjson$")
+_RESULT = re.compile(r"^result-a(\d+)-r(\d+)\.json$")
+
+
+class RunDir:
+    """The files of one run folder (see the module doc)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ---- names --------------------------------------------------------------------------------
+    @property
+    def job(self) -> Path:
+        return self.path / "job.json"
+
+    def trace(self, attempt: int, rank: int) -> Path:
+        return self.path / f"trace-a{attempt}-r{rank}.ndjson"
+
+    def result(self, attempt: int, rank: int) -> Path:
+        return self.path / f"result-a{attempt}-r{rank}.json"
+
+    def final(self, rank: int) -> Path:
+        return self.path / f"final-r{rank}.pt"
+
+    @property
+    def ckpt(self) -> Path:
+        return self.path / "ckpt"
+
+    @property
+    def torchrun_log(self) -> Path:
+        return self.path / "torchrun.log"
+
+    def local_log(self, attempt: int) -> Path:
+        return self.path / f"local-a{attempt}.log"
+
+    @property
+    def done(self) -> Path:
+        return self.path / "DONE"
+
+    # ---- listing ------------------------------------------------------------------------------
+    def _indexed(self, pattern: re.Pattern[str]) -> Iterator[tuple[int, int, Path]]:
+        if not self.path.is_dir():
+            return
+        for p in sorted(self.path.iterdir()):
+            m = pattern.match(p.name)
+            if m:
+                yield int(m.group(1)), int(m.group(2)), p
+
+    def trace_files(self) -> dict[tuple[int, int], Path]:
+        """(attempt, rank) -> trace file."""
+        return {(a, r): p for a, r, p in self._indexed(_TRACE)}
+
+    def results(self) -> dict[tuple[int, int], dict[str, Any]]:
+        """(attempt, rank) -> parsed result file (a file being replaced at this instant is skipped)."""
+        out: dict[tuple[int, int], dict[str, Any]] = {}
+        for a, r, p in self._indexed(_RESULT):
+            try:
+                out[(a, r)] = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def records(self, attempt: int, rank: int) -> list[dict[str, Any]]:
+        """The records of one trace, for progress and diagnosis of a live or finished run: a last
+        line still being written is left out.  The trace checker parses strictly instead
+        (:func:`accelpact.impl.trace.parse_trace`)."""
+        from .trace import read_records
+
+        p = self.trace(attempt, rank)
+        return read_records(p) if p.exists() else []
+
+    def fault_time_ns(self, attempt: int, gen: int | None = None) -> int | None:
+        """Earliest injected-fault record (``Fault*``) of ``attempt`` (of generation ``gen`` if given)."""
+        times = [rec["t_ns"] for (a, r) in self.trace_files() if a == attempt for rec in self.records(a, r)
+                 if rec.get("type") == "action" and str(rec.get("action", "")).startswith("Fault")
+                 and (gen is None or rec.get("gen") == gen)]
+        return min(times, default=None)
+
+    # ---- cleaning -----------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Remove what a previous run left (results, traces, snapshots, checkpoints, logs).
+
+        Why: the worker resumes from the latest committed checkpoint it finds; a stale ``ckpt/``
+        from an earlier run would make a fresh job start at that run's end.  Only files this
+        package writes are removed."""
+        if not self.path.is_dir():
+            return
+        for p in self.path.iterdir():
+            n = p.name
+            if (_TRACE.match(n) or _RESULT.match(n) or n in ("job.json", "DONE", "torchrun.log")
+                    or re.match(r"^(final-r\d+\.pt|local-a\d+\.log|\.final-r\d+\.pt\.tmp|result-a\d+-r\d+\.json\..*\.tmp)$", n)):
+                p.unlink(missing_ok=True)
+        shutil.rmtree(self.ckpt, ignore_errors=True)

@@ -1,0 +1,62 @@
+"""The data-parallel wrappers AccelPact recovers: the one table (spec/implementation.md, "Where things go").
+
+Adding a wrapper is one entry in :data:`WRAPPERS`: its name (the contract's *profile*), the group
+kind it treats as R (``replicate`` for HSDP, ``world`` for DDP), the adapter that rebinds its
+cached references, and the function that wraps the workload's model with it.  Adapters and wrap
+functions are named as ``module:attribute`` and imported on use, so this table is torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GROUP_KINDS", "WRAPPERS", "WRAPPER_NAMES", "Wrapper", "wrapper"]
+
+#: The groups a job builds, by kind (``workload.build_groups``): a node's shard group, the replicate
+#: group of one local index, and a dedicated all-ranks data-parallel group.
+GROUP_KINDS = ("shard", "replicate", "world")
+
+
+@dataclass(frozen=True, slots=True)
+class Wrapper:
+    """One wrapper.  ``recovers``: the kind of group R is for it; ``groups``: the kinds its
+    training collectives use (a fault may break any of them)."""
+
+    name: str
+    recovers: str
+    groups: tuple[str, ...]
+    adapter: str
+    wrap: str
+    doc: str = ""
+
+    def adapter_class(self) -> Any:
+        return _resolve(self.adapter)
+
+    def wrap_fn(self) -> Any:
+        return _resolve(self.wrap)
+
+
+def _resolve(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+WRAPPERS: dict[str, Wrapper] = {w.name: w for w in (
+    Wrapper("fsdp1-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp1:FSDP1Adapter",
+            "accelpact.impl.workload:wrap_fsdp1", "FSDP1 FullyShardedDataParallel, HYBRID_SHARD over (shard, replicate)"),
+    Wrapper("fsdp2-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp2:FSDP2Adapter",
+            "accelpact.impl.workload:wrap_fsdp2", "FSDP2 fully_shard on a 2-D (replicate, shard) DeviceMesh (HSDP)"),
+    Wrapper("ddp", "world", ("world",), "accelpact.impl.adapters.ddp:DDPAdapter",
+            "accelpact.impl.workload:wrap_ddp", "DistributedDataParallel over the data-parallel world group"),
+)}
+WRAPPER_NAMES: tuple[str, ...] = tuple(WRAPPERS)
+
+
+def wrapper(name: str) -> Wrapper:
+    """The wrapper called ``name``; a ValueError listing the known ones otherwise."""
+    try:
+        return WRAPPERS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown wrapper {name!r}; use one of {list(WRAPPER_NAMES)}") from None
