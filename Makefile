@@ -7,13 +7,13 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast explore bench clean
+.PHONY: demo test test-fast lint explore bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e '.[torch,test,plot]'
+	$(BIN)/pip install -q -e '.[torch,test,plot,lint]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -21,6 +21,20 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+
+# The quick subset: the model, the contract, the checker and the single-process tests (no spawned ranks).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m "not multiproc" tests
+
+# ruff (pyflakes, bugbear, blind except; every noqa/type: ignore names its code) and mypy over the
+# installed layout: subpackages live in top-level folders, so mypy reads them through a tree of links.
+TYPECHECK := build/typecheck
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/accelpact
+	cp accelpact/*.py $(TYPECHECK)/accelpact/
+	for d in model impl conformance bench; do ln -s ../../../$$d $(TYPECHECK)/accelpact/$$d; done
+	MYPYPATH=$(TYPECHECK) $(BIN)/mypy -p accelpact
 
 explore: $(STAMP)
 	$(BIN)/accelpact explore --nodes 2 --ranks-per-node 2 --max-faults 2

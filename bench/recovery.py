@@ -23,6 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from accelpact.impl.backends import BACKEND_NAMES
+from accelpact.impl.job import Job, Topology, Workload
+from accelpact.impl.wrappers import WRAPPER_NAMES, wrapper
+
 __all__ = ["add_arguments", "run", "summarize"]
 
 
@@ -30,9 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=3, help="L1 repairs and L2 restarts to measure (default 3)")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=2)
-    p.add_argument("--wrapper", choices=("fsdp1-hybrid", "fsdp2-hybrid", "ddp"), default="fsdp1-hybrid")
+    p.add_argument("--wrapper", choices=WRAPPER_NAMES, default="fsdp1-hybrid")
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="gloo")
     p.add_argument("--out", default="runs/bench-recovery", help="run folder (results, traces)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON to PATH")
     p.add_argument("--timeout", type=float, default=600.0, help="bound on each launch in seconds")
@@ -51,12 +55,10 @@ def summarize(xs: list[float]) -> dict:
     return {"n": len(xs), "median": statistics.median(xs), "p90": _pct(xs, 0.9), "max": max(xs)}
 
 
-def _job(args, out: Path, scenario: str, steps: int, faults: list[dict]) -> dict:
-    return {"scenario": scenario, "topology": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node},
-            "workload": {"wrapper": args.wrapper, "layers": args.layers, "steps": steps, "seed": 0,
-                         "checkpoint_every": 2},
-            "faults": faults, "backend": args.backend, "out": str(out), "trace": True,
-            "deadline_s": 30.0, "collective_timeout_s": 60.0, "seeded_bug": None}
+def _job(args, out: Path, scenario: str, steps: int, faults: list[dict]) -> Job:
+    return Job(topology=Topology(args.nodes, args.ranks_per_node), workload=Workload(args.wrapper, args.layers, steps, 0, 2),
+               out=str(out), scenario=scenario, backend=args.backend, trace=True, deadline_s=30.0,
+               collective_timeout_s=60.0).replace(faults=faults)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,12 +75,12 @@ def run(args: argparse.Namespace) -> int:
         print("accelpact bench recovery: error: need --nodes >= 1, --ranks-per-node >= 1 and at least 2 ranks",
               file=sys.stderr)
         return 2
-    if args.wrapper != "ddp" and args.nodes < 2:
+    if wrapper(args.wrapper).recovers == "replicate" and args.nodes < 2:
         print(f"accelpact bench recovery: error: --wrapper {args.wrapper} needs --nodes >= 2", file=sys.stderr)
         return 2
     nproc = args.nodes * args.ranks_per_node
-    victim = args.ranks_per_node - 1 if args.wrapper != "ddp" else nproc - 1
-    group = "world" if args.wrapper == "ddp" else "replicate"
+    group = wrapper(args.wrapper).recovers
+    victim = args.ranks_per_node - 1 if group == "replicate" else nproc - 1
     # Odd fault steps with a checkpoint every 2: every L2 restart replays exactly one step.
     fault_steps = [3 + 2 * i for i in range(args.repeat)]
     steps = fault_steps[-1] + 2

@@ -40,7 +40,7 @@ from ..model.state import (
 )
 from ..impl.trace import FORMAT as TRACE_FORMAT
 from ..impl.trace import RankTrace, Record, TraceError
-from .scenario import Script, surfaces
+from .mapping import Script, surfaces
 
 STATE_FIELDS = ("pc", "gen", "frontier", "tau", "point", "comm", "refs_stale", "reason")
 

@@ -1,46 +1,50 @@
 """``accelpact check-trace DIR``: check recorded traces against the model (conformance/checker.py).
 
-Uses ``DIR/scenario.json`` or ``DIR/job.json`` (written by the runner / launcher) for the model
-configuration and fault script when present, else the trace headers.  Exit 0 when accepted, 1 when
-rejected, 2 when the files are unusable.  No torch import.
+Uses the run folder's job file (``DIR/job.json``, written by the launcher; read with
+:func:`accelpact.impl.job.load_job`) for the model configuration and fault script when it names
+faults, or a scenario file given with ``--scenario``; else the trace headers.  Exit 0 when
+accepted, 1 when rejected, 2 when the files are unusable.  No torch import.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("dir", help="folder with trace-a<attempt>-r<rank>.ndjson files")
-    parser.add_argument("--scenario", default=None, help="scenario JSON (default: DIR/job.json when it has one)")
+    parser.add_argument("dir", help="run folder with trace-a<attempt>-r<rank>.ndjson files")
+    parser.add_argument("--scenario", default=None, help="scenario JSON (default: the run folder's job.json when it has faults)")
 
 
 def run(args) -> int:
+    from ..impl.job import FieldError, load_job
+    from ..impl.rundir import RunDir
     from ..impl.trace import TraceError, load_traces
     from .checker import TraceChecker, config_from_headers
     from .runner import check_run_traces
-    from .scenario import ScenarioError, load_scenario, scenario_from_mapping
+    from .scenario import load_scenario, scenario_from_job
 
-    d = Path(args.dir)
+    run_dir = RunDir(args.dir)
     sc = None
     try:
         if args.scenario:
             sc = load_scenario(args.scenario)
-        elif (d / "job.json").exists():
-            job = json.loads((d / "job.json").read_text())
-            if job.get("faults"):
-                sc = scenario_from_mapping({k: job[k] for k in ("topology", "workload", "faults")} | {"name": job.get("scenario", "job")},
-                                           source=str(d / "job.json"))
-    except (ScenarioError, ValueError, KeyError) as exc:
+        elif run_dir.job.exists():
+            job = load_job(run_dir.job)
+            if job.faults:
+                sc = scenario_from_job(job, source=str(run_dir.job))
+    except FieldError as exc:  # ScenarioError, JobError
         print(f"check-trace: cannot use the scenario: {exc}; falling back to the trace headers")
         sc = None
     try:
         if sc is not None:
-            ok, msg = check_run_traces(sc, d)
+            ok, msg = check_run_traces(sc, Path(args.dir))
+            if msg.startswith("trace files unusable"):
+                print(f"check-trace: {msg}")
+                return 2
         else:
             ok, msgs = True, []
-            for attempt, traces in sorted(load_traces(d).items()):
+            for attempt, traces in sorted(load_traces(run_dir.path).items()):
                 v = TraceChecker(config_from_headers(traces), traces).check()
                 ok = ok and v.accepted
                 msgs.append(f"attempt {attempt}: {v.message}")

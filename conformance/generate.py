@@ -2,7 +2,7 @@
 
 The scenario space (topologies x wrappers x fault points x kinds x victim rank) is enumerated,
 each candidate is classified by the model's reachable outcome class under its script
-(:func:`accelpact.conformance.scenario.explore`), and one representative is emitted per
+(:func:`accelpact.conformance.outcomes.model_outcomes`), and one representative is emitted per
 distinct (cell, outcome class), where a cell is (topology, wrapper, point, kind, victim role:
 member of R / rank outside R, number of faults).  ``expect.outcome`` is
 set from the model whenever the model's outcome is unique.
@@ -19,16 +19,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from .scenario import (
-    ALLOWED_KINDS,
-    RECOVERY_POINTS,
-    Fault,
-    Scenario,
-    Topology,
-    Workload,
-    check_expectation,
-    explore,
-)
+from ..impl.faults import KINDS, RECOVERY_POINTS, Fault
+from ..impl.job import Topology, Workload
+from .outcomes import check_expectation, model_outcomes
+from .scenario import Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 SHORT = {"fsdp1-hybrid": "fsdp1", "fsdp2-hybrid": "fsdp2", "ddp": "ddp"}
@@ -41,20 +35,18 @@ def _workload(wrapper: str, steps: int = STEPS) -> Workload:
     return Workload(wrapper, 2, steps, 0, EVERY)
 
 
+#: R in the generated scenarios is the group of this rank (local index 1: the replicate group without rank 0)
+VICTIM = 1
+
+
 def _trigger(topo: Topology, wrapper: str, at: str, kind: str = "collective_timeout", step: int = STEP) -> Fault:
     """The fault on R that starts a recovery: the replicate group of local index 1 (or W for ddp)."""
-    if wrapper == "ddp" or topo.ranks_per_node == 1:
-        ranks = tuple(range(topo.world))
-        return Fault(step, at, kind, ranks, "world")
-    local = 1
-    ranks = tuple(n * topo.ranks_per_node + local for n in range(topo.nodes))
-    return Fault(step, at, kind, ranks, "replicate")
+    recovers = Workload(wrapper).recovers
+    return Fault(step, at, kind, topo.group(recovers, VICTIM), recovers)
 
 
 def _role(topo: Topology, wrapper: str, rank: int) -> str:
-    if wrapper == "ddp" or topo.ranks_per_node == 1 or rank % topo.ranks_per_node == 1:
-        return "member"
-    return "outside"
+    return "member" if rank in topo.group(Workload(wrapper).recovers, VICTIM) else "outside"
 
 
 def candidates() -> list[tuple[tuple, Scenario]]:
@@ -79,7 +71,7 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     wrapper = "fsdp1-hybrid"
     # a fault of each kind at the boundary itself and in each recovery phase, on each rank role
     for at in ("boundary",) + RECOVERY_POINTS:
-        for kind in ALLOWED_KINDS[at]:
+        for kind in [k for k, fk in KINDS.items() if at in fk.points]:
             if kind == "collective_timeout" or (at == "boundary" and kind == "exception"):
                 continue  # these are the group failure itself (the repair scenarios)
             for rank in (3, 2):  # a member of R (not rank 0) and a rank outside R
@@ -116,7 +108,7 @@ def generate(verbose: bool = False) -> dict[str, str]:
     chosen: dict[str, str] = {}
     classes: set[tuple] = set()
     for cell, sc in candidates():
-        outcome = explore(sc)
+        outcome = model_outcomes(sc)
         problem = check_expectation(sc, outcome)
         if problem:
             raise RuntimeError(f"generate: {problem}")

@@ -8,34 +8,45 @@
 2. Trace: the checker (:mod:`.checker`) accepts attempt 0's traces under the scenario's script.
 3. Deadlines: every rank that exited did so within the bound after the first fault (``t_ns``).
 
-The reference run is cached per workload (``impl.launch.run_reference``).  Every process is
-reaped by the launcher; every wait is bounded (``timeout_s``).  torch is imported lazily.
+The run is the scenario's typed job (:meth:`Scenario.job`; a seeded bug is its ``seeded_bug``
+field, nothing else); its files are read through :class:`~accelpact.impl.rundir.RunDir`.  The
+reference run is cached per workload (``impl.launch.run_reference``).  Every process is reaped by
+the launcher; every wait is bounded (``timeout_s``).  torch is imported lazily.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..impl.exitcodes import ExitCode
+from ..impl.rundir import RunDir
 from ..impl.trace import TraceError, load_traces
 from .checker import Abstraction, TraceChecker
-from .scenario import Scenario, explore, model_config, script_for
+from .mapping import model_config, script_for
+from .outcomes import model_outcomes
+from .scenario import Scenario
 
-#: model exit reason -> process exit code (spec/implementation.md "Exit codes")
-EXIT_CODES = {"rejected": 70, "mismatch": 71, "deadline": 72, "exception": 73}
+#: the fail-stop exit codes (spec/implementation.md "Exit codes"; impl/exitcodes.py)
+ABORT_CODES = frozenset(int(c) for c in ExitCode)
 DEFAULT_CACHE = Path(os.environ.get("ACCELPACT_REF_CACHE", Path.home() / ".cache" / "accelpact" / "refs"))
 
 
 @dataclass
 class Report:
+    """The verdict on one run.  ``outcome``: ``L1``, ``L2`` (attempt 0 ended in a fail-stop exit and a
+    restart followed), ``exit`` (attempt 0 ended in a fail-stop exit and no restart was launched:
+    the model allowed only L1, so the run had plain processes), or ``none`` (no outcome was
+    observed: the run did not finish, or its result files are incomplete).  ``timed_out``: the
+    launch ran past its bound."""
+
     scenario: str
     expected: list[str]
     outcome: str = "none"
+    timed_out: bool = False
     conforms: bool = False
     replayed_steps: int | None = None
     bit_identical: bool | None = None
@@ -50,6 +61,7 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario, "outcome": self.outcome, "expected": self.expected, "conforms": self.conforms,
+            "timed_out": self.timed_out,
             "replayed_steps": self.replayed_steps, "bit_identical": self.bit_identical, "trace_ok": self.trace_ok,
             "deadlines_ok": self.deadlines_ok, "phases_s": self.phases_s, "problems": self.problems,
             "wall_s": round(self.wall_s, 3), "out": self.out,
@@ -68,60 +80,27 @@ class Report:
         return "\n".join(lines)
 
 
-@contextmanager
-def _seeded_bug(name: str | None):
-    """Workers read ACCELPACT_SEEDED_BUG from the environment the launcher passes on."""
-    old = os.environ.get("ACCELPACT_SEEDED_BUG")
-    if name:
-        os.environ["ACCELPACT_SEEDED_BUG"] = name
-    else:
-        os.environ.pop("ACCELPACT_SEEDED_BUG", None)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("ACCELPACT_SEEDED_BUG", None)
-        else:
-            os.environ["ACCELPACT_SEEDED_BUG"] = old
-
-
-def job_for(sc: Scenario, out: Path, backend: str, deadline_s: float, seeded_bug: str | None) -> dict:
-    return {
-        "scenario": sc.name,
-        "topology": {"nodes": sc.topology.nodes, "ranks_per_node": sc.topology.ranks_per_node},
-        "workload": {"wrapper": sc.workload.wrapper, "layers": sc.workload.layers, "steps": sc.workload.steps,
-                     "seed": sc.workload.seed, "checkpoint_every": sc.workload.checkpoint_every},
-        "faults": [f.to_json() for f in sc.faults],
-        "backend": backend, "out": str(out), "trace": True, "deadline_s": deadline_s, "seeded_bug": seeded_bug,
-    }
-
-
 def abstraction_for(sc: Scenario) -> Abstraction:
     """Real frontier of episode g = the number of committed steps when its fault struck: step + 1
     at the boundary (step ``step`` has committed), ``step`` in flight (it has not)."""
-    bases = {}
-    for g, s in enumerate(sc.episode_steps):
-        at = next(f.at for f in sc.faults if f.step == s and f.at in ("forward", "backward", "optimizer", "boundary"))
-        bases[g] = s + 1 if at == "boundary" else s
-    return Abstraction(bases)
+    return Abstraction({g: s + 1 if sc.trigger_point(s) == "boundary" else s for g, s in enumerate(sc.episode_steps)})
 
 
 def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
     """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs."""
-    try:
-        attempts = load_traces(out)
-    except TraceError as exc:
-        return False, f"trace files unusable: {exc}"
     cfg = model_config(sc)
     msgs = []
     ok = True
-    for attempt, traces in sorted(attempts.items()):
-        if attempt == 0:
-            v = TraceChecker(cfg, traces, script=script_for(sc), abstraction=abstraction_for(sc)).check()
-        else:
-            v = TraceChecker(cfg.with_(max_faults=0), traces).check()
-        ok = ok and v.accepted
-        msgs.append(f"attempt {attempt}: {v.message}")
+    try:
+        for attempt, traces in sorted(load_traces(out).items()):
+            if attempt == 0:
+                v = TraceChecker(cfg, traces, script=script_for(sc), abstraction=abstraction_for(sc)).check()
+            else:
+                v = TraceChecker(cfg.with_(max_faults=0), traces).check()
+            ok = ok and v.accepted
+            msgs.append(f"attempt {attempt}: {v.message}")
+    except TraceError as exc:  # missing, torn or malformed files (a rank without a trace, a seq gap)
+        return False, f"trace files unusable: {exc}"
     return ok, "\n".join(msgs)
 
 
@@ -130,8 +109,9 @@ def _snapshots_equal(out: Path, ref: Path, world: int) -> tuple[bool, str]:
 
     from ..impl.workload import compare_snapshots
 
+    run, reference = RunDir(out), RunDir(ref)
     for r in range(world):
-        a, b = out / f"final-r{r}.pt", ref / f"final-r{r}.pt"
+        a, b = run.final(r), reference.final(r)
         if not a.exists():
             return False, f"rank {r} wrote no final snapshot ({a.name})"
         eq, why = compare_snapshots(torch.load(a, weights_only=False), torch.load(b, weights_only=False), f"rank {r}")
@@ -141,21 +121,16 @@ def _snapshots_equal(out: Path, ref: Path, world: int) -> tuple[bool, str]:
 
 
 def _trace_times(out: Path, attempt: int, world: int) -> tuple[int | None, dict[int, int]]:
+    """The first injected fault's ``t_ns`` in ``attempt`` and each exited rank's end ``t_ns``."""
+    run = RunDir(out)
     first_fault = None
     last: dict[int, int] = {}
     for r in range(world):
-        p = out / f"trace-a{attempt}-r{r}.ndjson"
-        if not p.exists():
-            continue
-        for line in p.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
+        for rec in run.records(attempt, r):
             t = rec.get("t_ns")
             if not isinstance(t, int):
                 continue
-            if rec.get("type") == "action" and rec["action"].startswith("Fault"):
+            if rec.get("type") == "action" and str(rec.get("action", "")).startswith("Fault"):
                 first_fault = t if first_fault is None else min(first_fault, t)
             if rec.get("type") == "end" and rec.get("outcome") == "exited":
                 last[r] = t
@@ -169,20 +144,19 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     from ..impl import launch
 
     t0 = time.monotonic()
-    model = explore(sc)
+    model = model_outcomes(sc)
     rep = Report(sc.name, sorted(model.outcomes))
     world = sc.topology.world
     out = Path(out) if out is not None else Path(f"/tmp/accelpact-conformance/{sc.name}")
     rep.out = str(out)
-    job = job_for(sc, out, backend, deadline_s, seeded_bug)
+    job = sc.job(out, backend=backend, deadline_s=deadline_s, seeded_bug=seeded_bug)
     ref = launch.run_reference(job, cache_dir or DEFAULT_CACHE, timeout_s=timeout_s, launcher="local")
-    may_l2 = "L2" in model.outcomes
-    with _seeded_bug(seeded_bug):
-        if may_l2:
-            kw = dict(torchrun_args or {})
-            res = launch.run_torchrun(job, world, max_restarts=kw.pop("max_restarts", 1), timeout_s=timeout_s, **kw)
-        else:
-            res = launch.run_local(job, world, timeout_s=timeout_s)
+    if "L2" in model.outcomes:
+        kw = dict(torchrun_args or {})
+        res = launch.run_torchrun(job, world, max_restarts=kw.pop("max_restarts", 1), timeout_s=timeout_s, **kw)
+    else:
+        res = launch.run_local(job, world, timeout_s=timeout_s)
+    rep.timed_out = bool(res.timed_out)
     if res.timed_out:
         rep.problems.append(f"the run did not finish within {timeout_s}s (hang); log tail:\n{res.log_tail(1500)}")
     a0 = res.attempt(0)
@@ -207,8 +181,8 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
         abort_codes = {c for c in codes.values() if c is not None}
         crashed = any(f.kind == "crash" for f in sc.faults)
         # torchrun kills every worker once one died (SIGKILL): survivors then have no exit code
-        if (not abort_codes and not crashed) or len(abort_codes) > 1 or not abort_codes <= set(EXIT_CODES.values()):
-            rep.problems.append(f"attempt 0 exit codes {codes}: every surviving rank must exit with one abort code {sorted(EXIT_CODES.values())}")
+        if (not abort_codes and not crashed) or len(abort_codes) > 1 or not abort_codes <= ABORT_CODES:
+            rep.problems.append(f"attempt 0 exit codes {codes}: every surviving rank must exit with one abort code {sorted(ABORT_CODES)}")
         last = res.attempt(attempts[-1])
         # C: the last checkpoint at or before the step of the episode that aborted (any episode
         # of the scenario may be the one; earlier ones may have been repaired in place)
@@ -225,6 +199,11 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
                 rep.phases_s["exit_to_ready"] = ep["exit_to_ready_s"]
             if ep.get("fault_to_frontier_s") is not None:
                 rep.phases_s["fault_to_frontier"] = ep["fault_to_frontier_s"]
+    elif not res.timed_out and any(r_.get("outcome") == "exited" for r_ in a0.values()):
+        # a fail-stop exit under plain processes (the model allowed only L1): nothing restarted it
+        rep.outcome = "exit"
+        codes = {r: r_.get("exit_code") for r, r_ in sorted(a0.items())}
+        rep.problems.append(f"attempt 0 ended in a fail-stop exit (exit codes {codes}) and no restart followed")
     else:
         rep.problems.append(f"neither L1 nor L2: attempts {attempts}, results {[(k, v.get('outcome'), v.get('exit_code')) for k, v in sorted(res.results.items())]}")
     if rep.outcome not in model.outcomes:

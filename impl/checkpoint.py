@@ -128,7 +128,7 @@ def _restore_optim_key_order(optimizer, order: list[list[str]] | None) -> None:
     if len(params) != len(order):
         raise CheckpointError(f"checkpoint holds optimizer state for {len(order)} parameters, the optimizer has "
                               f"{len(params)}: the model differs from the one that was saved")
-    for p, keys in zip(params, order):
+    for p, keys in zip(params, order, strict=True):
         st = optimizer.state.get(p)
         if st is None or set(st) != set(keys):
             continue

@@ -6,7 +6,7 @@ if it is missing, and the value it returns is the decision that stands.  That is
 makes a decision agreed even when a late rank arrives after the others timed out
 (``store.barrier`` can split; it is never used here).
 
-Store facts this relies on (shared/notes/torch-facts.md):
+Store facts this relies on (spec/torch-facts.md):
 * ``compare_set`` on a missing key with a non-empty ``expected`` returns ``expected``
   without creating it: we always pass ``expected=""``.
 * ``set`` is not acknowledged; a ``set`` followed by a round-trip op (``add``) on the same
@@ -18,25 +18,13 @@ from __future__ import annotations
 
 import copy
 import datetime
-import os
 import time
 
 from .exitcodes import claim_exit, release_exit
 from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_TRAIN,
                                    REASON_DEADLINE, REASON_MISMATCH)
 
-__all__ = ["ControlPlane", "ControlPlaneError", "seeded_bug", "SEEDED_BUGS"]
-
-#: Test-only seeded bugs (conformance suite): each is a small branch in the engine, off by default.
-SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence", "unheld-records")
-
-
-def seeded_bug() -> str:
-    """The seeded bug selected by ``ACCELPACT_SEEDED_BUG`` ("" when off).  Test-only."""
-    name = os.environ.get("ACCELPACT_SEEDED_BUG", "")
-    if name and name not in SEEDED_BUGS:
-        raise ValueError(f"ACCELPACT_SEEDED_BUG={name!r} is not a seeded bug; use one of {SEEDED_BUGS} or unset it")
-    return name
+__all__ = ["ControlPlane", "ControlPlaneError"]
 
 
 class ControlPlaneError(RuntimeError):
@@ -64,9 +52,16 @@ class ControlPlane:
         self.rank = rank
         self.world_size = world_size
         self.prefix = prefix
-        self._fenced = seeded_bug() != "no-fence"
-        self._early_release = seeded_bug() == "early-release"
+        self._fenced = True
+        self._early_release = False
         self.last_expired = False  # set by the last await_*: True if its deadline expired
+
+    def use_seeded_bug(self, name: str | None) -> None:
+        """Test-only (:class:`accelpact.impl.hooks.Hooks`, set by the pact at attach, before any key
+        is used): ``no-fence`` drops the generation from the keys, ``early-release`` lets the first
+        release vote decide."""
+        self._fenced = name != "no-fence"
+        self._early_release = name == "early-release"
 
     # ---- keys -----------------------------------------------------------------------
     def key(self, g: int, name: str) -> str:
@@ -162,8 +157,10 @@ class ControlPlane:
 
     def retire_revoke(self, g: int, group: str) -> None:
         """After the release of g: wake watchers still waiting on g's revoke key (value ``retired``,
-        ignored by them).  Single assignment: a real revoke that stands is left as it is."""
-        self._decide(self.revoke_key(g, group), "retired")
+        ignored by them).  Single assignment: a real revoke that stands is left as it is.  Without
+        fencing (seeded bug ``no-fence``) the key is shared by every generation: left alone."""
+        if self._fenced:
+            self._decide(self.revoke_key(g, group), "retired")
 
     def revoked(self, g: int, group: str) -> bool:
         return bool(self.store.check([self.revoke_key(g, group)]))

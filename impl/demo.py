@@ -29,8 +29,13 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "run", "validate_args", "DemoArgumentError"]
 
-WRAPPERS = ("fsdp1-hybrid", "fsdp2-hybrid", "ddp")
-INFLIGHT_POINTS = ("forward", "backward", "optimizer")
+from .backends import BACKEND_NAMES, backend
+from .faults import IN_FLIGHT
+from .job import Job, Topology, Workload
+from .rundir import RunDir
+from .wrappers import WRAPPER_NAMES, wrapper
+
+#: the fault kinds the L2 path may use in flight (both are rejected by the contract: C3 rule 1)
 INFLIGHT_KINDS = ("exception", "crash")
 
 
@@ -53,14 +58,14 @@ def _positive(name: str):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=_positive("--nodes"), default=2, help="simulated nodes (default 2)")
     p.add_argument("--ranks-per-node", type=_positive("--ranks-per-node"), default=2, help="ranks per node (default 2)")
-    p.add_argument("--wrapper", choices=WRAPPERS, default="fsdp1-hybrid", help="data-parallel wrapper")
+    p.add_argument("--wrapper", choices=WRAPPER_NAMES, default="fsdp1-hybrid", help="data-parallel wrapper")
     p.add_argument("--layers", type=_positive("--layers"), default=2, help="transformer blocks (default 2)")
     p.add_argument("--steps", type=_positive("--steps"), default=8, help="optimizer steps per run (default 8)")
     p.add_argument("--fault-step", type=int, default=5, help="step whose boundary (L1) / in-flight point (L2) fails")
-    p.add_argument("--fault-at", choices=INFLIGHT_POINTS, default="backward", help="in-flight point of the L2 failure")
+    p.add_argument("--fault-at", choices=IN_FLIGHT, default="backward", help="in-flight point of the L2 failure")
     p.add_argument("--fault-kind", choices=INFLIGHT_KINDS, default="exception", help="kind of the L2 failure")
     p.add_argument("--checkpoint-every", type=int, default=2, help="durable DCP checkpoint every N steps (default 2)")
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="collective backend (default gloo, CPU)")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="gloo", help="collective backend (default gloo, CPU)")
     p.add_argument("--out", default="runs/demo", help="output folder for results, traces, checkpoints, plot")
     p.add_argument("--timeout", type=float, default=300.0, help="bound on each launch in seconds (default 300)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -78,7 +83,7 @@ def validate_args(args: argparse.Namespace) -> None:
     if world < 2:
         raise DemoArgumentError("the demo needs at least 2 ranks (--nodes x --ranks-per-node >= 2): "
                                 "a failure of a group needs a peer to survive it")
-    if args.wrapper != "ddp" and args.nodes < 2:
+    if wrapper(args.wrapper).recovers == "replicate" and args.nodes < 2:
         raise DemoArgumentError(f"--wrapper {args.wrapper} replicates across nodes: use --nodes >= 2 "
                                 "(or --wrapper ddp)")
     if world > 16:
@@ -87,15 +92,11 @@ def validate_args(args: argparse.Namespace) -> None:
         raise DemoArgumentError(f"--timeout must be > 0 seconds, got {args.timeout}")
 
 
-def _base_job(args: argparse.Namespace, out: Path, scenario: str, faults: list[dict]) -> dict:
-    return {
-        "scenario": scenario,
-        "topology": {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node},
-        "workload": {"wrapper": args.wrapper, "layers": args.layers, "steps": args.steps, "seed": 0,
-                     "checkpoint_every": args.checkpoint_every},
-        "faults": faults, "backend": args.backend, "out": str(out), "trace": True,
-        "deadline_s": 30.0, "collective_timeout_s": 60.0, "seeded_bug": None,
-    }
+def _base_job(args: argparse.Namespace, out: Path, scenario: str, faults: list[dict]) -> Job:
+    return Job(topology=Topology(args.nodes, args.ranks_per_node),
+               workload=Workload(args.wrapper, args.layers, args.steps, 0, args.checkpoint_every),
+               out=str(out), scenario=scenario, backend=args.backend, trace=True,
+               deadline_s=30.0, collective_timeout_s=60.0).replace(faults=faults)
 
 
 class _Progress(threading.Thread):
@@ -109,9 +110,8 @@ class _Progress(threading.Thread):
         self._repairs = 0
 
     def _line(self) -> str:
-        from .launch import load_results
-
-        res = load_results(self.out)
+        run = RunDir(self.out)
+        res = run.results()
         if not res:
             return f"[{self.label}] starting workers ..."
         attempt = max(a for a, _ in res)
@@ -122,12 +122,8 @@ class _Progress(threading.Thread):
         outcomes = sorted({v.get("outcome") for v in cur.values()})
         phase = ""
         for r in sorted(cur):
-            p = self.out / f"trace-a{attempt}-r{r}.ndjson"
-            try:
-                last = p.read_text().rstrip().rsplit("\n", 1)[-1]
-                rec = json.loads(last)
-            except (OSError, ValueError):
-                continue
+            recs = run.records(attempt, r)
+            rec = recs[-1] if recs else {}
             if rec.get("type") == "action" and rec.get("action") != "RankResume":
                 phase = f" | rank {r}: {rec['action']}"
                 break
@@ -154,12 +150,12 @@ class _Progress(threading.Thread):
                 self.console.print(line, highlight=False)
 
 
-def _launch(label: str, job: dict, nproc: int, restarts: int, args, console):
+def _launch(label: str, job: Job, nproc: int, restarts: int, args, console):
     from .launch import run_torchrun
 
     prog = None
     if not args.quiet:
-        prog = _Progress(label, Path(job["out"]), args.steps, console)
+        prog = _Progress(label, Path(job.out), args.steps, console)
         prog.start()
     try:
         return run_torchrun(job, nproc, max_restarts=restarts, timeout_s=args.timeout)
@@ -167,22 +163,6 @@ def _launch(label: str, job: dict, nproc: int, restarts: int, args, console):
         if prog is not None:
             prog.stop.set()
             prog.join(2)
-
-
-def _compare(ref: Path, out: Path, nproc: int) -> tuple[bool, str]:
-    import torch
-
-    from .workload import compare_snapshots
-
-    for r in range(nproc):
-        p = out / f"final-r{r}.pt"
-        if not p.exists():
-            return False, f"rank {r} wrote no final snapshot ({p})"
-        ok, why = compare_snapshots(torch.load(ref / f"final-r{r}.pt", weights_only=False),
-                                    torch.load(p, weights_only=False))
-        if not ok:
-            return False, f"rank {r}: {why}"
-    return True, f"all {nproc} ranks torch.equal (params, optimizer state, RNG, step, cursor)"
 
 
 def _ms(x) -> str:
@@ -199,22 +179,20 @@ def run(args: argparse.Namespace) -> int:
     except DemoArgumentError as exc:
         print(f"accelpact demo: error: {exc}", file=sys.stderr)
         return 2
-    if args.backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available() or torch.cuda.device_count() < args.nodes * args.ranks_per_node:
-            print("accelpact demo: error: --backend nccl needs one CUDA device per rank; this machine has "
-                  f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}. Use --backend gloo.", file=sys.stderr)
-            return 2
+    why = backend(args.backend).unavailable(args.nodes * args.ranks_per_node)
+    if why:
+        print(f"accelpact demo: error: {why}. Use --backend gloo.", file=sys.stderr)
+        return 2
 
     from .launch import LaunchError, l1_episodes, l2_episodes, run_reference
     from .plot import timeline
+    from .workload import compare_runs
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     nproc = args.nodes * args.ranks_per_node
-    victim = args.ranks_per_node - 1 if args.wrapper != "ddp" else nproc - 1
-    group = "world" if args.wrapper == "ddp" else "replicate"
+    group = wrapper(args.wrapper).recovers
+    victim = args.ranks_per_node - 1 if group == "replicate" else nproc - 1
     console.print(f"[bold]AccelPact demo[/bold]: {args.wrapper}, {args.nodes} nodes x {args.ranks_per_node} ranks, "
                   f"{args.backend}, {args.steps} steps, checkpoint every {args.checkpoint_every}; output in {out}")
     t_all = time.monotonic()
@@ -240,9 +218,9 @@ def run(args: argparse.Namespace) -> int:
         {"step": args.fault_step, "at": args.fault_at, "kind": args.fault_kind, "ranks": [victim], "group": group}])
     l2 = _launch("L2", l2_job, nproc, 1, args, console)
 
-    l1_ok, l1_why = _compare(ref_dir, l1.out, nproc)
+    l1_ok, l1_why = compare_runs(ref_dir, l1.out, nproc)
     l1_ok = l1_ok and l1.ok() and l1.restarts == 0
-    l2_ok, l2_why = _compare(ref_dir, l2.out, nproc)
+    l2_ok, l2_why = compare_runs(ref_dir, l2.out, nproc)
     l2_ok = l2_ok and l2.ok() and l2.restarts == 1
     ep1 = l1_episodes(l1)
     ep2 = l2_episodes(l2)
@@ -292,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
                     "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                     "wall_s": time.monotonic() - t_all}
     (out / "summary.json").write_text(json.dumps(summary_json, indent=1, default=str))
-    console.print(f"traces: {l1.out}/trace-a*-r*.ndjson, {l2.out}/trace-a*-r*.ndjson")
+    console.print(f"traces: {RunDir(l1.out).trace(0, 0).parent}, {RunDir(l2.out).trace(0, 0).parent} (one file per attempt and rank)")
     if plot:
         console.print(f"timeline: {plot}")
     console.print(f"summary: {out / 'summary.json'} ({summary_json['wall_s']:.0f} s)")

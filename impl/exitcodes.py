@@ -100,7 +100,7 @@ def exit_now(code: int, reason: str, trace=None, *, record: Callable[[], None] |
             record()
         if trace is not None:
             trace.end("exited", code=int(code), reason=reason)
-    except Exception as exc:  # never let a trace error turn a fail-stop exit into a crash
+    except Exception as exc:  # noqa: BLE001 - never let a trace error turn a fail-stop exit into a crash
         print(f"accelpact: trace write failed during exit: {exc!r}", file=sys.stderr)
     try:
         print(f"accelpact: rank pid {os.getpid()} exiting with code {int(code)} ({reason}) at t={time.monotonic():.3f}",

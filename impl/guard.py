@@ -119,7 +119,7 @@ class BoundaryGuard:
             if callable(get_state):
                 try:
                     st = get_state()
-                except Exception:
+                except Exception:  # noqa: BLE001 - a wrapper's private state accessor; unknown state reads as idle-unknown
                     st = None
                 ts2 = getattr(st, "_training_state", None)
                 if ts2 is not None and getattr(ts2, "name", "IDLE") != "IDLE":

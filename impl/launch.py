@@ -8,8 +8,12 @@
 * :func:`run_local` spawns the workers directly with the same environment variables torchrun sets
   and hosts the store itself (so it survives worker deaths).  No restarts; used by tests that need
   to SIGKILL a rank at a chosen moment.
-* :func:`run_reference` runs the uninterrupted reference once per (workload, topology, steps,
-  backend) and caches its final snapshots, so many scenarios compare against one run.
+* :func:`run_reference` runs the uninterrupted reference once per (workload, topology, backend)
+  and caches its final snapshots, so many scenarios compare against one run.
+
+Every child process is started, waited on and reaped by one :class:`ProcessSet` (also the core of
+the multi-process test harness, :mod:`accelpact.testing`).  Every file name of a run folder comes
+from :class:`~accelpact.impl.rundir.RunDir`; the job is the typed :class:`~accelpact.impl.job.Job`.
 
 No torch import at module level: the launcher process itself never needs torch, except
 :func:`run_local`, which hosts a TCPStore.
@@ -28,22 +32,24 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any, Callable, Mapping, Sequence
+
+from .job import Job
+from .rundir import RunDir
 
 __all__ = [
     "LaunchError",
     "LaunchResult",
     "PHASES",
-    "clear_outputs",
+    "ProcessSet",
     "free_port",
     "job_key",
     "l1_episodes",
     "l2_episodes",
-    "load_results",
-    "read_trace",
     "run_local",
     "run_reference",
     "run_torchrun",
-    "write_job",
+    "worker_env",
 ]
 
 WORKER_MODULE = "accelpact.impl.worker"
@@ -53,11 +59,98 @@ class LaunchError(RuntimeError):
     """A job could not be launched or did not produce the files it must produce."""
 
 
+# ----------------------------------------------------------------------------- spawning and reaping
+
+def worker_env(extra: Mapping[str, Any] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child: ``base`` (default ``os.environ``), ``OMP_NUM_THREADS=1`` (a rank
+    never oversubscribes the cores), unbuffered output, then ``extra`` (values made strings)."""
+    env = dict(os.environ if base is None else base)
+    env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class ProcessSet:
+    """Child processes started together, waited on under one deadline, and always reaped.
+
+    Each child leads its own session (``start_new_session``), so that killing it kills what it
+    spawned too (torchrun's agent and its workers).  Use as a context manager: leaving the block,
+    normally or by an exception (a failed assertion, Ctrl-C), SIGKILLs every child's process group
+    and reaps every child, so no process outlives its launch::
+
+        with ProcessSet() as ps:
+            ps.start([sys.executable, "-m", "x"], env=worker_env())
+            timed_out = ps.wait(timeout_s=60)
+        codes = ps.codes
+    """
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.t0 = time.monotonic()
+
+    def start(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: IO | None = None,
+              cwd: str | os.PathLike | None = None) -> subprocess.Popen:
+        """Start one child; ``stdout`` (also stderr) is a file, or None: inherited."""
+        proc = subprocess.Popen(list(cmd), env=dict(env) if env is not None else None, cwd=cwd, stdout=stdout,
+                                stderr=subprocess.STDOUT if stdout is not None else None, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for every child until ``timeout_s`` after the set was created; True if some child
+        was still running then (the caller kills; leaving the ``with`` block does)."""
+        deadline = self.t0 + timeout_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return True
+        return False
+
+    def running(self) -> list[int]:
+        """Indices of the children still running."""
+        return [i for i, p in enumerate(self.procs) if p.poll() is None]
+
+    def kill(self) -> None:
+        """SIGKILL every child's process group (also of a child that exited: what it spawned may
+        live on), then reap every child."""
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL could not end it
+                pass
+
+    @property
+    def codes(self) -> list[int | None]:
+        """Exit code per child in start order (negative: killed by that signal; None: running)."""
+        return [p.poll() for p in self.procs]
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def __enter__(self) -> "ProcessSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+# ------------------------------------------------------------------------------------------- results
+
 @dataclass
 class LaunchResult:
     """What a launch produced: the supervisor's exit status and every per-rank result file.
 
-    ``results`` maps (attempt, rank) to the parsed ``result-a{attempt}-r{rank}.json``.
+    ``results`` maps (attempt, rank) to the parsed ``result-a{attempt}-r{rank}.json``;
+    ``codes``: every worker's exit code (:func:`run_local` only; torchrun reports one status).
     """
 
     returncode: int | None
@@ -67,6 +160,7 @@ class LaunchResult:
     log: Path
     results: dict[tuple[int, int], dict] = field(default_factory=dict)
     port: int = 0  # the rendezvous port torchrun was given
+    codes: list[int | None] = field(default_factory=list)
 
     @property
     def attempts(self) -> list[int]:
@@ -103,92 +197,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_job(job: dict) -> Path:
-    """Write ``job`` to ``<out>/job.json`` (creating ``out``) and return the path."""
-    if not job.get("out"):
-        raise LaunchError("job has no 'out' directory; set job['out'] to where results and traces go")
-    out = Path(job["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "job.json"
-    path.write_text(json.dumps(job, indent=1, sort_keys=True))
-    return path
+def _nproc(job: Job, nproc: int | None) -> int:
+    n = job.world if nproc is None else nproc
+    if n < 1:
+        raise LaunchError(f"nproc must be >= 1, got {n}")
+    return n
 
 
-def load_results(out: str | os.PathLike) -> dict[tuple[int, int], dict]:
-    results: dict[tuple[int, int], dict] = {}
-    for p in Path(out).glob("result-a*-r*.json"):
-        try:
-            a, r = p.stem[len("result-a"):].split("-r")
-            results[(int(a), int(r))] = json.loads(p.read_text())
-        except (ValueError, OSError):
-            continue  # a file being rewritten at the moment of the kill: skip it
-    return results
+# ------------------------------------------------------------------------------------------ torchrun
 
-
-def clear_outputs(out: str | os.PathLike) -> None:
-    """Remove what a previous run left in ``out`` (results, traces, snapshots, checkpoints, logs).
-
-    Why: the worker resumes from the latest committed checkpoint it finds; a stale ``ckpt/`` from an
-    earlier run with the same ``out`` would make a fresh job start at that run's end.  Only files
-    this package writes are removed.
-    """
-    out = Path(out)
-    if not out.is_dir():
-        return
-    for pattern in ("result-a*-r*.json", "trace-a*-r*.ndjson", "final-r*.pt", "torchrun.log", "local-a*.log",
-                    "job.json", "DONE", ".final-r*.pt.tmp", "result-a*-r*.json.*.tmp"):
-        for p in out.glob(pattern):
-            p.unlink(missing_ok=True)
-    shutil.rmtree(out / "ckpt", ignore_errors=True)
-
-
-def _worker_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if extra:
-        env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group ``proc`` leads (agent and workers), then reap ``proc``."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL of a reaped child
-        pass
-
-
-def run_torchrun(job: dict, nproc: int, max_restarts: int = 1, timeout_s: float = 300.0,
+def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, timeout_s: float = 300.0,
                  monitor_interval: float = 0.1, fresh: bool = True) -> LaunchResult:
-    """Run ``job`` under torchrun with ``nproc`` workers and at most ``max_restarts`` restarts.
+    """Run ``job`` under torchrun with ``nproc`` workers (default ``job.world``) and at most
+    ``max_restarts`` restarts.
 
-    ``fresh`` (default) first removes a previous run's outputs from ``job["out"]``
-    (:func:`clear_outputs`); pass False to resume from the checkpoints already there.
+    ``fresh`` (default) first removes a previous run's outputs from ``job.out``
+    (:meth:`RunDir.clear`); pass False to resume from the checkpoints already there.
 
     Bounded: after ``timeout_s`` the agent's whole process group is SIGKILLed and the result says
     ``timed_out``.  Worker output goes to ``<out>/torchrun.log``.
     """
-    if nproc < 1:
-        raise LaunchError(f"nproc must be >= 1, got {nproc}")
-    if fresh and job.get("out"):
-        clear_outputs(job["out"])
-    path = write_job(job)
-    out = Path(job["out"])
-    log = out / "torchrun.log"
-    for launch in range(3):
-        res = _torchrun_once(path, out, log, nproc, max_restarts, timeout_s, monitor_interval)
+    n = _nproc(job, nproc)
+    run = RunDir(job.out)
+    if fresh:
+        run.clear()
+    path = job.write()
+    for _ in range(3):
+        res = _torchrun_once(path, run, n, max_restarts, timeout_s, monitor_interval)
         # The free port can be taken between free_port() and the agent's bind (another launch,
         # or an ephemeral port of a gloo connection): the rendezvous then never forms and no
         # worker ever ran.  Only that case is retried, on a new port.
-        if res.results or res.timed_out or res.returncode == 0 or not _rendezvous_failed(log, res.port):
+        if res.results or res.timed_out or res.returncode == 0 or not _rendezvous_failed(run.torchrun_log, res.port):
             return res
-        clear_outputs(out)
-        path = write_job(job)
+        run.clear()
+        path = job.write()
     return res
 
 
@@ -200,8 +242,8 @@ def _rendezvous_failed(log: Path, port: int) -> bool:
     return f"failed to connect/validate to host 127.0.0.1:{port}" in text
 
 
-def _torchrun_once(path, out: Path, log: Path, nproc: int, max_restarts: int, timeout_s: float,
-                   monitor_interval: float) -> "LaunchResult":
+def _torchrun_once(path: Path, run: RunDir, nproc: int, max_restarts: int, timeout_s: float,
+                   monitor_interval: float) -> LaunchResult:
     port = free_port()
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
@@ -210,136 +252,106 @@ def _torchrun_once(path, out: Path, log: Path, nproc: int, max_restarts: int, ti
         "--monitor-interval", str(monitor_interval),
         "-m", WORKER_MODULE, "--job", str(path),
     ]
-    t0 = time.monotonic()
-    with open(log, "ab") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_worker_env(),
-                                start_new_session=True)
-        timed_out = False
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            rc = proc.returncode
-        finally:
-            # Workers are in the agent's session: make sure none outlives the launch.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    return LaunchResult(returncode=rc, timed_out=timed_out, wall_s=time.monotonic() - t0, out=out, log=log,
-                        results=load_results(out), port=port)
+    log = run.torchrun_log
+    with open(log, "ab") as logf, ProcessSet() as ps:
+        # the workers are in the agent's session: leaving the block kills any that outlive it
+        agent = ps.start(cmd, env=worker_env(), stdout=logf)
+        timed_out = ps.wait(timeout_s)
+        if timed_out:
+            ps.kill()
+    return LaunchResult(returncode=agent.returncode, timed_out=timed_out, wall_s=ps.elapsed_s, out=run.path, log=log,
+                        results=run.results(), port=port, codes=[agent.returncode])
 
 
-def run_local(job: dict, nproc: int, timeout_s: float = 300.0, *, attempt: int = 0,
-              on_start=None, store=None) -> LaunchResult:
-    """Spawn ``nproc`` workers directly (no supervisor, no restart) with torchrun's env variables.
+# ------------------------------------------------------------------------------------------- local
+
+def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, attempt: int = 0,
+              on_start: Callable[[list[subprocess.Popen]], None] | None = None, store: Any = None) -> LaunchResult:
+    """Spawn ``nproc`` workers (default ``job.world``) directly (no supervisor, no restart) with
+    torchrun's environment variables.
 
     The launcher hosts the TCPStore, so the store outlives any worker.  ``attempt`` sets
     ``TORCHELASTIC_RESTART_COUNT`` (to emulate a restart by calling again with attempt + 1).
     ``on_start(procs)`` is called once every worker is spawned (tests use it to kill one).
     ``store``: a master TCPStore to reuse across calls (as torchrun's agent keeps its store across
     restarts, which is where the worker finds the previous attempt's frontier); None: a fresh one.
-    Attempt 0 starts from a clean ``out`` (:func:`clear_outputs`); later attempts keep it.
+    Attempt 0 starts from a clean ``out`` (:meth:`RunDir.clear`); later attempts keep it.
     Returns when all workers exited, or kills them all after ``timeout_s``.
     """
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    if attempt == 0 and job.get("out"):
-        clear_outputs(job["out"])
-    path = write_job(job)
-    out = Path(job["out"])
-    log = out / f"local-a{attempt}.log"
+    n = _nproc(job, nproc)
+    run = RunDir(job.out)
+    if attempt == 0:
+        run.clear()
+    path = job.write()
+    log = run.local_log(attempt)
     if store is None:
-        store = dist.TCPStore("127.0.0.1", 0, world_size=nproc + 1, is_master=True, wait_for_workers=False,
+        store = dist.TCPStore("127.0.0.1", 0, world_size=n + 1, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=max(timeout_s, 1)))
     port = store.port
-    procs: list[subprocess.Popen] = []
-    t0 = time.monotonic()
-    timed_out = False
-    with open(log, "ab") as logf:
-        try:
-            for rank in range(nproc):
-                env = _worker_env({
-                    "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc,
-                    "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                    "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True",
-                })
-                procs.append(subprocess.Popen([sys.executable, "-m", WORKER_MODULE, "--job", str(path)],
-                                              stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                              start_new_session=True))
-            if on_start is not None:
-                on_start(procs)
-            deadline = t0 + timeout_s
-            for p in procs:
-                try:
-                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
-                    break
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    _kill_group(p)
-            del store
-    codes = [p.returncode for p in procs]
+    with open(log, "ab") as logf, ProcessSet() as ps:
+        for rank in range(n):
+            env = worker_env({
+                "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n,
+                "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True",
+            })
+            ps.start([sys.executable, "-m", WORKER_MODULE, "--job", str(path)], env=env, stdout=logf)
+        if on_start is not None:
+            on_start(list(ps.procs))
+        timed_out = ps.wait(timeout_s)
+        if timed_out:
+            ps.kill()
+    del store
+    codes = ps.codes
     rc = next((c for c in codes if c != 0), 0)
-    res = LaunchResult(returncode=rc, timed_out=timed_out, wall_s=time.monotonic() - t0, out=out, log=log,
-                       results=load_results(out))
-    res.codes = codes  # type: ignore[attr-defined]
-    return res
+    return LaunchResult(returncode=rc, timed_out=timed_out, wall_s=ps.elapsed_s, out=run.path, log=log,
+                        results=run.results(), codes=codes)
 
 
-def job_key(job: dict) -> str:
+# --------------------------------------------------------------------------------------- reference
+
+def job_key(job: Job) -> str:
     """Cache key of a job's uninterrupted reference: workload, topology, backend (steps are in
     workload), and the workload code itself (a cached reference from other code proves nothing)."""
-    basis = {k: job.get(k) for k in ("topology", "workload", "backend")}
+    j = job.to_json()
+    basis: dict[str, Any] = {k: j[k] for k in ("topology", "workload", "backend")}
     src = Path(__file__).with_name("workload.py")
     basis["workload_code"] = hashlib.sha256(src.read_bytes()).hexdigest() if src.exists() else ""
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_reference(job: dict, cache_dir: str | os.PathLike, timeout_s: float = 300.0,
-                  launcher: str = "torchrun") -> Path:
+def run_reference(job: Job, cache_dir: str | os.PathLike, timeout_s: float = 300.0,
+                  launcher: str = "local") -> Path:
     """Run the fault-free reference of ``job`` once and return the folder holding ``final-r*.pt``.
 
     Cached under ``cache_dir/ref-{job_key}``; a cached folder counts only if it has one final
     snapshot per rank and a ``DONE`` marker (so a killed reference run is redone, not trusted).
+    ``launcher``: ``"local"`` (:func:`run_local`) or ``"torchrun"``.
     """
-    topo = job["topology"]
-    nproc = int(topo["nodes"]) * int(topo["ranks_per_node"])
-    folder = Path(cache_dir) / f"ref-{job_key(job)}"
-    if (folder / "DONE").exists() and all((folder / f"final-r{r}.pt").exists() for r in range(nproc)):
+    if launcher not in ("local", "torchrun"):
+        raise LaunchError(f"launcher must be 'local' or 'torchrun', got {launcher!r}")
+    key = job_key(job)
+    folder = Path(cache_dir) / f"ref-{key}"
+    cached = RunDir(folder)
+    if cached.done.exists() and all(cached.final(r).exists() for r in range(job.world)):
         return folder
     if folder.exists():
         shutil.rmtree(folder)
-    ref = dict(job, faults=[], scenario="reference", out=str(folder), seeded_bug=None)
-    ref["workload"] = dict(job["workload"])
-    res = (run_torchrun(ref, nproc, max_restarts=0, timeout_s=timeout_s) if launcher == "torchrun"
-           else run_local(ref, nproc, timeout_s=timeout_s))
+    ref = job.replace(faults=[], scenario="reference", out=str(folder), seeded_bug=None)
+    res = (run_torchrun(ref, max_restarts=0, timeout_s=timeout_s) if launcher == "torchrun"
+           else run_local(ref, timeout_s=timeout_s))
     if not res.ok():
         raise LaunchError(f"reference run failed (rc={res.returncode}, timed_out={res.timed_out}); "
                           f"see {res.log}:\n{res.log_tail(2000)}")
-    (folder / "DONE").write_text(job_key(job))
+    cached.done.write_text(key)
     return folder
 
 
 # ----------------------------------------------------------------------------- reading a run back
-
-def read_trace(out: str | os.PathLike, attempt: int, rank: int) -> list[dict]:
-    """Records of ``trace-a{attempt}-r{rank}.ndjson`` ([] if absent); a torn last line is skipped."""
-    p = Path(out) / f"trace-a{attempt}-r{rank}.ndjson"
-    recs = []
-    if p.exists():
-        for line in p.read_text().splitlines():
-            try:
-                recs.append(json.loads(line))
-            except ValueError:
-                continue
-    return recs
-
 
 PHASES = ("observe", "agree", "retire", "rebuild", "rebind", "validate", "release", "total")
 
@@ -352,8 +364,9 @@ def l1_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
     ranks = sorted(r for (a, r) in res.results if a == attempt)
     faults: dict[int, int] = {}
     resumes: dict[int, int] = {}
+    run = RunDir(res.out)
     for r in ranks:
-        for rec in read_trace(res.out, attempt, r):
+        for rec in run.records(attempt, r):
             if rec.get("type") != "action":
                 continue
             g = int(rec.get("gen", 0))

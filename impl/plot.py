@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .rundir import RunDir
+
+if TYPE_CHECKING:
+    from .launch import LaunchResult
 
 __all__ = ["timeline"]
 
@@ -22,17 +28,15 @@ _PHASE_COLOUR = {
 }
 
 
-def timeline(runs: list[tuple[str, "LaunchResult", float | None, float | None]], path: str | os.PathLike) -> Path:  # noqa: F821
+def timeline(runs: list[tuple[str, "LaunchResult", float | None, float | None]], path: str | os.PathLike) -> Path:
     """Draw ``runs`` = [(title, LaunchResult, t_fault_s, t_frontier_s), ...] into ``path`` (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .launch import read_trace
-
     fig, axes = plt.subplots(len(runs), 1, figsize=(12.5, 2.2 + 1.6 * len(runs)), squeeze=False)
-    for ax, (title, res, t_fault, t_front) in zip(axes[:, 0], runs):
+    for ax, (title, res, t_fault, t_front) in zip(axes[:, 0], runs, strict=True):
         starts = [r.get("t_start") for r in res.results.values() if r.get("t_start")]
         t0 = min(starts) if starts else 0.0
         ranks = sorted({r for (_, r) in res.results})
@@ -43,7 +47,7 @@ def timeline(runs: list[tuple[str, "LaunchResult", float | None, float | None]],
             ax.plot([t - t0 for t in ts], [y] * len(ts), "o", ms=3, color="tab:gray" if attempt else "0.35",
                     label=None if "step" in seen_labels else "committed step")
             seen_labels.add("step")
-            for rec in read_trace(res.out, attempt, rank):
+            for rec in RunDir(res.out).records(attempt, rank):
                 if rec.get("type") != "action":
                     continue
                 name, t = rec["action"], rec["t_ns"] / 1e9 - t0

@@ -1,6 +1,6 @@
 """The recovery engine: ``attach`` -> ``Pact``; ``Pact.step()`` and ``Pact.boundary()``.
 
-This module reads like ``model/protocol.py``: one block per model action, in the same
+This module reads like ``model/protocol.py``: one method per model action, in the same
 order, each writing one trace record named as the model names it, with the post-state in
 model vocabulary (``pc``, ``gen``, ``frontier``, ``tau``, ``point``, ``comm``,
 ``refs_stale``, ``reason``).
@@ -21,16 +21,16 @@ The failure flag has one element per group of R's kind (``PactGroups.count``; on
 so that every rank learns *which* replicate group failed: its members rebuild it,
 everybody else only votes.
 
-Seeded bugs (test-only, env ``ACCELPACT_SEEDED_BUG``, see :mod:`controlplane`):
-``skip-rebind`` (phase 5 skips ``adapter.rebind`` and does not fail on stale references),
-``early-release`` (the first release vote decides), ``no-fence`` (keys not namespaced by g).
+Test-only hooks (:mod:`accelpact.impl.hooks`, passed at attach, never read from the environment)
+run at the named points between actions: fault injection, and the four seeded bugs
+(``skip-rebind`` here in ``_rebind``, ``unheld-records`` in the write/record hold,
+``early-release`` and ``no-fence`` in :mod:`controlplane`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,10 +57,12 @@ from accelpact.model.state import (
 )
 
 from . import revoke as _revoke
-from .controlplane import ControlPlane, seeded_bug
+from .adapters import adapter_for
+from .controlplane import ControlPlane
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
-from .faults import FaultContext, FaultPlan, InjectedFault
+from .faults import InjectedFault
 from .guard import BoundaryGuard
+from .hooks import NO_HOOKS, Hooks
 from .replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
 from .watchdog import Watchdog
@@ -74,6 +76,11 @@ class RebindError(RuntimeError):
 
 class ValidationError(RuntimeError):
     """Phase 6: the validation collective or the replica digests disagree."""
+
+
+class GroupBroken(RuntimeError):
+    """R's group was broken on this rank at the boundary before its collective was posted
+    (a hook shut down its connections): observed as a failure of R, as if the op had raised."""
 
 
 class RevokedWhilePending(RuntimeError):
@@ -164,18 +171,42 @@ def default_step_deadline(deadline_s: float) -> float:
     return max(DEFAULT_STEP_DEADLINE_S, 6 * deadline_s)
 
 
+@dataclass(slots=True)
+class _Episode:
+    """One recovery episode of this rank (generation ``g``): what the phase actions pass on."""
+
+    g: int
+    member: bool                      # this rank is in a failed group: it rebuilds R
+    failed: tuple[int, ...]           # indices of the failed groups of R's kind
+    t_boundary: int                   # boundary collective start (ns)
+    t_observed: int                   # failure observed (ns)
+    error: BaseException | None
+    revoke_to_observe_ns: int = -1
+    frontier: int = 0
+    last_arriver: bool = False
+    last_ready: bool = False
+    old_pg: Any = None
+    new_pg: Any = None
+    refs_rebound: int = 0
+    durations: dict[str, int] = field(default_factory=dict)
+
+
 class Pact:
-    """The attached engine of one rank.  Create with :func:`attach`."""
+    """The attached engine of one rank.  Create with :func:`attach`.
+
+    Read beside ``model/protocol.py``: one method per model action of this rank (``_observe`` is
+    ``RankObserve``, ``_guard`` is ``RankGuard``/``RankReject``, ... ``_resume`` is ``RankResume``),
+    each writing the trace record of its action.  :meth:`_recover` is the phase loop around them:
+    the test hooks' point before each phase, and the phase's duration."""
 
     def __init__(self, module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
-                 key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None,
-                 fault_plan: FaultPlan | None = None, frontier: int = 0,
-                 strategy: ReplacementStrategy | None = None, step_deadline_s: float = DEFAULT_STEP_DEADLINE_S) -> None:
+                 key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
+                 strategy: ReplacementStrategy | None = None, step_deadline_s: float = DEFAULT_STEP_DEADLINE_S,
+                 hooks: Hooks | None = None) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
         self.optimizer = optimizer
-        self.groups = groups
         self.control = control
         self.rank = control.rank
         self.trace = trace if trace is not None else NullTrace()
@@ -183,46 +214,60 @@ class Pact:
         self.key = key or ObservationKey(DEFAULT_PLATFORM, DEFAULT_PROFILE, "boundary", DEFAULT_OBJECTIVE)
         self.deadline_s = deadline_s
         self.step_deadline_s = step_deadline_s
-        self.plan = fault_plan or FaultPlan()
+        self.hooks = hooks if hooks is not None else NO_HOOKS
         self.gen = 0
         self.pc = PC_TRAIN
         self.reports: list[RecoveryReport] = []
-        self.last_loss = None
+        self.last_loss: float | None = None
         self._step = frontier
         self._frontier_delta = 0
-        self._failed_groups: tuple[int, ...] = ()
+        self._episode: _Episode | None = None  # the recovery in progress
         self._pg = groups.affected
         self._record = groups.record
         # keep no second reference to R's communicator: after a repair the adapters' walker would
         # find it (the guard's hooks make the pact reachable from the module) and the old group
         # could never be freed
-        groups = dataclasses.replace(groups, affected=None)
-        self.groups = groups
-        self._bug = seeded_bug()
-        # Each control-plane write and its trace record form one model action (exitcodes.holding_exit).
-        # Seeded bug "unheld-records" drops the hold; ACCELPACT_TEST_WRITE_TO_RECORD_S (test-only)
-        # sleeps between each write and its record, which widens the window the hold closes.
-        self._hold = holding_exit if self._bug != "unheld-records" else contextlib.nullcontext
-        self.control.claims_exit = self._bug != "unheld-records"
-        self._write_to_record_s = float(os.environ.get("ACCELPACT_TEST_WRITE_TO_RECORD_S", "0") or 0)
-        if adapter is None:
-            from .adapters import adapter_for
-
-            adapter = adapter_for(module)
-        self.adapter = adapter
+        self.groups = dataclasses.replace(groups, affected=None)
+        # Each control-plane write and its trace record form one model action (exitcodes.holding_exit);
+        # seeded bug "unheld-records" drops the hold.
+        unheld = self.hooks.bug("unheld-records")
+        self._hold = contextlib.nullcontext if unheld else holding_exit
+        self.control.claims_exit = not unheld
+        self.control.use_seeded_bug(self.hooks.seeded_bug)
+        self.adapter = adapter if adapter is not None else adapter_for(module)
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
-        self.sites = adapter.discover(module, self._pg)  # once, at attach: rebinding reuses them
-        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._on_point)
+        self.sites = self.adapter.discover(module, self._pg)  # once, at attach: rebinding reuses them
+        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at)
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc).start()
-        self.watchdog.watch(self.gen, groups.key, self._record)
+        self.watchdog.watch(self.gen, self.groups.key, self._record)
         self._closed = False
 
-    # ---- helpers ----------------------------------------------------------------------------
+    # ---- views for hooks and callers ----------------------------------------------------------
     @property
     def process_group(self):
         """R's current communicator on this rank (changes at each repair)."""
         return self._pg
 
+    @property
+    def step_index(self) -> int:
+        """The step in progress (or the next one, at the boundary)."""
+        return self._step
+
+    @property
+    def frontier(self) -> int:
+        """F as this rank reports it: the committed steps (plus a hook's injected offset)."""
+        return self.guard.frontier + self._frontier_delta
+
+    def model_view(self) -> dict[str, Any]:
+        """This rank's state in model vocabulary (``pc``, ``gen``, ``frontier``, ``tau``, ``point``)."""
+        return {"pc": self.pc, "gen": self.gen, "frontier": self.frontier, "tau": self.guard.tau + self._frontier_delta,
+                "point": self.guard.point}
+
+    def group_records(self) -> dict[str, Any]:
+        """Group name -> socket record of this rank's groups (R under its name and its key)."""
+        return {self.groups.name: self._record, self.groups.key: self._record, **self.groups.others}
+
+    # ---- plumbing -------------------------------------------------------------------------------
     def _st(self, pc: str, **more) -> dict:
         self.pc = pc
         return {"pc": pc, **more}
@@ -230,30 +275,14 @@ class Pact:
     def _act(self, action: str, state: dict, detail: dict | None = None, outcome: str = "ok", gen: int | None = None) -> None:
         self.trace.action(action, self.gen if gen is None else gen, outcome, state, detail)
 
-    def _written(self, value=None):
-        """Marks a control-plane write whose record follows; returns ``value``.  Test-only delay."""
-        if self._write_to_record_s:
-            time.sleep(self._write_to_record_s)
-        return value
-
-    def _on_point(self, point: str) -> None:
-        self._inject(point)
-
-    def _inject(self, point: str) -> dict:
-        """Fire the faults planned for this rank at ``point``; returns their merged effects."""
-        faults = self.plan.at(point, self._step, self.rank)
-        effects: dict = {}
-        if not faults:
-            return effects
-        groups = {self.groups.name: self._record, self.groups.key: self._record, **self.groups.others}
-        state = {"pc": self.pc, "gen": self.gen, "frontier": self.guard.frontier + self._frontier_delta,
-                 "tau": self.guard.tau + self._frontier_delta, "point": self.guard.point}
-        for f in faults:
-            ctx = FaultContext(self.trace, self.rank, self.gen, state, groups, self.guard, self.module)
-            eff = self.plan.apply(f, ctx)
-            self._frontier_delta += eff.get("frontier_delta", 0)
-            effects.update(eff)
+    def _at(self, point: str) -> dict[str, Any]:
+        """Between actions: the hooks' point ``point``; applies the effects it reports."""
+        effects = self.hooks.point(point, self)
+        self._frontier_delta += effects.get("frontier_delta", 0)
         return effects
+
+    def _key(self, point: str) -> ObservationKey:
+        return ObservationKey(self.key.platform, self.key.profile, point, self.key.objective)
 
     # ---- the step loop -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -265,61 +294,19 @@ class Pact:
         self.watchdog.arm(self.step_deadline_s)
         try:
             yield self
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any error in the step is an in-flight failure (C3 rule 1)
             point = self.guard.point if self.guard.point != "boundary" else "forward"
-            self._in_flight(point, exc)
-
-    def _in_flight(self, point: str, exc: BaseException) -> None:
-        g = self.gen
-        # Held from the revoke to the exit: the guard check and the contract are local (no wait on
-        # peers), and a peer's rejection must not end this rank between its RankObserve and the
-        # RankReject it is about to record (the model allows both; the record then says which).
-        with self._hold():
-            try:
-                self.control.publish_revoke(g, self.groups.key)  # peers blocked on R wake up
-            except Exception:
-                pass  # store lost: the watchdog exits DEADLINE
-            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
-                      {"error": repr(exc)[:300], "in_flight": True})
-            report = self.guard.check()
-            decision = decide(self.envelope, self._key(point), report.ok)
-            self._reject(decision.reason, report.reasons)
-
-    def _key(self, point: str) -> ObservationKey:
-        return ObservationKey(self.key.platform, self.key.profile, point, self.key.objective)
+            self._observe_in_flight(point, exc)
 
     def boundary(self, loss) -> RecoveryReport | None:
         """After the commit: the post-commit collective on R, the failure flag on W, and on a
         failure anywhere in R the six phases.  Returns the report of a repair, else None."""
-        import torch
-
-        if self.plan.scheduled("boundary", self._step):
-            # A boundary fault strikes only once every rank has committed: without this fence a
-            # peer still finishing the step's last backward collective would see it in flight.
-            self.groups.control.allreduce([torch.zeros(1)]).wait()
-        injected = self._inject("boundary")
         t0 = time.monotonic_ns()
-        observed, err = False, None
-        t = (loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1))
-        try:
-            if injected.get("group_failed") in (self.groups.name, self.groups.key):
-                raise InjectedFault(f"injected failure of {self.groups.key} at the boundary of step {self._step}")
-            self._wait_unless_revoked(self._pg.allreduce([t]), "the boundary all-reduce")
-            self.last_loss = float(t[0]) / len(self.groups.members)
-        except RuntimeError as exc:
-            observed, err = True, exc
+        observed, err = self._probe(loss)
         t_obs = time.monotonic_ns()
         if observed:
             self.control.publish_revoke(self.gen, self.groups.key)
-        flag = torch.zeros(self.groups.count, dtype=torch.int64)
-        if observed:
-            flag[self.groups.index] = 1
-        try:
-            self.groups.control.allreduce([flag]).wait()
-        except RuntimeError as exc:
-            # the out-of-band control group failed: a peer is gone; not repairable in place
-            self._fail(exc, time.monotonic_ns())
-        failed = [i for i, v in enumerate(flag.tolist()) if v]
+        failed = self._failure_flag(observed)
         if not failed:
             self.watchdog.disarm()
             return None
@@ -327,6 +314,35 @@ class Pact:
         self.reports.append(report)
         self.watchdog.disarm()
         return report
+
+    def _probe(self, loss) -> tuple[bool, BaseException | None]:
+        """The post-commit collective on R (it carries the loss): (failed, its error)."""
+        import torch
+
+        t = loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1)
+        try:
+            effects = self._at("boundary")
+            if effects.get("group_failed") in (self.groups.name, self.groups.key):
+                raise GroupBroken(f"{self.groups.key} was broken at the boundary of step {self._step}")
+            self._wait_unless_revoked(self._pg.allreduce([t]), "the boundary all-reduce")
+            self.last_loss = float(t[0]) / len(self.groups.members)
+        except RuntimeError as exc:
+            return True, exc
+        return False, None
+
+    def _failure_flag(self, observed: bool) -> list[int]:
+        """The failure flag all-reduced over W (control group): which groups of R's kind failed."""
+        import torch
+
+        flag = torch.zeros(self.groups.count, dtype=torch.int64)
+        if observed:
+            flag[self.groups.index] = 1
+        try:
+            self.groups.control.allreduce([flag]).wait()
+        except RuntimeError as exc:
+            # the out-of-band control group failed: a peer is gone; not repairable in place
+            self._fail(exc)
+        return [i for i, v in enumerate(flag.tolist()) if v]
 
     def _wait_unless_revoked(self, work, what: str) -> None:
         """Wait for an op on R; raise its error, or :class:`RevokedWhilePending` if R was revoked in
@@ -350,153 +366,213 @@ class Pact:
             # it the old group's sockets and threads) alive until the next garbage collection
             del work
 
-    # ---- the six phases ----------------------------------------------------------------------
-    def _recover(self, failed: list[int], t0: int, t_obs: int, err) -> RecoveryReport:
-        import torch
-
-        g = self.gen
-        self._failed_groups = tuple(failed)
-        member = self.groups.index in failed
-        point = "boundary"
-        revoke_lat = -1
-        if member and err is not None:
-            revs = [r for r in self.watchdog.revocations if r[0] == g]
-            if revs and t_obs >= revs[0][3]:
-                revoke_lat = t_obs - revs[0][3]  # else: observed directly, before the revoke reached us
-        # Phase 1: RankObserve
-        with self._hold():
-            if member:
-                self._written(self.control.publish_revoke(g, self.groups.key))
-            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier + self._frontier_delta,
-                                              tau=self.guard.tau + self._frontier_delta),
-                      {"member": member, "failed_groups": failed, "error": repr(err)[:200] if err else None})
-        t_start = time.monotonic_ns()
-        new_pg = None
-        refs_rebound = 0
-        durations = {"rebuild": 0, "rebind": 0, "validate": 0}
+    # ---- the phase loop --------------------------------------------------------------------------
+    def _recover(self, failed: list[int], t0: int, t_obs: int, err: BaseException | None) -> RecoveryReport:
+        """Phases 2-6 and the release, in the order of spec/protocol.md.  Before each phase the
+        hooks' point of that name runs (a fault strikes *between* actions, as the model's Fault*
+        actions do); outside R a rank waits in ``agreed`` while R is rebuilt, so the points of
+        phases 4-6 strike it there.  Any exception or expired wait ends the rank (fail-stop)."""
+        ep = _Episode(self.gen, self.groups.index in failed, tuple(failed), t0, t_obs, err)
+        ep.revoke_to_observe_ns = self._revoke_latency(ep)
+        self._episode = ep
+        self._observe(ep)
+        member = (self._replace, self._rebind, self._validate) if ep.member else (None, None, None)
+        phases = (
+            ("guard", (self._guard,)),
+            ("agree", (self._arrive, self._decide_agreement, self._await_agreement)),
+            ("replace", member[:1]),
+            ("rebind", member[1:2]),
+            ("validate", member[2:]),
+            ("release", (self._ready, self._decide_release, self._await_release)),
+        )
         try:
-            # Phase 2: RankGuard / RankReject
-            self._inject("guard")
-            report = self.guard.check()
-            decision = decide(self.envelope, self._key(point), report.ok)
-            if not decision.preserve:
-                self._reject(decision.reason, report.reasons)
-            self._act("RankGuard", self._st(PC_GUARDED), {"decision": decision.level, "why": decision.reason})
-            # Phase 3: RankArrive, RankDecideAgreement, RankAwaitAgreement
-            self._inject("agree")
-            F = self.guard.frontier + self._frontier_delta
-            # Each store write is recorded under the exit claim (exitcodes.holding_exit): a peer
-            # may act on it at once, and our watchdog must not exit between write and record.
-            with self._hold():
-                count, last = self._written(self.control.arrive(g, F))
-                self._act("RankArrive", self._st(PC_ARRIVED, frontier=F, tau=self.guard.tau + self._frontier_delta),
-                          {"count": count, "last": last})
-            if last:
-                with self._hold():
-                    dec = self._written(self.control.decide_agreement(g))
-                    if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
-                        self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
-                                                    before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
-                                                                             {"decision": dec}, outcome="fail"))
-                        raise _Exited
-                    self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
-            dec = self.control.await_agreement(g, time.monotonic() + self.deadline_s)
-            if dec != DECISION_COMMIT:
-                self._decided_abort(dec, expired=self.control.last_expired)
-            self._act("RankAwaitAgreement", self._st(PC_AGREED), {"decision": dec})
-            t_agreed = time.monotonic_ns()
-            if member:
-                # Phase 4: RankReplace
-                self._inject("replace")
-                old_pg = self._pg
+            for point, actions in phases:
+                self._at(point)
                 t = time.monotonic_ns()
-                new_pg = self.strategy.replace(old_pg, g + 1, self.groups.members, self.rank, self.control.store,
-                                               self.deadline_s, name=self.groups.key)
-                durations["rebuild"] = time.monotonic_ns() - t
-                self._act("RankReplace", self._st(PC_REPLACED, comm=g + 1), {"duration_ns": durations["rebuild"]})
-                # Phase 5: RankRebind (discover once at attach; rebind + verify on every repair)
-                self._inject("rebind")
-                t = time.monotonic_ns()
-                stale = 0
-                # the engine's own reference moves first: it is one of the references to rebind
-                self._pg, self._record = new_pg, self.strategy.last_record
-                if self.strategy.needs_rebind:
-                    if self._bug != "skip-rebind":
-                        self.adapter.rebind(self.module, self.sites, old_pg, new_pg)
-                    check = self.adapter.verify(self.module, self.sites, old_pg, new_pg)
-                    stale = int(check.stale)
-                    refs_rebound = int(check.total) - stale
-                    if not check.ok and self._bug != "skip-rebind":
-                        raise RebindError(f"{stale} of {check.total} cached references still name the generation-{g} "
-                                          f"communicator after rebinding: {check.detail}")
-                del old_pg
-                durations["rebind"] = time.monotonic_ns() - t
-                self._act("RankRebind", self._st(PC_REBOUND, refs_stale=stale),
-                          {"refs_rebound": refs_rebound, "duration_ns": durations["rebind"]})
-                # Phase 6: RankValidate (collective on the new group + replica digests)
-                self._inject("validate")
-                t = time.monotonic_ns()
-                digest = self._validate(new_pg, g)
-                durations["validate"] = time.monotonic_ns() - t
-                self._act("RankValidate", self._st(PC_VALIDATED), {"digest": digest, "duration_ns": durations["validate"]})
-            else:
-                # outside R the rank waits in "agreed" while R is rebuilt: faults aimed at phases
-                # 4-6 strike it there (model: Fault* while pc == agreed, before RankReady)
-                for point in ("replace", "rebind", "validate"):
-                    self._inject(point)
-            # Release: RankReady, RankDecideRelease, RankResume
-            self._inject("release")
-            t_rel = time.monotonic_ns()
-            with self._hold():
-                count, last = self._written(self.control.ready(g))
-                self._act("RankReady", self._st(PC_READY), {"count": count, "last": last})
-            if last:
-                with self._hold():
-                    dec = self._written(self.control.decide_release(g))
-                    self._act("RankDecideRelease", {"pc": PC_READY}, {"decision": dec},
-                              outcome="ok" if dec == DECISION_RELEASE else "fail")
-            dec = self.control.await_release(g, time.monotonic() + self.deadline_s)
-            if dec != DECISION_RELEASE:
-                self._decided_abort(dec, expired=self.control.last_expired)
+                for action in actions:
+                    if action is not None:
+                        action(ep)
+                ep.durations[point] = time.monotonic_ns() - t
         except _Exited:
             raise
-        except Exception as exc:
-            self._fail(exc, t_start)
-        # RankResume: generation g+1, R's communicator swapped, the old one dropped
+        except Exception as exc:  # noqa: BLE001 - any exception in phases 2-6 ends the rank (fail-stop)
+            self._fail(exc)
         t_ret = time.monotonic_ns()
-        new_pg = None
-        self.gen = g + 1
-        self._frontier_delta = 0
-        self.watchdog.watch(self.gen, self.groups.key, self._record)
-        if self.control._fenced:
-            self.control.retire_revoke(g, self.groups.key)
-        retire = time.monotonic_ns() - t_ret
+        self._resume(ep)
+        self._episode = None
         t_end = time.monotonic_ns()
-        self._act("RankResume", self._st(PC_TRAIN, gen=self.gen, point=""), {"from_gen": g}, gen=g)
+        d = ep.durations
         return RecoveryReport(
-            generation=g, member=member, observe_ns=t_obs - t0, agree_ns=t_agreed - t_start,
-            rebuild_ns=durations["rebuild"], rebind_ns=durations["rebind"], validate_ns=durations["validate"],
-            release_ns=t_end - t_rel, retire_ns=retire, total_ns=t_end - t_obs, refs_rebound=refs_rebound,
-            revoke_to_observe_ns=revoke_lat,
+            generation=ep.g, member=ep.member, observe_ns=t_obs - t0, agree_ns=d["guard"] + d["agree"],
+            rebuild_ns=d["replace"], rebind_ns=d["rebind"], validate_ns=d["validate"], release_ns=d["release"],
+            retire_ns=t_end - t_ret, total_ns=t_end - t_obs, refs_rebound=ep.refs_rebound,
+            revoke_to_observe_ns=ep.revoke_to_observe_ns,
         )
 
-    def _validate(self, new_pg, g: int) -> str:
-        """Phase 6: an all-reduce on the new group, then every replica's digest compared."""
+    def _revoke_latency(self, ep: _Episode) -> int:
+        """This rank's revoke hard-close -> observed (-1: observed directly, before the revoke reached it)."""
+        if ep.member and ep.error is not None:
+            revs = [r for r in self.watchdog.revocations if r[0] == ep.g]
+            if revs and ep.t_observed >= revs[0][3]:
+                return ep.t_observed - revs[0][3]
+        return -1
+
+    # ---- Phase 1: RankObserve -------------------------------------------------------------------
+    def _observe(self, ep: _Episode) -> None:
+        """RankObserve at the boundary: a member of a failed group publishes R's revoke (peers
+        blocked on R wake up) and every rank records the observation."""
+        with self._hold():
+            if ep.member:
+                self.control.publish_revoke(ep.g, self.groups.key)
+                self.hooks.written()
+            self._act("RankObserve", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier,
+                                              tau=self.guard.tau + self._frontier_delta),
+                      {"member": ep.member, "failed_groups": list(ep.failed),
+                       "error": repr(ep.error)[:200] if ep.error else None})
+
+    def _observe_in_flight(self, point: str, exc: BaseException) -> None:
+        """RankObserve of an in-flight failure, then RankReject: the contract says L2 (C3 rule 1).
+        Held from the revoke to the exit: the guard check and the contract are local (no wait on
+        peers), and a peer's rejection must not end this rank between its RankObserve and the
+        RankReject it is about to record (the model allows both; the record then says which)."""
+        g = self.gen
+        with self._hold():
+            try:
+                self.control.publish_revoke(g, self.groups.key)  # peers blocked on R wake up
+            except Exception:  # noqa: BLE001 - store lost: the watchdog exits DEADLINE
+                pass
+            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
+                      {"error": repr(exc)[:300], "in_flight": True})
+            report = self.guard.check()
+            decision = decide(self.envelope, self._key(point), report.ok)
+            self._reject(decision.reason, report.reasons)
+
+    # ---- Phase 2: RankGuard / RankReject ----------------------------------------------------------
+    def _guard(self, ep: _Episode) -> None:
+        """Guard check (no outstanding gradients, wrapper idle, tau == F), then the contract on K."""
+        report = self.guard.check()
+        decision = decide(self.envelope, self._key("boundary"), report.ok)
+        if not decision.preserve:
+            self._reject(decision.reason, report.reasons)
+        self._act("RankGuard", self._st(PC_GUARDED), {"decision": decision.level, "why": decision.reason})
+
+    # ---- Phase 3: RankArrive, RankDecideAgreement, RankAwaitAgreement -----------------------------
+    def _arrive(self, ep: _Episode) -> None:
+        """Report (F, g) at the control barrier.  Each store write is recorded under the exit claim
+        (exitcodes.holding_exit): a peer may act on it at once, and our watchdog must not exit
+        between write and record."""
+        ep.frontier = self.frontier
+        with self._hold():
+            count, last = self.control.arrive(ep.g, ep.frontier)
+            self.hooks.written()
+            self._act("RankArrive", self._st(PC_ARRIVED, frontier=ep.frontier, tau=self.guard.tau + self._frontier_delta),
+                      {"count": count, "last": last})
+        ep.last_arriver = last
+
+    def _decide_agreement(self, ep: _Episode) -> None:
+        """The last arriver compares every (F, g) with rank 0's and decides commit or abort:mismatch."""
+        if not ep.last_arriver:
+            return
+        with self._hold():
+            dec = self.control.decide_agreement(ep.g)
+            self.hooks.written()
+            if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
+                self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
+                                            before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
+                                                                     {"decision": dec}, outcome="fail"))
+                raise _Exited
+            self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
+
+    def _await_agreement(self, ep: _Episode) -> None:
+        dec = self.control.await_agreement(ep.g, time.monotonic() + self.deadline_s)
+        if dec != DECISION_COMMIT:
+            self._decided_abort(dec, expired=self.control.last_expired)
+        self._act("RankAwaitAgreement", self._st(PC_AGREED), {"decision": dec})
+
+    # ---- Phase 4: RankReplace --------------------------------------------------------------------
+    def _replace(self, ep: _Episode) -> None:
+        """Build R's generation-(g+1) communicator with the same members (replacement strategy)."""
+        ep.old_pg = self._pg
+        t = time.monotonic_ns()
+        ep.new_pg = self.strategy.replace(ep.old_pg, ep.g + 1, self.groups.members, self.rank, self.control.store,
+                                          self.deadline_s, name=self.groups.key)
+        self._act("RankReplace", self._st(PC_REPLACED, comm=ep.g + 1), {"duration_ns": time.monotonic_ns() - t})
+
+    # ---- Phase 5: RankRebind ---------------------------------------------------------------------
+    def _rebind(self, ep: _Episode) -> None:
+        """Every cached reference to the old communicator names the new one (sites discovered once,
+        at attach), verified: a stale reference is a :class:`RebindError`."""
+        t = time.monotonic_ns()
+        stale = 0
+        # the engine's own reference moves first: it is one of the references to rebind
+        self._pg, self._record = ep.new_pg, self.strategy.last_record
+        if self.strategy.needs_rebind:
+            skip = self.hooks.bug("skip-rebind")
+            if not skip:
+                self.adapter.rebind(self.module, self.sites, ep.old_pg, ep.new_pg)
+            check = self.adapter.verify(self.module, self.sites, ep.old_pg, ep.new_pg)
+            stale = int(check.stale)
+            ep.refs_rebound = int(check.total) - stale
+            if not check.ok and not skip:
+                raise RebindError(f"{stale} of {check.total} cached references still name the generation-{ep.g} "
+                                  f"communicator after rebinding: {check.detail}")
+        ep.old_pg = None
+        self._act("RankRebind", self._st(PC_REBOUND, refs_stale=stale),
+                  {"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t})
+
+    # ---- Phase 6: RankValidate -------------------------------------------------------------------
+    def _validate(self, ep: _Episode) -> None:
+        """An all-reduce on the new group, then every replica's digest compared."""
         import torch
 
+        t = time.monotonic_ns()
         n = len(self.groups.members)
         one = torch.ones(1)
-        new_pg.allreduce([one]).wait()
+        ep.new_pg.allreduce([one]).wait()
         if int(one[0]) != n:
-            raise ValidationError(f"validation all-reduce on generation-{g + 1} R gave {int(one[0])}, expected {n}")
+            raise ValidationError(f"validation all-reduce on generation-{ep.g + 1} R gave {int(one[0])}, expected {n}")
         mine = torch.frombuffer(bytearray(_state_digest(self.module, self.optimizer)), dtype=torch.uint8)
         outs = [torch.empty_like(mine) for _ in range(n)]
-        new_pg.allgather([outs], [mine]).wait()
+        ep.new_pg.allgather([outs], [mine]).wait()
         differing = [self.groups.members[i] for i, o in enumerate(outs) if not torch.equal(o, mine)]
         if differing:
             raise ValidationError(f"replica digests differ from rank {self.rank}'s on rank(s) {differing}: "
                                   "replicas of R do not hold identical shards; restart from the checkpoint (L2)")
-        return bytes(mine.tolist()).hex()
+        self._act("RankValidate", self._st(PC_VALIDATED),
+                  {"digest": bytes(mine.tolist()).hex(), "duration_ns": time.monotonic_ns() - t})
+
+    # ---- Release: RankReady, RankDecideRelease, RankResume ---------------------------------------
+    def _ready(self, ep: _Episode) -> None:
+        with self._hold():
+            count, last = self.control.ready(ep.g)
+            self.hooks.written()
+            self._act("RankReady", self._st(PC_READY), {"count": count, "last": last})
+        ep.last_ready = last
+
+    def _decide_release(self, ep: _Episode) -> None:
+        """The last ready rank decides the release (every rank of W voted)."""
+        if not ep.last_ready:
+            return
+        with self._hold():
+            dec = self.control.decide_release(ep.g)
+            self.hooks.written()
+            self._act("RankDecideRelease", {"pc": PC_READY}, {"decision": dec},
+                      outcome="ok" if dec == DECISION_RELEASE else "fail")
+
+    def _await_release(self, ep: _Episode) -> None:
+        dec = self.control.await_release(ep.g, time.monotonic() + self.deadline_s)
+        if dec != DECISION_RELEASE:
+            self._decided_abort(dec, expired=self.control.last_expired)
+
+    def _resume(self, ep: _Episode) -> None:
+        """RankResume: generation g+1, R's communicator swapped, the old one dropped."""
+        ep.new_pg = None
+        self.gen = ep.g + 1
+        self._frontier_delta = 0
+        self.watchdog.watch(self.gen, self.groups.key, self._record)
+        self.control.retire_revoke(ep.g, self.groups.key)
+        self._act("RankResume", self._st(PC_TRAIN, gen=self.gen, point=""), {"from_gen": ep.g}, gen=ep.g)
+
 
     # ---- exits (fail-stop) ----------------------------------------------------------------------
     def _which(self) -> str:
@@ -531,7 +607,7 @@ class Pact:
         self.watchdog.exit_on_abort(reason)
         raise _Exited
 
-    def _fail(self, exc: BaseException, t_start: int) -> None:
+    def _fail(self, exc: BaseException) -> None:
         """RankFail (exception in phases 2-6), or RankTimeout if a collective outlived the deadline."""
         claim_exit()
         g, which = self.gen, self._which()
@@ -546,13 +622,13 @@ class Pact:
             # reaching us (RankExit with its reason), not a new failure
             try:
                 standing = self.control.read_abort()
-            except Exception:
+            except Exception:  # noqa: BLE001 - store lost: no standing abort can be read
                 standing = ""
             if standing:
                 self.watchdog.exit_with(standing, claimed=True)  # records RankExit, os._exit
                 raise _Exited
         timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error and (
-            self.pc != PC_AGREED or self.groups.index in self._failed_groups)
+            self.pc != PC_AGREED or (self._episode is not None and self._episode.member))
         reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
         action = "RankTimeout" if timed_out else "RankFail"
 
@@ -568,7 +644,7 @@ class Pact:
         try:
             self.control.write_abort_decision(g, which, reason)
             self.control.abort(reason)
-        except Exception:
+        except Exception:  # noqa: BLE001 - store lost: peers' watchdogs exit DEADLINE on their own
             pass  # store lost: peers' watchdogs exit DEADLINE on their own
 
     # ---- end -------------------------------------------------------------------------------------
@@ -583,16 +659,15 @@ class Pact:
 
 
 def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
-           key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, fault_plan=None,
-           frontier: int = 0, strategy: ReplacementStrategy | None = None,
-           step_deadline_s: float | None = None) -> Pact:
+           key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
+           strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
+           hooks: Hooks | None = None) -> Pact:
     """Discover R's cached references once, install the guard, start the watchdog.
 
     ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
     (forward to the end of its boundary) before the watchdog takes the rank for hung and exits
-    72: default :func:`default_step_deadline`; ``math.inf`` turns it off."""
-    if isinstance(fault_plan, (list, tuple)):
-        fault_plan = FaultPlan.from_list(fault_plan)
+    72: default :func:`default_step_deadline`; ``math.inf`` turns it off.  ``hooks``: test-only
+    (:class:`accelpact.impl.hooks.Hooks`: fault injection at named points, seeded bugs)."""
     return Pact(module, optimizer, groups=groups, control=control, trace=trace, envelope=envelope, key=key,
-                deadline_s=deadline_s, adapter=adapter, fault_plan=fault_plan, frontier=frontier, strategy=strategy,
+                deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
                 step_deadline_s=step_deadline_s if step_deadline_s is not None else default_step_deadline(deadline_s))

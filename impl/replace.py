@@ -31,12 +31,12 @@ class ReplaceError(RuntimeError):
 def _backend_name(pg) -> str:
     try:
         return str(pg.name()).lower()
-    except Exception:
+    except Exception:  # noqa: BLE001 - name() is unavailable on some wrapped groups: ask c10d
         try:
             import torch.distributed as dist
 
             return str(dist.get_backend(pg)).lower()
-        except Exception:
+        except Exception:  # noqa: BLE001 - not a c10d group at all: assume gloo, the only other backend
             return "gloo"
 
 
@@ -48,8 +48,11 @@ def as_process_group(backend, store, group_rank: int, size: int, kind: str, name
     import torch
     import torch.distributed as dist
 
-    bt = dist.ProcessGroup.BackendType.NCCL if kind == "nccl" else dist.ProcessGroup.BackendType.GLOO
-    device = torch.device("cuda") if kind == "nccl" else torch.device("cpu")
+    from .backends import backend as _backend
+
+    b = _backend(kind)
+    bt = getattr(dist.ProcessGroup.BackendType, b.name.upper())
+    device = torch.device(b.device_type)
     pg = dist.ProcessGroup(store, group_rank, size)
     pg._set_default_backend(bt)
     pg._register_backend(device, bt, backend)

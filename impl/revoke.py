@@ -1,7 +1,7 @@
 """Revoke a process group: make every pending and future op on it fail within milliseconds.
 
 gloo has no working abort (``abort()``/``shutdown()``/``destroy_process_group`` leave a
-gloo group usable, see shared/notes/torch-facts.md).  What breaks a gloo group for real is
+gloo group usable, see spec/torch-facts.md).  What breaks a gloo group for real is
 its connected sockets closing.  So we record a group's sockets when it is built: the
 socket inodes that appear in ``/proc/self/fd`` across construction, kept only if
 ``/proc/net/tcp{,6}`` lists them ESTABLISHED.  The group's LISTEN socket is never kept:
@@ -24,6 +24,8 @@ import stat
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
+
+from .backends import backend as _backend
 
 __all__ = ["SocketRecord", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes"]
 
@@ -92,7 +94,7 @@ def recorded(build: Callable[[], T], backend: str = "gloo") -> tuple[T, SocketRe
     new = tuple(sorted((fd, ino) for fd, ino in after.items() if (fd, ino) not in before and ino in est))
     # gloo needs only the sockets: no reference to the group at all (not even a weak one, which
     # the adapters' reference walker would count as a stale cached reference after a repair)
-    return group, SocketRecord(backend=backend, sockets=new, group_ref=_weak(group) if backend == "nccl" else None)
+    return group, SocketRecord(backend=backend, sockets=new, group_ref=_weak(group) if _backend(backend).revoke == "abort" else None)
 
 
 def record_group(group, backend: str = "nccl") -> SocketRecord:
@@ -111,7 +113,7 @@ def _same_socket(fd: int, inode: int) -> bool:
 def hard_close(record: SocketRecord) -> int:
     """Revoke: shut down the group's connected sockets (gloo) or abort its communicator (NCCL).
     Returns the number of sockets shut down.  Idempotent; safe from any thread."""
-    if record.backend == "nccl":
+    if _backend(record.backend).revoke == "abort":
         group = record.group
         if group is not None and not record.closed:
             record.closed = True
@@ -119,7 +121,7 @@ def hard_close(record: SocketRecord) -> int:
 
             try:
                 c10d._abort_process_group(group)
-            except Exception:
+            except Exception:  # noqa: BLE001 - already unregistered or not a c10d group: abort it directly
                 group.abort()
         return 0
     n = 0

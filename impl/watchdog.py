@@ -2,7 +2,7 @@
 
 Why a thread and ``os._exit``: Python signal handlers do not run while the main thread
 is blocked in a gloo collective, but ``os._exit`` from another thread ends the process
-within a millisecond (shared/notes/torch-facts.md).  Each watcher thread has its own
+within a millisecond (spec/torch-facts.md).  Each watcher thread has its own
 store connection (``store.clone()``), so a blocked ``wait`` never delays the main
 thread's store ops.  Every wait is a bounded slice, re-armed in a loop.
 
@@ -55,10 +55,10 @@ class Watchdog:
     ``gen_of`` returns the rank's current generation (for the ``RankExit`` record).
     """
 
-    def __init__(self, control, *, trace=NullTrace(), gen_of: Callable[[], int] = lambda: 0,
+    def __init__(self, control, *, trace=None, gen_of: Callable[[], int] = lambda: 0,
                  pc_of: Callable[[], str] = lambda: PC_TRAIN, slice_s: float = 30.0, revoke_slice_s: float = 5.0) -> None:
         self.control = control
-        self.trace = trace
+        self.trace = trace if trace is not None else NullTrace()
         self.gen_of = gen_of
         self.pc_of = pc_of
         self._step_cv = threading.Condition()
@@ -131,7 +131,7 @@ class Watchdog:
                 release_exit()
                 return
             dec = cp.write_abort_decision(g, which, REASON_DEADLINE)
-        except Exception:  # store lost: the abort watcher exits DEADLINE
+        except Exception:  # noqa: BLE001 - store lost: the abort watcher exits DEADLINE
             release_exit()
             return
         if dec.startswith("abort:") and dec != f"abort:{REASON_DEADLINE}":
@@ -162,7 +162,7 @@ class Watchdog:
             before()
         try:
             reason = self.control.abort(hint)
-        except Exception:
+        except Exception:  # noqa: BLE001 - store lost: exit with our own reason
             reason = hint
         self.exit_with(reason, claimed=True)
 
@@ -189,7 +189,7 @@ class Watchdog:
                 self._abort_store.wait([key], datetime.timedelta(seconds=self.slice_s))
             except dist.DistStoreError:
                 continue  # slice expired: re-arm
-            except Exception as exc:  # store lost (DistNetworkError, connection reset, ...)
+            except Exception as exc:  # noqa: BLE001 - store lost (DistNetworkError, connection reset, ...)
                 if self._stop.is_set():
                     return
                 print(f"accelpact watchdog: control-plane store lost ({exc!r}); exiting DEADLINE", file=sys.stderr)
@@ -199,7 +199,7 @@ class Watchdog:
                 return
             try:
                 reason = _s(self._abort_store.get(key))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - store lost between wait and get: deadline
                 reason, _ = REASON_DEADLINE, exc
             self.exit_with(reason)
             return
@@ -220,7 +220,7 @@ class Watchdog:
                 self._revoke_store.wait([self.control.revoke_key(g, group)], datetime.timedelta(seconds=self.revoke_slice_s))
             except dist.DistStoreError:
                 continue
-            except Exception:
+            except Exception:  # noqa: BLE001 - store lost: the abort watcher handles it
                 if self._stop.is_set():
                     return
                 time.sleep(self.revoke_slice_s)  # store lost: the abort watcher exits the process
@@ -231,7 +231,7 @@ class Watchdog:
                 continue  # the generation moved on while we waited: not a revoke of the current group
             try:
                 value = _s(self._revoke_store.get(self.control.revoke_key(g, group)))
-            except Exception:
+            except Exception:  # noqa: BLE001 - store lost between wait and get: the abort watcher handles it
                 continue
             if value == RETIRED:
                 done.add((g, group))  # generation g was released without a revoke of this group

@@ -6,7 +6,7 @@ variables).  One worker process is one rank.  It
 1. connects to the supervisor's store (``MASTER_ADDR:MASTER_PORT``; under torchrun the agent hosts
    it) and namespaces everything by the restart count, ``attempt{TORCHELASTIC_RESTART_COUNT}/``:
    torchrun's store keeps the previous attempt's keys, and ``init_process_group(env://)`` fails on
-   every restart without the prefix (torch-facts, "torchrun");
+   every restart without the prefix (spec/torch-facts.md, "torchrun");
 2. builds the groups, the workload and the pact (``recovery.attach``);
 3. resumes from the latest *committed* checkpoint if there is one (the L2 path: C, then replays
    F - C steps);
@@ -31,93 +31,22 @@ import threading
 import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["JobError", "build_recorded_groups", "faults_for_attempt", "load_job", "main", "run_job", "validate_job"]
+__all__ = ["ResultFile", "build_recorded_groups", "main", "pact_groups", "run_job"]
 
-from .faults import FAULT_KINDS, FAULT_POINTS  # no torch import at module level there
-
-WRAPPERS = ("fsdp1-hybrid", "fsdp2-hybrid", "ddp")  # workload.WRAPPERS, without importing torch
-
-
-class JobError(ValueError):
-    """The job JSON is malformed; the message names the field and what to write instead."""
+from .job import Job, JobError, Topology, load_job  # torch-free
+from .rundir import RunDir
+from .wrappers import wrapper
 
 
-def validate_job(job: dict) -> dict:
-    """Check a job dict and fill defaults; raise :class:`JobError` naming the bad field."""
-    if not isinstance(job, dict):
-        raise JobError("job must be a JSON object")
-    for key in ("topology", "workload", "out"):
-        if key not in job:
-            raise JobError(f"job is missing {key!r}")
-    topo = job["topology"]
-    for k in ("nodes", "ranks_per_node"):
-        if not isinstance(topo.get(k), int) or topo[k] < 1:
-            raise JobError(f"topology.{k} must be an integer >= 1, got {topo.get(k)!r}")
-    wl = job["workload"]
-    if wl.get("wrapper") not in WRAPPERS:
-        raise JobError(f"workload.wrapper must be one of {WRAPPERS}, got {wl.get('wrapper')!r}")
-    steps = wl.get("steps")
-    if not isinstance(steps, int) or steps < 1:
-        raise JobError(f"workload.steps must be an integer >= 1, got {steps!r}")
-    every = wl.setdefault("checkpoint_every", 0)
-    if not isinstance(every, int) or every < 0:
-        raise JobError(f"workload.checkpoint_every must be an integer >= 0 (0: no checkpoints), got {every!r}")
-    wl.setdefault("seed", 0)
-    backend = job.setdefault("backend", "gloo")
-    if backend not in ("gloo", "nccl"):
-        raise JobError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    job.setdefault("scenario", "job")
-    job.setdefault("trace", False)
-    job.setdefault("deadline_s", 20.0)
-    job.setdefault("collective_timeout_s", 60.0)
-    # a step's waits: one collective on a slow or hung peer, then up to six phase waits
-    job.setdefault("step_deadline_s", job["collective_timeout_s"] + 6 * job["deadline_s"]
-                   if all(isinstance(job[k], (int, float)) for k in ("deadline_s", "collective_timeout_s")) else None)
-    for key in ("deadline_s", "collective_timeout_s", "step_deadline_s"):
-        if not isinstance(job[key], (int, float)) or isinstance(job[key], bool) or job[key] <= 0:
-            raise JobError(f"{key} must be a number of seconds > 0, got {job[key]!r}")
-    job.setdefault("seeded_bug", None)
-    envelope = job.setdefault("envelope", None)
-    if envelope is not None and not isinstance(envelope, str):
-        raise JobError(f"envelope must be the path of an envelope file or null, got {envelope!r}")
-    faults = job.setdefault("faults", [])
-    for i, f in enumerate(faults):
-        if not isinstance(f.get("step"), int) or not 0 <= f["step"] < steps:
-            raise JobError(f"faults[{i}].step must be an integer in [0, {steps}), got {f.get('step')!r}")
-        if f.get("at") not in FAULT_POINTS:
-            raise JobError(f"faults[{i}].at must be one of {FAULT_POINTS}, got {f.get('at')!r}")
-        if f.get("kind") not in FAULT_KINDS:
-            raise JobError(f"faults[{i}].kind must be one of {FAULT_KINDS}, got {f.get('kind')!r}")
-    return job
-
-
-def _failing_group(job: dict, topo, wrapper: str, own: list[int]) -> list[int]:
-    """R for the trace header: the replicate group the job's first group fault strikes (the
+def _failing_group(job: Job, kind: str, own: tuple[int, ...]) -> list[int]:
+    """R for the trace header: the group of R's kind that the job's first group fault strikes (the
     checker builds its model config from it); this rank's own group when no fault names one."""
-    if wrapper == "ddp":
-        return list(range(topo.nodes * topo.ranks_per_node))
-    for f in job.get("faults", []):
-        if f.get("kind") == "collective_timeout" and f.get("ranks"):
-            local = int(f["ranks"][0]) % topo.ranks_per_node
-            return [n * topo.ranks_per_node + local for n in range(topo.nodes)]
-    return own
-
-
-def faults_for_attempt(job: dict, attempt: int) -> list[dict]:
-    """The job's faults that strike in ``attempt`` (a fault without ``"attempt"`` strikes in 0 only),
-    without the ``attempt`` field (the engine's ``FaultPlan`` accepts only fault fields)."""
-    return [{k: v for k, v in f.items() if k != "attempt"} for f in job.get("faults", [])
-            if int(f.get("attempt", 0)) == attempt]
-
-
-def load_job(path: str | os.PathLike) -> dict:
-    try:
-        job = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise JobError(f"cannot read job file {path}: {exc}") from exc
-    return validate_job(job)
+    for f in job.faults:
+        if f.kind == "collective_timeout" and f.ranks:
+            return list(job.topology.group(kind, f.ranks[0]))
+    return list(own)
 
 
 def _jsonable(x: Any) -> Any:
@@ -144,7 +73,7 @@ class ResultFile:
     """``result-a{attempt}-r{rank}.json``, rewritten atomically (temp + rename) on every update."""
 
     def __init__(self, out: Path, attempt: int, rank: int, base: dict) -> None:
-        self.path = out / f"result-a{attempt}-r{rank}.json"
+        self.path = RunDir(out).result(attempt, rank)
         self.data = dict(base)
         self._lock = threading.Lock()
         #: fields computed when the process exits: the engine's state can be ahead of the last
@@ -166,11 +95,11 @@ def _record_exits(result: ResultFile) -> None:
     """Route ``os._exit`` through the result file, so every exit (the engine's ``exit_now``, the
     watchdog thread's exit on the abort key) leaves its code and reason on disk first.
 
-    ``os._exit`` is the only common point of every fail-stop exit (torch-facts: exit codes after
+    ``os._exit`` is the only common point of every fail-stop exit (spec/torch-facts.md: exit codes after
     gloo errors must bypass interpreter teardown).  The wrapper never raises.
     """
 
-    def _exit(code: int) -> None:  # noqa: ANN001
+    def _exit(code: int) -> None:
         try:
             live = {k: f() for k, f in result.at_exit.items()} if code else {}
             result.update(outcome="exited" if code else result.data.get("outcome", "finished"),
@@ -179,7 +108,7 @@ def _record_exits(result: ResultFile) -> None:
             pass
         _real_exit(code)
 
-    os._exit = _exit  # type: ignore[assignment]
+    os._exit = _exit  # type: ignore[assignment]  # every exit path goes through os._exit: route it via the result file
 
 
 #: After torchrun's SIGTERM, how long this rank's watchdog may take to exit it with the job's
@@ -203,7 +132,7 @@ def _on_supervisor_stop() -> None:
         claim_exit()
         os._exit(128 + signal.SIGTERM)
 
-    def handler(signum, frame) -> None:  # noqa: ANN001
+    def handler(signum, frame) -> None:
         threading.Thread(target=late_exit, name="accelpact-supervisor-stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, handler)
@@ -222,29 +151,6 @@ def _previous_frontier(store, attempt: int, rank: int) -> int | None:
     return best
 
 
-def _fault_time_ns(out: Path, attempt: int, gen: int | None = None) -> int | None:
-    """Earliest injected-fault record (``Fault*``) in ``attempt``'s traces, of generation ``gen`` if
-    given; None when tracing is off or nothing was injected."""
-    earliest = None
-    for p in out.glob(f"trace-a{attempt}-r*.ndjson"):
-        try:
-            lines = p.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a line being written right now
-            if rec.get("type") != "action" or not str(rec.get("action", "")).startswith("Fault"):
-                continue
-            if gen is not None and rec.get("gen") != gen:
-                continue
-            t = int(rec["t_ns"])
-            earliest = t if earliest is None else min(earliest, t)
-    return earliest
-
-
 def build_recorded_groups(workload, topo, rank: int, backend: str, timeout):
     """``workload.build_groups`` plus the socket record of every group this rank belongs to.
 
@@ -256,11 +162,10 @@ def build_recorded_groups(workload, topo, rank: int, backend: str, timeout):
 
     from . import revoke
 
-    rec_backend = "nccl" if backend == "nccl" else "gloo"
     records = {}
 
     def new_group(kind: str, ranks: list[int]):
-        g, rec = revoke.recorded(lambda: dist.new_group(ranks, backend=backend, timeout=timeout), rec_backend)
+        g, rec = revoke.recorded(lambda: dist.new_group(ranks, backend=backend, timeout=timeout), backend)
         if rank in ranks:
             records[kind] = rec
         return g
@@ -269,7 +174,18 @@ def build_recorded_groups(workload, topo, rank: int, backend: str, timeout):
     return groups, records
 
 
-def run_job(job: dict) -> int:
+def pact_groups(topo: Topology, rank: int, wrapper_name: str, control_group, groups, records: dict):
+    """The engine's :class:`~accelpact.impl.recovery.PactGroups` of this rank: R is its group of the
+    wrapper's kind (``Wrapper.recovers``); the others are kept (by name) for fault injection."""
+    from .recovery import PactGroups
+
+    kind = wrapper(wrapper_name).recovers
+    return PactGroups(control=control_group, affected=getattr(groups, kind), members=topo.group(kind, rank),
+                      record=records[kind], name=kind, index=topo.group_index(kind, rank),
+                      count=len(topo.groups_of_kind(kind)), others={k: v for k, v in records.items() if k != kind})
+
+
+def run_job(job: Job) -> int:
     """Run one rank of ``job`` to the end; return the exit code (0 when training finished).
 
     Ordering: store -> default group -> control/checkpoint groups -> workload groups (all ranks,
@@ -277,30 +193,34 @@ def run_job(job: dict) -> int:
     """
     from datetime import timedelta
 
-    if job.get("seeded_bug"):
-        os.environ["ACCELPACT_SEEDED_BUG"] = job["seeded_bug"]  # read by the engine at attach
     import torch
     import torch.distributed as dist
 
+    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
+
     from . import workload
+    from .backends import backend
     from .checkpoint import CheckpointManager, latest_committed
     from .controlplane import ControlPlane
-    from .recovery import PactGroups, attach
-    from .trace import NullTrace, Trace, trace_path
+    from .faults import FaultPlan
+    from .hooks import FaultInjector, Hooks
+    from .recovery import attach
+    from .trace import NullTrace, Trace
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    topo_d, wl = job["topology"], job["workload"]
-    if topo_d["nodes"] * topo_d["ranks_per_node"] != world:
-        raise JobError(f"topology {topo_d['nodes']}x{topo_d['ranks_per_node']} does not match WORLD_SIZE={world}; "
+    topo, wl = job.topology, job.workload
+    if topo.world != world:
+        raise JobError(f"topology {topo.nodes}x{topo.ranks_per_node} does not match WORLD_SIZE={world}; "
                        "launch with --nproc-per-node nodes*ranks_per_node")
-    out = Path(job["out"])
+    run = RunDir(job.out)
+    out = run.path
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     result = ResultFile(out, attempt, rank, {
-        "scenario": job["scenario"], "attempt": attempt, "restart_count": attempt, "rank": rank, "world": world,
+        "scenario": job.scenario, "attempt": attempt, "restart_count": attempt, "rank": rank, "world": world,
         "outcome": "running", "exit_code": None, "frontier": None, "start_step": 0, "resumed_from": None,
         "replayed_steps": 0, "reports": [], "checkpoints": [], "losses": {}, "t_start": t_start,
         "t_ready": None, "t_fault": None, "t_frontier": None, "pid": os.getpid(),
@@ -310,28 +230,26 @@ def run_job(job: dict) -> int:
 
     # Long timeout for setup and checkpoints; the training groups get collective_timeout_s: it is
     # what turns a hung peer into an error on the others (torchrun has no hang detection).
-    timeout = timedelta(seconds=float(job.get("pg_timeout_s", 120.0)))
-    coll_timeout = timedelta(seconds=float(job["collective_timeout_s"]))
-    deadline_s = float(job["deadline_s"])
+    timeout = timedelta(seconds=job.pg_timeout_s)
+    coll_timeout = timedelta(seconds=job.collective_timeout_s)
+    deadline_s = job.deadline_s
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
     astore = dist.PrefixStore(f"attempt{attempt}", store)
-    dist.init_process_group(job["backend"], store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
+    dist.init_process_group(job.backend, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
                             timeout=timeout)
     # Out-of-band gloo groups over W, created in the same order on every rank: the engine's control
     # group (failure flag, validation) and DCP's group (never a communicator that may fail).
     control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(deadline_s, 1.0)))
     ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
 
-    topo = workload.Topology(nodes=topo_d["nodes"], ranks_per_node=topo_d["ranks_per_node"])
-    groups, records = build_recorded_groups(workload, topo, rank, job["backend"], coll_timeout)
-    spec_fields = {k: v for k, v in wl.items() if k in workload.WorkloadSpec.__dataclass_fields__}
-    spec = workload.WorkloadSpec(**spec_fields)
+    groups, records = build_recorded_groups(workload, topo, rank, job.backend, coll_timeout)
+    spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed)
     app = workload.build_job(spec, topo, groups)
 
-    ckpt = CheckpointManager(out / "ckpt", every=wl["checkpoint_every"], rank=rank, world=world,
+    ckpt = CheckpointManager(run.ckpt, every=wl.checkpoint_every, rank=rank, world=world,
                              store=dist.PrefixStore("ckpt", astore), group=ckpt_group)
     start = 0
-    c = latest_committed(out / "ckpt", world=world)
+    c = latest_committed(run.ckpt, world=world)
     prev_f = _previous_frontier(store, attempt, rank)
     if c is not None:
         restored = ckpt.load(c, app.module, app.optimizer)
@@ -339,35 +257,25 @@ def run_job(job: dict) -> int:
             app.cursor = restored.cursor
         app.step = start = c
     replayed = max(0, (prev_f or 0) - start) if attempt > 0 else 0
-    t_fault_ns = _fault_time_ns(out, attempt - 1) if attempt > 0 else None
+    t_fault_ns = run.fault_time_ns(attempt - 1) if attempt > 0 else None
     result.update(start_step=start, resumed_from=c, replayed_steps=replayed, frontier=start,
                   t_fault=None if t_fault_ns is None else t_fault_ns / 1e9)
 
-    if spec.wrapper == "ddp":
-        pg = PactGroups(control=control_group, affected=groups.world, members=tuple(range(world)),
-                        record=records["world"], name="world", index=0, count=1,
-                        others={k: v for k, v in records.items() if k != "world"})
-    else:
-        pg = PactGroups(control=control_group, affected=groups.replicate, members=groups.replicate_ranks,
-                        record=records["replicate"], name="replicate", index=topo.local_of(rank),
-                        count=topo.ranks_per_node, others={k: v for k, v in records.items() if k != "replicate"})
-    faults = faults_for_attempt(job, attempt)
-    trace = (Trace(trace_path(out, attempt, rank), rank, dict(
+    pg = pact_groups(topo, rank, spec.wrapper, control_group, groups, records)
+    trace = (Trace(run.trace(attempt, rank), rank, dict(
         world=world, nodes=topo.nodes, ranks_per_node=topo.ranks_per_node, group=pg.name,
-        affected=_failing_group(job, topo, spec.wrapper, list(pg.members)), own_group=list(pg.members), attempt=attempt, scenario=job["scenario"], seed=wl["seed"],
-        backend=job["backend"], frontier_at_start=start, wrapper=spec.wrapper))
-        if job["trace"] else NullTrace())
+        affected=_failing_group(job, pg.name, pg.members), own_group=list(pg.members), attempt=attempt,
+        scenario=job.scenario, seed=wl.seed, backend=job.backend, frontier_at_start=start, wrapper=spec.wrapper))
+        if job.trace else NullTrace())
     control = ControlPlane(astore, rank, world, prefix="accelpact/")
     # K = (platform, profile, phase, objective): the profile is the wrapper, so an envelope written by
     # `accelpact qualify` (one cell per wrapper) applies; without an envelope file, the default one.
-    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
-
-    platform = "cpu-gloo" if job["backend"] == "gloo" else "cuda-nccl"
-    key = ObservationKey(platform, spec.wrapper, "boundary", DEFAULT_OBJECTIVE)
-    envelope = load_envelope(job["envelope"]) if job["envelope"] else default_envelope()
+    key = ObservationKey(backend(job.backend).platform, spec.wrapper, "boundary", DEFAULT_OBJECTIVE)
+    envelope = load_envelope(job.envelope) if job.envelope else default_envelope()
+    faults = job.faults_for_attempt(attempt)
+    hooks = Hooks(injector=FaultInjector(FaultPlan(faults)) if faults else None, seeded_bug=job.seeded_bug)
     pact = attach(app.module, app.optimizer, groups=pg, control=control, trace=trace, deadline_s=deadline_s,
-                  step_deadline_s=float(job["step_deadline_s"]),
-                  fault_plan=faults, frontier=start, key=key, envelope=envelope)
+                  step_deadline_s=job.step_deadline_s, frontier=start, key=key, envelope=envelope, hooks=hooks)
     result.update(t_ready=time.monotonic())
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # under torchrun (see _on_supervisor_stop)
         _on_supervisor_stop()
@@ -381,7 +289,7 @@ def run_job(job: dict) -> int:
 
     losses: dict[int, float] = {}
     t_steps: dict[int, float] = {}
-    for step in range(start, wl["steps"]):
+    for step in range(start, wl.steps):
         with pact.step(step):
             loss = workload.train_step(app, step)
         report = pact.boundary(loss)
@@ -393,7 +301,7 @@ def run_job(job: dict) -> int:
         if report is not None:
             changes["reports"] = result.data["reports"] + [_jsonable(report)]
             changes["t_frontier"] = now  # L1: training again at the agreed F (zero replay)
-            t_f = _fault_time_ns(out, attempt, gen=report.generation) if job["trace"] else None
+            t_f = run.fault_time_ns(attempt, gen=report.generation) if job.trace else None
             changes["t_fault"] = None if t_f is None else t_f / 1e9
         if prev_f is not None and frontier == prev_f:
             changes["t_frontier"] = now  # L2: back at the frontier the failure interrupted
@@ -403,9 +311,10 @@ def run_job(job: dict) -> int:
         result.update(**changes)
 
     snap = workload.snapshot(app)
-    tmp = out / f".final-r{rank}.pt.tmp"
+    final = run.final(rank)
+    tmp = final.with_name(f".{final.name}.tmp")
     torch.save(snap, tmp)
-    os.replace(tmp, out / f"final-r{rank}.pt")
+    os.replace(tmp, final)
     # Nobody leaves before everyone saved: a rank exiting early closes sockets under its peers.
     dist.barrier(group=ckpt_group)
     pact.close()

@@ -6,7 +6,7 @@ batches addressed by (step, data-parallel index), and per-rank snapshots for bit
 
 Ordering requirements:
 * ``build_groups`` is collective over the default group: every rank calls it, in the same order
-  relative to any other ``dist.new_group`` call (torch-facts: members-only calls desynchronise).
+  relative to any other ``dist.new_group`` call (spec/torch-facts.md: members-only calls desynchronise).
 * ``build_job`` seeds the global torch RNG from ``spec.seed`` before creating the model, so all
   ranks build identical weights; call it on every rank with the same spec.
 * ``train_step(job, step)`` requires ``step == job.cursor.kappa`` (zero replay, zero skipped batch).
@@ -24,45 +24,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-WRAPPERS = ("fsdp1-hybrid", "fsdp2-hybrid", "ddp")
+from .backends import backend as _backend
+from .job import Topology
+from .wrappers import GROUP_KINDS, WRAPPER_NAMES, wrapper
+
+__all__ = ["DataCursor", "Groups", "Job", "Topology", "WorkloadSpec", "build_groups", "build_job", "compare_snapshots",
+           "compare_runs", "local_params", "r_group", "r_ranks", "snapshot", "train_step"]
 
 
-# --------------------------------------------------------------------------- topology / groups
-@dataclass(frozen=True)
-class Topology:
-    """N nodes x M ranks per node; rank = node*M + local.
-
-    Shard group = the ranks of one node; replicate group = the ranks with the same local index.
-    """
-
-    nodes: int
-    ranks_per_node: int
-
-    def __post_init__(self) -> None:
-        if self.nodes < 1 or self.ranks_per_node < 1:
-            raise ValueError(f"Topology needs nodes >= 1 and ranks_per_node >= 1, got {self.nodes}x{self.ranks_per_node}")
-
-    @property
-    def world(self) -> int:
-        return self.nodes * self.ranks_per_node
-
-    def node_of(self, rank: int) -> int:
-        return rank // self.ranks_per_node
-
-    def local_of(self, rank: int) -> int:
-        return rank % self.ranks_per_node
-
-    def shard_ranks(self, node: int) -> list[int]:
-        return [node * self.ranks_per_node + l for l in range(self.ranks_per_node)]
-
-    def replicate_ranks(self, local: int) -> list[int]:
-        return [n * self.ranks_per_node + local for n in range(self.nodes)]
-
-    def mesh_ranks(self) -> list[list[int]]:
-        """2-D mesh ("replicate", "shard"): row n is node n's shard group."""
-        return [self.shard_ranks(n) for n in range(self.nodes)]
-
-
+# --------------------------------------------------------------------------- groups
 @dataclass
 class Groups:
     """This rank's communicators. ``world`` is a dedicated all-ranks group (not the default group,
@@ -94,25 +64,21 @@ def build_groups(topo: Topology, rank: int, backend: str = "gloo", timeout: time
     if dist.get_world_size() != topo.world:
         raise ValueError(f"Topology {topo.nodes}x{topo.ranks_per_node} needs world size {topo.world}, default group has {dist.get_world_size()}")
     make = new_group or (lambda kind, ranks: dist.new_group(ranks, backend=backend, timeout=timeout))
-    shard = replicate = None
-    for n in range(topo.nodes):
-        g = make("shard", topo.shard_ranks(n))
-        if topo.node_of(rank) == n:
-            shard = g
-    for l in range(topo.ranks_per_node):
-        g = make("replicate", topo.replicate_ranks(l))
-        if topo.local_of(rank) == l:
-            replicate = g
-    world = make("world", list(range(topo.world)))
+    mine: dict[str, Any] = {}
+    for kind in GROUP_KINDS:
+        for members in topo.groups_of_kind(kind):
+            g = make(kind, list(members))
+            if rank in members:
+                mine[kind] = g
+    shard, replicate, world = mine["shard"], mine["replicate"], mine["world"]
     from torch.distributed.device_mesh import DeviceMesh
 
     mesh = DeviceMesh.from_group(
-        [replicate, shard], "cuda" if backend == "nccl" else "cpu", mesh=topo.mesh_ranks(), mesh_dim_names=("replicate", "shard")
+        [replicate, shard], _backend(backend).device_type, mesh=topo.mesh_ranks(), mesh_dim_names=("replicate", "shard")
     )
     return Groups(
         topo=topo, rank=rank, replicate=replicate, shard=shard, world=world, mesh=mesh,
-        replicate_ranks=tuple(topo.replicate_ranks(topo.local_of(rank))),
-        shard_ranks=tuple(topo.shard_ranks(topo.node_of(rank))),
+        replicate_ranks=topo.group("replicate", rank), shard_ranks=topo.group("shard", rank),
     )
 
 
@@ -132,8 +98,8 @@ class WorkloadSpec:
     ddp_per_gradient: bool = True
 
     def __post_init__(self) -> None:
-        if self.wrapper not in WRAPPERS:
-            raise ValueError(f"unknown wrapper {self.wrapper!r}; use one of {WRAPPERS}")
+        if self.wrapper not in WRAPPER_NAMES:
+            raise ValueError(f"unknown wrapper {self.wrapper!r}; use one of {list(WRAPPER_NAMES)}")
         if self.dim % self.heads:
             raise ValueError(f"dim={self.dim} must be divisible by heads={self.heads}")
         if self.layers < 1 or self.seq < 2 or self.batch < 1:
@@ -234,12 +200,12 @@ class Job:
 
 
 def r_group(spec: WorkloadSpec, groups: Groups) -> Any:
-    """The group the wrapper treats as R: replicate for HSDP, the data-parallel world for DDP."""
-    return groups.world if spec.wrapper == "ddp" else groups.replicate
+    """The group the wrapper treats as R (``Wrapper.recovers``): replicate for HSDP, the world for DDP."""
+    return getattr(groups, wrapper(spec.wrapper).recovers)
 
 
 def r_ranks(spec: WorkloadSpec, groups: Groups) -> tuple[int, ...]:
-    return tuple(range(groups.topo.world)) if spec.wrapper == "ddp" else groups.replicate_ranks
+    return groups.topo.group(wrapper(spec.wrapper).recovers, groups.rank)
 
 
 def _per_gradient_allreduce(ddp, bucket):
@@ -262,39 +228,51 @@ def _per_gradient_allreduce(ddp, bucket):
 _per_gradient_allreduce.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
 
 
+def wrap_fsdp1(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
+    """FSDP1 HYBRID_SHARD over explicit (shard, replicate) groups, one unit per block."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    # Explicit (shard, replicate) groups: process_group=None silently degrades on CPU (spec/torch-facts.md).
+    return FSDP(
+        model,
+        process_group=(groups.shard, groups.replicate),
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        use_orig_params=False,
+        device_id=torch.device("cpu"),  # CPU/gloo; cpu_offload stays off (spec/torch-facts.md)
+    )
+
+
+def wrap_fsdp2(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
+    """FSDP2 ``fully_shard`` on the 2-D (replicate, shard) mesh: HSDP, one unit per block."""
+    from torch.distributed.fsdp import fully_shard
+
+    for blk in model.layers:
+        fully_shard(blk, mesh=groups.mesh)
+    return fully_shard(model, mesh=groups.mesh)
+
+
+def wrap_ddp(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
+    """DDP over the data-parallel world group."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    module = DDP(model, process_group=groups.world)
+    # Deterministic reduction order: DDP rebuilds its buckets after the first iteration, so a
+    # job restarted from a checkpoint (L2) would otherwise sum gradients in another order than
+    # the uninterrupted run (measured: differences of 2-4e-9).  Reducing every gradient on its
+    # own makes the sum independent of the bucket layout.
+    if spec.ddp_per_gradient:
+        module.register_comm_hook(module, _per_gradient_allreduce)
+    return module
+
+
 def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> Job:
-    """Build the wrapped model, AdamW and the data cursor (identical init on all ranks)."""
+    """Build the wrapped model (``WRAPPERS[spec.wrapper].wrap``), AdamW and the data cursor
+    (identical init on all ranks)."""
     torch.manual_seed(spec.seed)
     model = CharLM(vocab_size(), spec)
-    if spec.wrapper == "fsdp1-hybrid":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        # Explicit (shard, replicate) groups: process_group=None silently degrades on CPU (facts).
-        module: nn.Module = FSDP(
-            model,
-            process_group=(groups.shard, groups.replicate),
-            sharding_strategy=ShardingStrategy.HYBRID_SHARD,
-            auto_wrap_policy=ModuleWrapPolicy({Block}),
-            use_orig_params=False,
-            device_id=torch.device("cpu"),  # CPU/gloo; cpu_offload stays off (facts)
-        )
-    elif spec.wrapper == "fsdp2-hybrid":
-        from torch.distributed.fsdp import fully_shard
-
-        for blk in model.layers:
-            fully_shard(blk, mesh=groups.mesh)
-        module = fully_shard(model, mesh=groups.mesh)
-    else:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        module = DDP(model, process_group=groups.world)
-        # Deterministic reduction order: DDP rebuilds its buckets after the first iteration, so a
-        # job restarted from a checkpoint (L2) would otherwise sum gradients in another order than
-        # the uninterrupted run (measured: differences of 2-4e-9).  Reducing every gradient on its
-        # own makes the sum independent of the bucket layout.
-        if spec.ddp_per_gradient:
-            module.register_comm_hook(module, _per_gradient_allreduce)
+    module = wrapper(spec.wrapper).wrap_fn()(model, groups, spec)
     optimizer = torch.optim.AdamW(module.parameters(), lr=spec.lr, foreach=False)
     cursor = DataCursor(spec.seed, spec.batch, spec.seq, dp_index=groups.rank, dp_size=topo.world)
     return Job(spec, topo, groups, module, optimizer, cursor)
@@ -345,7 +323,7 @@ def _clone_tree(obj: Any) -> Any:
 
 
 def snapshot(job: Job) -> dict:
-    """Per-rank state for bit-identity checks (facts: shards, optimizer, RNG, step, cursor)."""
+    """Per-rank state for bit-identity checks (spec/torch-facts.md: shards, optimizer, RNG, step, cursor)."""
     return {
         "step": job.step,
         "cursor": job.cursor.kappa,
@@ -377,7 +355,7 @@ def compare_snapshots(a: Any, b: Any, path: str = "snapshot") -> tuple[bool, str
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             return False, f"{path}: length {len(a)} vs {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             ok, why = compare_snapshots(x, y, f"{path}[{i}]")
             if not ok:
                 return ok, why
@@ -385,3 +363,19 @@ def compare_snapshots(a: Any, b: Any, path: str = "snapshot") -> tuple[bool, str
     if type(a) is not type(b) or a != b:
         return False, f"{path}: {a!r} vs {b!r}"
     return True, ""
+
+
+def compare_runs(reference: Any, run: Any, world: int) -> tuple[bool, str]:
+    """Every rank's final snapshot (``RunDir.final``) of ``run`` against ``reference``'s (run folders):
+    (equal, the first difference or a one-line summary)."""
+    from .rundir import RunDir
+
+    ref, out = RunDir(reference), RunDir(run)
+    for r in range(world):
+        if not out.final(r).exists():
+            return False, f"rank {r} wrote no final snapshot ({out.final(r)})"
+        ok, why = compare_snapshots(torch.load(ref.final(r), weights_only=False), torch.load(out.final(r), weights_only=False),
+                                    f"rank {r}")
+        if not ok:
+            return False, why
+    return True, f"all {world} ranks torch.equal (params, optimizer state, RNG, step, cursor)"

@@ -201,7 +201,7 @@ def _show(v: Any) -> str:
 
 def _diff(before: State, after: State) -> list[str]:
     out = []
-    for r, (a, b) in enumerate(zip(before.ranks, after.ranks)):
+    for r, (a, b) in enumerate(zip(before.ranks, after.ranks, strict=True)):
         if a is b or a == b:
             continue
         for f in fields(a):

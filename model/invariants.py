@@ -142,7 +142,7 @@ def exit_reasons(cfg: Config, s: State) -> str | None:
 
 def generation_monotonic(cfg: Config, before: State, after: State) -> str | None:
     """S4.1: no rank's generation ever decreases."""
-    for r, (a, b) in enumerate(zip(before.ranks, after.ranks)):
+    for r, (a, b) in enumerate(zip(before.ranks, after.ranks, strict=True)):
         if b.gen < a.gen:
             return f"rank {r}'s generation went from {a.gen} back to {b.gen}"
     return None

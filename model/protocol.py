@@ -559,7 +559,7 @@ def _en_restart(cfg, s, r, arg) -> bool:
     if s.supervisor:
         return False
     gone = [rk.pc in (PC_EXITED, PC_CRASHED) for rk in s.ranks]
-    return any(gone) and all(g or rk.hung for g, rk in zip(gone, s.ranks))
+    return any(gone) and all(g or rk.hung for g, rk in zip(gone, s.ranks, strict=True))
 
 
 def _st_restart(cfg, s, r, arg) -> State:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .state import Config, Rank, State, Store
+from .state import Config, Rank, State
 
 __all__ = ["Symmetry", "rank_classes"]
 
@@ -76,10 +76,10 @@ class Symmetry:
             keys = [_rank_key(ranks[r]) for r in cls]
             if len(set(keys)) == len(keys):
                 # the signature starts with the rank key: distinct keys already fix the order
-                order = [r for _k, r in sorted(zip(keys, cls))]
+                order = [r for _k, r in sorted(zip(keys, cls, strict=True))]
             else:
                 order = sorted(cls, key=lambda r: self._signature(s, r))
-            for new, old in zip(cls, order):
+            for new, old in zip(cls, order, strict=True):
                 perm[old] = new
                 moved = moved or new != old
         return perm if moved else None
@@ -92,7 +92,9 @@ class Symmetry:
 
 def apply(s: State, perm: dict[int, int]) -> State:
     """Rename rank ids by ``perm`` (old -> new; ids not in it are fixed) everywhere in ``s``."""
-    p = lambda r: perm.get(r, r)  # noqa: E731
+    def p(r: int) -> int:
+        return perm.get(r, r)
+
     ranks = list(s.ranks)
     for old, new in perm.items():
         ranks[new] = s.ranks[old]

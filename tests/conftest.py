@@ -40,3 +40,34 @@ _profile = os.environ.get("HYPOTHESIS_PROFILE") or "ci"
 if os.environ.get("CI") and _profile != "nightly":
     _profile = "ci"
 settings.load_profile(_profile)
+
+
+# ---- multi-process harness (accelpact.testing) through fixtures -------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def ranks(tmp_path):
+    """Run N ranks of a module-level function in ``tmp_path``: ``ranks.run(fn, world, **kw)`` -> Run,
+    ``ranks.start(fn, world, **kw)`` -> Ranks (see :mod:`accelpact.testing`)."""
+    pytest.importorskip("torch")
+    from accelpact.testing import Harness
+
+    return Harness(tmp_path)
+
+
+@pytest.fixture
+def store():
+    """A master TCPStore on a free loopback port, hosted by the test process."""
+    pytest.importorskip("torch")
+    from accelpact.testing import host_store
+
+    return host_store()
+
+
+@pytest.fixture
+def connect(store):
+    """``connect()``: a new client connection to the ``store`` fixture's store."""
+    from accelpact.testing import client_store
+
+    return lambda timeout_s=60.0: client_store(store.port, timeout_s)

@@ -6,30 +6,26 @@ no walk sees: ``_update_process_group`` must be used. Ablation: rewriting only t
 reference (GenericAdapter) leaves the Reducer on the dead group and the next backward raises.
 A second failure is rebound with the same sites (discover once, rebind many).
 """
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import _mpwork  # noqa: E402
+from accelpact.testing import check_rebind_results, rebind_scenario
 
 pytestmark = pytest.mark.multiproc
 
 
 @pytest.mark.timeout(300)
-def test_ddp_2x2_rebind_after_real_failure(tmp_path):
-    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 4, tmp_path, timeout=240, wrapper="ddp", ablation="python-only",
-                            regen=True)
+def test_ddp_2x2_rebind_after_real_failure(ranks):
+    res = ranks.run(rebind_scenario, 4, init_group=True, timeout_s=240, wrapper="ddp", ablation="python-only",
+                    regen=True).values()
     for r in res:
         assert r["r_sites"] == ["model.process_group"]
         assert r["python_only_rebound"] == 1  # the walker saw (and rewrote) only the Python attribute
-    _mpwork.assert_rebind_results(res, "ddp", 2, 2)
+    check_rebind_results(res, "ddp", 2, 2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_ddp_4x2_rebind_after_real_failure(tmp_path):
-    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 8, tmp_path, timeout=450, wrapper="ddp",
-                            nodes=4, ranks_per_node=2, layers=2, pre_steps=1, post_steps=1, ablation=False)
-    _mpwork.assert_rebind_results(res, "ddp", 4, 2)
+def test_ddp_4x2_rebind_after_real_failure(ranks):
+    res = ranks.run(rebind_scenario, 8, init_group=True, timeout_s=450, wrapper="ddp",
+                    nodes=4, ranks_per_node=2, layers=2, pre_steps=1, post_steps=1, ablation=False).values()
+    check_rebind_results(res, "ddp", 4, 2)

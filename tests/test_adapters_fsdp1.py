@@ -7,38 +7,34 @@ targeted sites equal the walker's; rebind after the failure continues bit-identi
 uninterrupted run; skipping the rebind makes the next backward raise. Built from a 2-D
 ``device_mesh`` instead, the mesh's ``_pg_registry`` holds one more reference to each group.
 """
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import _mpwork  # noqa: E402
+from accelpact.testing import check_rebind_results, rebind_scenario
 
 pytestmark = pytest.mark.multiproc
 
 
 @pytest.mark.timeout(300)
-def test_fsdp1_hybrid_2x2_rebind_after_real_failure(tmp_path):
+def test_fsdp1_hybrid_2x2_rebind_after_real_failure(ranks):
     L = 4
-    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 4, tmp_path, timeout=240, wrapper="fsdp1-hybrid", layers=L)
+    res = ranks.run(rebind_scenario, 4, init_group=True, timeout_s=240, wrapper="fsdp1-hybrid", layers=L).values()
     for r in res:
         assert len(r["r_sites"]) == 2 * (L + 1), r["r_sites"]
         assert sum(p.endswith("._inter_node_pg") for p in r["r_sites"]) == L + 1
         assert sum(p.endswith("._inter_node_state.process_group") for p in r["r_sites"]) == L + 1
         assert r["shard_sites"] == r["shard_walker"] == 2 * (L + 1) + 1
-    _mpwork.assert_rebind_results(res, "fsdp1-hybrid", 2, 2)
+    check_rebind_results(res, "fsdp1-hybrid", 2, 2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_fsdp1_hybrid_4x2_rebind_after_real_failure(tmp_path):
+def test_fsdp1_hybrid_4x2_rebind_after_real_failure(ranks):
     L = 2
-    res = _mpwork.run_ranks(_mpwork.rebind_scenario, 8, tmp_path, timeout=450, wrapper="fsdp1-hybrid",
-                            nodes=4, ranks_per_node=2, layers=L, pre_steps=1, post_steps=1, ablation=False)
+    res = ranks.run(rebind_scenario, 8, init_group=True, timeout_s=450, wrapper="fsdp1-hybrid",
+                    nodes=4, ranks_per_node=2, layers=L, pre_steps=1, post_steps=1, ablation=False).values()
     for r in res:
         assert len(r["r_sites"]) == 2 * (L + 1)
-    _mpwork.assert_rebind_results(res, "fsdp1-hybrid", 4, 2)
+    check_rebind_results(res, "fsdp1-hybrid", 4, 2)
 
 
 def mesh_counts(ctx, layers):
@@ -67,9 +63,9 @@ def mesh_counts(ctx, layers):
 
 
 @pytest.mark.timeout(200)
-def test_fsdp1_hybrid_device_mesh_counts(tmp_path):
+def test_fsdp1_hybrid_device_mesh_counts(ranks):
     L = 2
-    for r in _mpwork.run_ranks(mesh_counts, 4, tmp_path, timeout=150, layers=L):
+    for r in ranks.run(mesh_counts, 4, init_group=True, timeout_s=150, layers=L).values():
         n, agree, paths = r["replicate"]
         assert agree and n == 2 * (L + 1) + 1, paths  # + the mesh's _pg_registry entry
         n, agree, paths = r["shard"]

@@ -7,28 +7,24 @@ its own TCPStore client connection (the store is what is under test, not the pro
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import _mp  # noqa: E402
-
 pytest.importorskip("torch")
 
-from accelpact.impl.controlplane import ControlPlane, SEEDED_BUGS, seeded_bug  # noqa: E402
+from accelpact.impl.controlplane import ControlPlane  # noqa: E402
+from accelpact.impl.hooks import SEEDED_BUGS, Hooks  # noqa: E402
 
 
-@pytest.fixture
-def store():
-    return _mp.master_store()
-
-
-def planes(store, world, prefix="job/"):
-    return [ControlPlane(_mp.client_store(store.port), r, world, prefix) for r in range(world)]
+def planes(connect, world, prefix="job/", seeded_bug=None):
+    """One control plane per rank, each on its own store connection (``connect``: the fixture);
+    ``seeded_bug`` configured as the pact does at attach."""
+    cps = [ControlPlane(connect(), r, world, prefix) for r in range(world)]
+    for cp in cps:
+        cp.use_seeded_bug(seeded_bug)
+    return cps
 
 
 def run_all(fns, timeout=30.0):
@@ -52,9 +48,9 @@ def run_all(fns, timeout=30.0):
 
 
 @pytest.mark.timeout(30)
-def test_agreement_commits_with_one_decider(store):
+def test_agreement_commits_with_one_decider(connect):
     """S2.1: exactly one last arriver decides; every rank reads commit."""
-    cps = planes(store, 4)
+    cps = planes(connect, 4)
 
     def rank(cp):
         def go():
@@ -71,10 +67,10 @@ def test_agreement_commits_with_one_decider(store):
 
 
 @pytest.mark.timeout(30)
-def test_late_rank_after_others_timed_out_reads_the_same_abort(store):
+def test_late_rank_after_others_timed_out_reads_the_same_abort(connect):
     """S1/S2: ranks 0-2 time out; the late rank 3 then completes the count and tries to decide
     commit, but reads the standing abort:deadline like everyone else (store.barrier would split)."""
-    cps = planes(store, 4)
+    cps = planes(connect, 4)
 
     def early(cp):
         def go():
@@ -95,10 +91,10 @@ def test_late_rank_after_others_timed_out_reads_the_same_abort(store):
 
 
 @pytest.mark.timeout(30)
-def test_frontier_mismatch_aborts_job(store):
+def test_frontier_mismatch_aborts_job(connect):
     """S2.2: a rank reporting F+1 makes the decider write abort:mismatch (the engine then writes
     the job abort after recording the decision)."""
-    cps = planes(store, 3)
+    cps = planes(connect, 3)
     for cp, f in zip(cps[:2], (5, 5)):
         assert not cp.arrive(0, f)[1]
     assert cps[2].arrive(0, 6) == (3, True)
@@ -110,8 +106,8 @@ def test_frontier_mismatch_aborts_job(store):
 
 
 @pytest.mark.timeout(30)
-def test_release_and_first_abort_wins(store):
-    cps = planes(store, 2)
+def test_release_and_first_abort_wins(connect):
+    cps = planes(connect, 2)
     assert cps[0].ready(3) == (1, False)
     assert cps[1].ready(3) == (2, True)
     assert cps[1].decide_release(3) == "release"
@@ -126,9 +122,9 @@ def test_release_and_first_abort_wins(store):
 
 
 @pytest.mark.timeout(30)
-def test_generation_fencing(store):
+def test_generation_fencing(connect):
     """S4: decisions of generation g are invisible in g+1; a stale decider cannot decide g+1."""
-    cps = planes(store, 2)
+    cps = planes(connect, 2)
     for cp in cps:
         count, last = cp.arrive(0, 5)
         if last:
@@ -141,10 +137,9 @@ def test_generation_fencing(store):
 
 
 @pytest.mark.timeout(30)
-def test_no_fence_seeded_bug_reads_stale_decision(store, monkeypatch):
+def test_no_fence_seeded_bug_reads_stale_decision(connect):
     """The no-fence seeded bug: g1 reads g0's commit without any arrival (what fencing prevents)."""
-    monkeypatch.setenv("ACCELPACT_SEEDED_BUG", "no-fence")
-    cps = planes(store, 2, prefix="nofence/")
+    cps = planes(connect, 2, prefix="nofence/", seeded_bug="no-fence")
     for cp in cps:
         count, last = cp.arrive(0, 5)
         if last:
@@ -152,25 +147,25 @@ def test_no_fence_seeded_bug_reads_stale_decision(store, monkeypatch):
     assert cps[0].await_agreement(1, time.monotonic() + 0.2) == "commit"  # stale: nobody arrived in g1
 
 
-def test_seeded_bug_env_is_validated(monkeypatch):
-    monkeypatch.setenv("ACCELPACT_SEEDED_BUG", "nonsense")
+def test_seeded_bug_is_validated():
     with pytest.raises(ValueError, match="not a seeded bug"):
-        seeded_bug()
-    monkeypatch.delenv("ACCELPACT_SEEDED_BUG")
-    assert seeded_bug() == ""
+        Hooks(seeded_bug="nonsense")
+    assert Hooks().seeded_bug is None and not Hooks().bug("no-fence")
+    assert Hooks(seeded_bug="no-fence").bug("no-fence")
     assert set(SEEDED_BUGS) == {"skip-rebind", "early-release", "no-fence", "unheld-records"}
 
 
 @pytest.mark.timeout(30)
-def test_early_release_seeded_bug_first_vote_decides(store, monkeypatch):
-    monkeypatch.setenv("ACCELPACT_SEEDED_BUG", "early-release")
-    cps = planes(store, 3, prefix="early/")
+def test_early_release_seeded_bug_first_vote_decides(connect):
+    cps = planes(connect, 3, prefix="early/", seeded_bug="early-release")
     assert cps[0].ready(0) == (1, True)
+    # without the bug the first of three votes does not decide
+    assert planes(connect, 3, prefix="fair/")[0].ready(0) == (1, False)
 
 
 @pytest.mark.timeout(30)
-def test_revoke_published_once(store):
-    cps = planes(store, 2)
+def test_revoke_published_once(connect):
+    cps = planes(connect, 2)
     assert cps[1].publish_revoke(0, "replicate1") is True
     assert cps[0].publish_revoke(0, "replicate1") is False
     assert cps[0].revoked(0, "replicate1") and not cps[0].revoked(1, "replicate1")

@@ -9,14 +9,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import sys
 import threading
 import time
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(__file__))
-import _mp  # noqa: E402
 
 pytest.importorskip("torch")
 
@@ -57,45 +53,94 @@ def test_trace_records_are_gap_free_under_threads(tmp_path):
     NullTrace().action("anything", 0)  # off: no validation, no cost
 
 
+# ---- rank functions (run in spawned ranks by accelpact.testing) --------------------------------------
+
+def blocked_in_collective(ctx, gloo_timeout_s: float) -> None:
+    """Rank 0 issues an all-reduce its peer never joins (gloo timeout ``gloo_timeout_s``) and blocks
+    waiting for it; rank 1 sleeps.  Each sets ``wd/armed{rank}`` once its watchdog runs (rank 0:
+    after issuing the collective).  Both must be ended by their watchdog when the test writes the
+    abort key.  A marker file is written if the collective ever returns or raises (it must not)."""
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.trace import Trace, trace_path
+    from accelpact.impl.watchdog import Watchdog
+
+    pg = dist.ProcessGroupGloo(dist.PrefixStore("blk", ctx.store), ctx.rank, ctx.world,
+                               datetime.timedelta(seconds=gloo_timeout_s))
+    cp = ControlPlane(ctx.store, ctx.rank, ctx.world, prefix="wd/")
+    trace = Trace(trace_path(ctx.out, 0, ctx.rank), ctx.rank, {"world": ctx.world})
+    Watchdog(cp, trace=trace, gen_of=lambda: 7).start()
+    if ctx.rank == 0:
+        work = pg.allreduce([torch.ones(1)])  # issued; the peer never joins
+        ctx.store.set("wd/armed0", "1")
+        try:
+            work.wait()
+            (ctx.out / "collective-returned").write_text("returned")
+        except RuntimeError as exc:
+            (ctx.out / "collective-returned").write_text(f"raised {exc}")
+    else:
+        ctx.store.set("wd/armed1", "1")
+        time.sleep(gloo_timeout_s * 2)  # the sleeping rank under test (not synchronisation)
+    os._exit(5)
+
+
+def store_host(ctx) -> None:
+    """Rank 0 hosts a second store and exits once rank 1's watchdog watches it; rank 1's watchdog
+    must then exit DEADLINE (the store is lost)."""
+    import torch.distributed as dist
+
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.trace import Trace, trace_path
+    from accelpact.impl.watchdog import Watchdog
+    from accelpact.testing import HOST, client_store
+
+    if ctx.rank == 0:
+        inner = dist.TCPStore(HOST, 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+        ctx.store.set("inner_port", str(inner.port))
+        ctx.store.wait(["client_ready"], datetime.timedelta(seconds=60))
+        os._exit(0)  # takes the inner store down
+    inner = client_store(int(ctx.store.get("inner_port")))
+    cp = ControlPlane(inner, ctx.rank, ctx.world, prefix="lost/")
+    trace = Trace(trace_path(ctx.out, 0, ctx.rank), ctx.rank, {"world": ctx.world})
+    Watchdog(cp, trace=trace).start()
+    ctx.store.set("client_ready", "1")
+    time.sleep(60)  # the idle rank under test: only its watchdog may end it
+    os._exit(5)
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(90)
-def test_watchdog_exits_rank_blocked_in_gloo_collective(tmp_path):
+def test_watchdog_exits_rank_blocked_in_gloo_collective(ranks, tmp_path):
     """S6: the abort key ends a rank whose main thread is blocked in a gloo collective (and a
-    sleeping one), with the abort reason's code, before the collective could time out."""
-    store = _mp.master_store()
-    result: dict = {}
+    sleeping one), with the abort reason's code, before the collective returned or timed out.
 
-    def abort_when_armed():
-        c = _mp.client_store(store.port)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (not c.check(["wd/armed"]) or int(c.add("wd/armed", 0)) < 2):
-            time.sleep(0.05)
-        time.sleep(0.5)  # rank 0 is inside the all-reduce by now
-        result["t_abort"] = time.monotonic_ns()
-        c.compare_set("wd/abort", "", "rejected")
-
-    cfg = {"gloo_timeout_s": 45.0}
-    t = threading.Thread(target=abort_when_armed, daemon=True)
-    t.start()
-    run = _mp.launch(_mp.blocked_in_collective_worker, 2, cfg, tmp_path, timeout=40, store=store)
-    t.join(5)
-    assert run.codes == {0: 70, 1: 70}, run.codes
-    assert not (tmp_path / "collective-returned").exists(), "the collective returned before the watchdog exited"
+    Ordering through the store: the abort is written only after rank 0 issued its collective and
+    both watchdogs run (``wd/armed{r}``); each RankExit is recorded after the abort was written."""
+    gloo_timeout_s = 45.0
+    with ranks.start(blocked_in_collective, 2, timeout_s=40, gloo_timeout_s=gloo_timeout_s) as launch:
+        launch.wait_keys(["wd/armed0", "wd/armed1"])
+        t_abort = time.monotonic_ns()
+        launch.store.compare_set("wd/abort", "", "rejected")
+        run = launch.wait()
+    assert run.codes == {0: 70, 1: 70}, run.explain()
+    # the collective neither returned nor raised (its gloo timeout never fired) before the exit
+    assert not (tmp_path / "collective-returned").exists(), (tmp_path / "collective-returned").read_text()
     for r in range(2):
         recs = run.trace(r)
         assert recs[-2]["action"] == "RankExit" and recs[-2]["state"] == {"pc": "exited", "reason": "rejected"}
         assert recs[-2]["gen"] == 7
         assert recs[-1]["type"] == "end" and recs[-1]["code"] == 70
-        assert recs[-2]["t_ns"] >= result["t_abort"]
-    assert run.wall_s < cfg["gloo_timeout_s"]
+        assert recs[-2]["t_ns"] >= t_abort
 
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(90)
-def test_watchdog_exits_deadline_when_store_is_lost(tmp_path):
+def test_watchdog_exits_deadline_when_store_is_lost(ranks):
     """S7: the control-plane store's host dies; the watchdog exits DEADLINE (72)."""
-    run = _mp.launch(_mp.store_host_worker, 2, {}, tmp_path, timeout=50)
-    assert run.codes == {0: 0, 1: 72}, run.codes
+    run = ranks.run(store_host, 2, timeout_s=50)
+    assert run.codes == {0: 0, 1: 72}, run.explain()
     recs = run.trace(1)
     assert recs[-2]["action"] == "RankExit" and recs[-2]["state"]["reason"] == "deadline"
     assert "store_lost" in recs[-2]["detail"]

@@ -1,6 +1,6 @@
 """DDP adapter: ``ddp.process_group`` plus the C++ Reducer, which no Python walk can see.
 
-Writing only the Python attribute fails on the next backward (torch-facts). For a group with
+Writing only the Python attribute fails on the next backward (spec/torch-facts.md). For a group with
 the same members the adapter writes the attribute and swaps the Reducer's pointer
 (``reducer._update_process_group``), keeping the bucket layout so training continues
 bit-identically; for a different size it uses ``DistributedDataParallel._update_process_group``

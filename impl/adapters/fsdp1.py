@@ -1,6 +1,6 @@
 """FSDP1 (``FullyShardedDataParallel``) adapter: the targeted list of cached group references.
 
-Measured (torch-facts): HYBRID_SHARD with L wrapped layers + root caches the replicate group
+Measured (spec/torch-facts.md): HYBRID_SHARD with L wrapped layers + root caches the replicate group
 2(L+1) times (``_inter_node_pg`` and the comm-hook ``DefaultState.process_group``, a ``__slots__``
 attribute of ``_inter_node_state``) and the shard group 2(L+1)+1 times (``process_group``,
 ``FlatParamHandle.process_group``, one shared ``_ExecOrderData.process_group``). With

@@ -183,7 +183,7 @@ def write_site(site: RefSite, old: Any, new: Any) -> None:
     """Write ``new`` where ``site`` holds ``old``. Raises RebindError for read-only sites."""
     kind, owner, key = site.kind, site.owner, site.key
     if kind == ATTR:
-        owner.__dict__[key] = new  # 3x faster than nn.Module.__setattr__ (facts)
+        owner.__dict__[key] = new  # 3x faster than nn.Module.__setattr__ (spec/torch-facts.md)
     elif kind == SLOT:
         object.__setattr__(owner, key, new)
     elif kind in (KEY, INDEX):

@@ -1,0 +1,129 @@
+"""A scenario mapped onto the model (spec/scenario-format.md "Mapping onto the model", F2 and F3).
+
+:func:`model_config` is the model instance of a scenario (world, R, F, C, group, profile, fault
+budget); :func:`script_for` translates each scenario fault into the model ``Fault*`` actions it
+stands for, each allowed only in its episode's generation and in its pc window (:data:`WINDOWS`,
+narrowed per kind by :attr:`accelpact.impl.faults.FaultKind.windows`).  The failing group R is
+computed in one place, :func:`failing_group`, through :meth:`Topology.group`.
+
+The script filters successors; the model itself is unchanged.  Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..impl.faults import IN_FLIGHT, KINDS
+from ..model.protocol import Action
+from ..model.state import (
+    PC_AGREED,
+    PC_ARRIVED,
+    PC_GUARDED,
+    PC_OBSERVED,
+    PC_READY,
+    PC_REBOUND,
+    PC_REPLACED,
+    PC_TRAIN,
+    PC_VALIDATED,
+    Config,
+    State,
+)
+from .scenario import Scenario
+
+__all__ = ["KIND_WINDOWS", "WINDOWS", "Script", "ScriptedFault", "failing_group", "model_config", "script_for", "surfaces"]
+
+#: pcs in which a recovery-phase fault may strike a rank, per point, for (member of R, non-member).
+WINDOWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "boundary": ((PC_TRAIN,), (PC_TRAIN,)),
+    "guard": ((PC_OBSERVED,), (PC_OBSERVED,)),
+    "agree": ((PC_GUARDED, PC_ARRIVED), (PC_GUARDED, PC_ARRIVED)),
+    "replace": ((PC_AGREED,), (PC_AGREED,)),
+    "rebind": ((PC_REPLACED,), (PC_AGREED,)),
+    "validate": ((PC_REBOUND,), (PC_AGREED,)),
+    "release": ((PC_VALIDATED, PC_READY), (PC_AGREED, PC_READY)),
+}
+#: Narrower windows for the kinds whose model action is enabled only in some pcs (the kind table's).
+KIND_WINDOWS: dict[str, tuple[str, ...]] = {k: fk.windows for k, fk in KINDS.items() if fk.windows is not None}
+
+
+def surfaces(point: str | None) -> tuple[str | None, ...]:
+    """Where a failure injected at ``point`` can be observed: an in-flight failure surfaces at the
+    next collective on R, which may lie in a later in-flight phase (a group broken in forward is
+    typically noticed by the backward all-reduce); a boundary failure at the boundary."""
+    if point in IN_FLIGHT:
+        return IN_FLIGHT[IN_FLIGHT.index(point):]
+    return (point,)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedFault:
+    """One model fault action the script allows: its action, rank, generation and pc window."""
+
+    action: str            # FaultGroupFail | FaultCrash | ...
+    rank: int | None       # None for FaultGroupFail
+    arg: str | None        # the point for FaultGroupFail
+    gen: int               # the episode (generation) it belongs to
+    pcs: tuple[str, ...]   # the rank's pc must be one of these
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """Which Fault* actions may fire where; each fires at most once (counted per state)."""
+
+    faults: tuple[ScriptedFault, ...]
+
+    def allowed(self, s: State, a: Action, fired: frozenset[int]) -> int | None:
+        """Index of the scripted fault that action ``a`` fires in state ``s``, or None if not allowed."""
+        for i, f in enumerate(self.faults):
+            if i in fired or f.action != a.name:
+                continue
+            if f.rank is None:
+                if a.arg in surfaces(f.arg) and s.ranks[0].gen == f.gen:
+                    return i
+                continue
+            if f.rank != a.rank:
+                continue
+            rk = s.ranks[f.rank]
+            if rk.gen == f.gen and rk.pc in f.pcs:
+                return i
+        return None
+
+
+def failing_group(sc: Scenario) -> tuple[int, ...]:
+    """R: the members of the group (of the wrapper's kind) whose collective fails."""
+    return sc.topology.group(sc.group, sc.failing_ranks[0])
+
+
+def model_config(sc: Scenario) -> Config:
+    """The model instance of a scenario (see module doc; spec/scenario-format.md "Mapping")."""
+    return Config(
+        nodes=sc.topology.nodes,
+        ranks_per_node=sc.topology.ranks_per_node,
+        affected_local=sc.topology.group_index(sc.group, sc.failing_ranks[0]),
+        group=sc.group,
+        max_faults=len(script_for(sc).faults),
+        frontier=sc.frontier,
+        checkpoint=sc.checkpoint,
+        profile=sc.workload.wrapper,
+    )
+
+
+def script_for(sc: Scenario) -> Script:
+    """Translate each scenario fault into the model fault actions it stands for."""
+    episodes = {s: g for g, s in enumerate(sc.episode_steps)}
+    members = set(failing_group(sc))
+    out: list[ScriptedFault] = [ScriptedFault("FaultGroupFail", None, sc.trigger_point(s), g, ())
+                                for g, s in enumerate(sc.episode_steps)]
+    for f in sc.faults:
+        if f.is_failure:
+            continue  # the group failure itself (above)
+        g = episodes[f.step]
+        for r in f.targets(sc.topology.world):
+            if f.at in IN_FLIGHT:
+                pcs: tuple[str, ...] = (PC_TRAIN,)
+            elif f.kind in KIND_WINDOWS:
+                pcs = KIND_WINDOWS[f.kind]
+            else:
+                pcs = WINDOWS[f.at][0 if r in members else 1]
+            out.append(ScriptedFault(f.action, r, None, g, pcs))
+    return Script(tuple(out))
