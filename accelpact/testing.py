@@ -173,11 +173,12 @@ class Ranks:
         ``timeout_s``)."""
         self.store.wait(list(keys), datetime.timedelta(seconds=timeout_s))
 
-    def wait(self) -> Run:
-        """Wait for every rank (until the launch's timeout, then kill the rest); the :class:`Run`."""
+    def wait(self, timeout_s: float | None = None) -> Run:
+        """Wait for every rank until the launch's bound (``timeout_s`` seconds after the start;
+        default the launch's), then kill the rest; the :class:`Run`."""
         if self._run is not None:
             return self._run
-        timed_out = self.procs.wait(self.timeout_s)
+        timed_out = self.procs.wait(self.timeout_s if timeout_s is None else timeout_s)
         hung = [r for r in self.procs.running()] if timed_out else []
         self.procs.kill()
         codes = dict(enumerate(self.procs.codes))
@@ -329,7 +330,7 @@ def _child_main() -> None:
         os.replace(tmp, base / f"return-r{rank}.pt")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - any failure of the rank is reported (traceback) and ends it CRASHED
         tb = traceback.format_exc()
         try:
             (base / f"error-r{rank}.txt").write_text(tb)

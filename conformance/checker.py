@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..model.contract import IN_FLIGHT_PHASES
-from ..model.protocol import ACTIONS, Action, all_actions, successors, true_lookup
+from ..model.protocol import Action, actions_for, all_actions, successors, true_lookup
 from ..model.state import (
     PC_CRASHED,
     PC_EXITED,
@@ -234,8 +234,9 @@ class TraceChecker:
             cands = [Action("FaultGroupFail", None, p) for p in self.cfg.points if point is None or p in surfaces(point)]
         else:
             cands = self.by_rank.get((rec.action, r), [])
+        table = actions_for(self.cfg)
         for a in cands:
-            spec = ACTIONS[a.name]
+            spec = table[a.name]
             if not spec.enabled(self.cfg, s, a.rank, a.arg):
                 continue
             ok, fired = self._script_ok(node, a)

@@ -8,8 +8,6 @@ accepted, 1 when rejected, 2 when the files are unusable.  No torch import.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("dir", help="run folder with trace-a<attempt>-r<rank>.ndjson files")
@@ -38,10 +36,7 @@ def run(args) -> int:
         sc = None
     try:
         if sc is not None:
-            ok, msg = check_run_traces(sc, Path(args.dir))
-            if msg.startswith("trace files unusable"):
-                print(f"check-trace: {msg}")
-                return 2
+            ok, msg = check_run_traces(sc, run_dir.path)
         else:
             ok, msgs = True, []
             for attempt, traces in sorted(load_traces(run_dir.path).items()):

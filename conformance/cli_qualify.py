@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PLATFORM = {"gloo": "cpu-gloo", "nccl": "cuda-nccl"}
-
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    from ..impl.backends import BACKEND_NAMES
+
+    parser.add_argument("--backend", default="gloo", choices=BACKEND_NAMES)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--out", default="envelope.json", help="envelope file to write (default envelope.json)")
     parser.add_argument("--wrappers", default="fsdp1-hybrid,fsdp2-hybrid,ddp", help="comma-separated wrappers to qualify")
@@ -40,43 +40,50 @@ def run(args) -> int:
 
     import torch
 
+    from ..impl.backends import backend
     from ..model.contract import DEFAULT_OBJECTIVE, Envelope, EnvelopeEntry, ObservationKey, save_envelope
     from .runner import run_scenario
 
     if args.trials < 1:
         print("qualify: --trials must be >= 1")
         return 2
-    if args.backend == "nccl" and torch.cuda.device_count() < 4:
-        print(f"qualify: --backend nccl needs 4 GPUs for the 2x2 scenarios, found {torch.cuda.device_count()}; use --backend gloo")
-        return 2
-    plat = {"torch": torch.__version__, "backend": args.backend, "python": _platform.python_version(),
-            "driver": (torch.version.cuda or "none") if args.backend == "nccl" else "none"}
-    entries = []
-    all_ok = True
+    be = backend(args.backend)
+    cells = []
     for wrapper in [w for w in args.wrappers.split(",") if w]:
         for phase in [p for p in args.phases.split(",") if p]:
             scs = cell_scenarios(wrapper, phase)
             if not scs:
                 print(f"qualify: no corpus scenario for ({wrapper}, {phase}); cell skipped")
                 continue
-            passes, trials, failures = 0, 0, []
-            for sc in scs:
-                for t in range(args.trials):
-                    rep = run_scenario(sc, backend=args.backend, out=Path(args.work) / f"{sc.name}-t{t}")
-                    trials += 1
-                    passes += int(rep.conforms)
-                    if not rep.conforms:
-                        failures.append(f"{sc.name} trial {t}: {'; '.join(rep.problems)[:300]}")
-                    print(f"  {sc.name} trial {t}: {'ok' if rep.conforms else 'FAILED'}", flush=True)
-            ok = passes == trials
-            all_ok = all_ok and ok
-            acts = ("L1", "L2") if (phase == "boundary" and ok) else ("L2",)
-            evidence = {"trials": trials, "passes": passes, "platform": plat, "scenarios": [s.name for s in scs]}
-            if failures:
-                evidence["failures"] = failures
-            key = ObservationKey(PLATFORM[args.backend], wrapper, phase, DEFAULT_OBJECTIVE)
-            entries.append(EnvelopeEntry(key, acts, evidence))
-            print(f"{key}: {passes}/{trials} conformed -> {list(acts)}")
+            cells.append((wrapper, phase, scs))
+    world = max((sc.topology.world for _w, _p, scs in cells for sc in scs), default=1)
+    why = be.unavailable(world)
+    if why:
+        print(f"qualify: {why}; use --backend gloo")
+        return 2
+    plat = {"torch": torch.__version__, "backend": args.backend, "python": _platform.python_version(),
+            "driver": (torch.version.cuda or "none") if be.device_type == "cuda" else "none"}
+    entries = []
+    all_ok = True
+    for wrapper, phase, scs in cells:
+        passes, trials, failures = 0, 0, []
+        for sc in scs:
+            for t in range(args.trials):
+                rep = run_scenario(sc, backend=args.backend, out=Path(args.work) / f"{sc.name}-t{t}")
+                trials += 1
+                passes += int(rep.conforms)
+                if not rep.conforms:
+                    failures.append(f"{sc.name} trial {t}: {'; '.join(rep.problems)[:300]}")
+                print(f"  {sc.name} trial {t}: {'ok' if rep.conforms else 'FAILED'}", flush=True)
+        ok = passes == trials
+        all_ok = all_ok and ok
+        acts = ("L1", "L2") if (phase == "boundary" and ok) else ("L2",)
+        evidence = {"trials": trials, "passes": passes, "platform": plat, "scenarios": [s.name for s in scs]}
+        if failures:
+            evidence["failures"] = failures
+        key = ObservationKey(be.platform, wrapper, phase, DEFAULT_OBJECTIVE)
+        entries.append(EnvelopeEntry(key, acts, evidence))
+        print(f"{key}: {passes}/{trials} conformed -> {list(acts)}")
     save_envelope(Envelope(tuple(entries)), args.out)
     print(f"wrote {args.out} ({len(entries)} entries)")
     return 0 if all_ok else 1

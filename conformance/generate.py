@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..impl.faults import KINDS, RECOVERY_POINTS, Fault
 from ..impl.job import Topology, Workload
+from ..impl.wrappers import WRAPPERS
 from .outcomes import check_expectation, model_outcomes
 from .scenario import Scenario
 
@@ -41,12 +42,12 @@ VICTIM = 1
 
 def _trigger(topo: Topology, wrapper: str, at: str, kind: str = "collective_timeout", step: int = STEP) -> Fault:
     """The fault on R that starts a recovery: the replicate group of local index 1 (or W for ddp)."""
-    recovers = Workload(wrapper).recovers
+    recovers = WRAPPERS[wrapper].recovers
     return Fault(step, at, kind, topo.group(recovers, VICTIM), recovers)
 
 
 def _role(topo: Topology, wrapper: str, rank: int) -> str:
-    return "member" if rank in topo.group(Workload(wrapper).recovers, VICTIM) else "outside"
+    return "member" if rank in topo.group(WRAPPERS[wrapper].recovers, VICTIM) else "outside"
 
 
 def candidates() -> list[tuple[tuple, Scenario]]:
@@ -76,6 +77,8 @@ def candidates() -> list[tuple[tuple, Scenario]]:
                 continue  # these are the group failure itself (the repair scenarios)
             for rank in (3, 2):  # a member of R (not rank 0) and a rank outside R
                 role = _role(t22, wrapper, rank)
+                if KINDS[kind].members_only and role != "member":
+                    continue
                 cell = ("2x2", wrapper, at, kind, role, 2)
                 name = f"2x2-fsdp1-{at}-{kind.replace('_', '-')}-r{rank}"
                 faults = [_trigger(t22, wrapper, "boundary"), Fault(STEP, at, kind, (rank,), "replicate")]

@@ -89,6 +89,8 @@ def forget_past(s: State) -> State:
         store=st,
         resumed=frozenset(x for x in s.resumed if x[0] >= low),
         agreed=frozenset(x for x in s.agreed if x[0] >= low),
+        exits=frozenset(x for x in s.exits if x[0] >= low),
+        validated=frozenset(g for g in s.validated if g >= low),
     )
 
 

@@ -87,20 +87,18 @@ def abstraction_for(sc: Scenario) -> Abstraction:
 
 
 def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
-    """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs."""
+    """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs.
+    :class:`TraceError` when the files are unusable (missing, torn, a rank without a trace)."""
     cfg = model_config(sc)
     msgs = []
     ok = True
-    try:
-        for attempt, traces in sorted(load_traces(out).items()):
-            if attempt == 0:
-                v = TraceChecker(cfg, traces, script=script_for(sc), abstraction=abstraction_for(sc)).check()
-            else:
-                v = TraceChecker(cfg.with_(max_faults=0), traces).check()
-            ok = ok and v.accepted
-            msgs.append(f"attempt {attempt}: {v.message}")
-    except TraceError as exc:  # missing, torn or malformed files (a rank without a trace, a seq gap)
-        return False, f"trace files unusable: {exc}"
+    for attempt, traces in sorted(load_traces(out).items()):
+        if attempt == 0:
+            v = TraceChecker(cfg, traces, script=script_for(sc), abstraction=abstraction_for(sc)).check()
+        else:
+            v = TraceChecker(cfg.with_(max_faults=0), traces).check()
+        ok = ok and v.accepted
+        msgs.append(f"attempt {attempt}: {v.message}")
     return ok, "\n".join(msgs)
 
 
@@ -216,9 +214,14 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
         if not eq:
             rep.problems.append(f"final state differs from the reference: {why}")
     # ---- oracle 2: traces
-    rep.trace_ok, rep.trace_message = check_run_traces(sc, out)
-    if not rep.trace_ok:
-        rep.problems.append("the trace checker rejects the run (see below)")
+    try:
+        rep.trace_ok, rep.trace_message = check_run_traces(sc, out)
+    except TraceError as exc:
+        rep.trace_ok, rep.trace_message = False, f"trace files unusable: {exc}"
+        rep.problems.append(rep.trace_message)
+    else:
+        if not rep.trace_ok:
+            rep.problems.append("the trace checker rejects the run (see below)")
     # ---- oracle 3: deadlines (every rank that exited did so within the bound after the fault)
     first, ends = _trace_times(out, 0, world)
     bound = 3 * deadline_s + 10.0  # a wait per decision (agree, validate, release) plus slack for a loaded machine

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..impl.faults import RECOVERY_POINTS, TRIGGER_POINTS, Fault, FaultError
+from ..impl.faults import KINDS, RECOVERY_POINTS, TRIGGER_POINTS, Fault, FaultError
 from ..impl.job import FieldError, Job, Topology, Workload, check_object
 
 __all__ = [
@@ -176,6 +176,12 @@ def _check_consistency(sc: Scenario, source: str) -> None:
         if len(points) > 1:
             raise ScenarioError(f"{source}.faults: step {s} has trigger faults at several points {sorted(points)}; R fails once per step, pick one")
     groups = {sc.topology.group(sc.group, r) for r in sc.failing_ranks}
+    members = sc.topology.group(sc.group, sc.failing_ranks[0]) if sc.failing_ranks else ()
+    for i, f in enumerate(sc.faults):
+        outside = [r for r in f.targets(sc.topology.world) if r not in members]
+        if KINDS[f.kind].members_only and outside:
+            raise ScenarioError(f"{source}.faults[{i}]: kind {f.kind!r} strikes only members of the failing group R "
+                                f"{list(members)} (only R's replicas are compared in phase 6); rank(s) {outside} are not")
     if len(groups) > 1:
         locs = sorted({sc.topology.group_index(sc.group, r) for r in sc.failing_ranks})
         raise ScenarioError(

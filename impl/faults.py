@@ -66,6 +66,8 @@ class FaultKind:
     ``failure``: at a trigger point this kind *is* the failure of R that starts the episode (the
     model's ``FaultGroupFail``), not a separate fault action.  ``windows``: the pcs in which the
     model's action for it is enabled, when narrower than the point's window (None: the point's).
+    ``members_only``: it can strike only members of the failing group R (the model's action is
+    enabled only there).
     """
 
     name: str
@@ -74,6 +76,7 @@ class FaultKind:
     effect: Callable[["Fault", "FaultContext"], dict[str, Any]]
     failure: bool = False
     windows: tuple[str, ...] | None = None
+    members_only: bool = False
     doc: str = ""
 
 
@@ -120,6 +123,19 @@ def _dirty_guard(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
     return {}
 
 
+def _corrupt_state(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+    """Flip one bit of the first element of this rank's local shard of its first parameter, in
+    place (silent data corruption after the commit: its replicas now disagree)."""
+    import torch
+
+    p = next(iter(ctx.module.parameters()))
+    local = p.to_local() if hasattr(p, "to_local") else p
+    with torch.no_grad():
+        bits = local.data.view(torch.int32 if local.element_size() == 4 else torch.int16).reshape(-1)
+        bits[0] ^= 1 << 10
+    return {}
+
+
 _RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
 
 #: kind -> FaultKind: the one table of fault kinds.
@@ -134,6 +150,8 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
               windows=(PC_TRAIN, PC_OBSERVED, PC_GUARDED), doc="the rank reports F+1 at the agreement"),
     FaultKind("dirty_guard", "FaultDirtyGuard", ("boundary", "guard"), _dirty_guard,
               windows=(PC_TRAIN, PC_OBSERVED), doc="a stale gradient and a busy wrapper at the guard check"),
+    FaultKind("corrupt_state", "FaultCorrupt", ("boundary",), _corrupt_state, windows=(PC_TRAIN, PC_OBSERVED),
+              members_only=True, doc="one bit of the rank's local parameter shard flipped after the commit: replicas disagree"),
 )}
 FAULT_KINDS: tuple[str, ...] = tuple(KINDS)
 #: the model action each kind is recorded as (outside a trigger point)

@@ -185,7 +185,9 @@ class _Episode:
     frontier: int = 0
     last_arriver: bool = False
     last_ready: bool = False
-    old_pg: Any = None
+    #: R's generation-(g+1) communicator between phases 4 and the resume.  The old one is never
+    #: kept here: the episode is reachable from the module (guard hooks -> pact), and phase 5's
+    #: check would find it as a stale reference.
     new_pg: Any = None
     refs_rebound: int = 0
     durations: dict[str, int] = field(default_factory=dict)
@@ -492,9 +494,8 @@ class Pact:
     # ---- Phase 4: RankReplace --------------------------------------------------------------------
     def _replace(self, ep: _Episode) -> None:
         """Build R's generation-(g+1) communicator with the same members (replacement strategy)."""
-        ep.old_pg = self._pg
         t = time.monotonic_ns()
-        ep.new_pg = self.strategy.replace(ep.old_pg, ep.g + 1, self.groups.members, self.rank, self.control.store,
+        ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, self.groups.members, self.rank, self.control.store,
                                           self.deadline_s, name=self.groups.key)
         self._act("RankReplace", self._st(PC_REPLACED, comm=ep.g + 1), {"duration_ns": time.monotonic_ns() - t})
 
@@ -505,18 +506,18 @@ class Pact:
         t = time.monotonic_ns()
         stale = 0
         # the engine's own reference moves first: it is one of the references to rebind
-        self._pg, self._record = ep.new_pg, self.strategy.last_record
+        old_pg, self._pg, self._record = self._pg, ep.new_pg, self.strategy.last_record
         if self.strategy.needs_rebind:
             skip = self.hooks.bug("skip-rebind")
             if not skip:
-                self.adapter.rebind(self.module, self.sites, ep.old_pg, ep.new_pg)
-            check = self.adapter.verify(self.module, self.sites, ep.old_pg, ep.new_pg)
+                self.adapter.rebind(self.module, self.sites, old_pg, ep.new_pg)
+            check = self.adapter.verify(self.module, self.sites, old_pg, ep.new_pg)
             stale = int(check.stale)
             ep.refs_rebound = int(check.total) - stale
             if not check.ok and not skip:
                 raise RebindError(f"{stale} of {check.total} cached references still name the generation-{ep.g} "
                                   f"communicator after rebinding: {check.detail}")
-        ep.old_pg = None
+        del old_pg
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=stale),
                   {"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t})
 

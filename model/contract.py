@@ -116,24 +116,21 @@ def default_envelope(
     return Envelope(tuple(entries))
 
 
-def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool, *, admit_inflight: bool = False) -> Decision:
+def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision:
     """Map an observation to L1 or L2 (C3).  Order of checks is part of the contract.
 
     1. an in-flight failure phase is L2 (the optimizer state may be half-applied);
     2. a failed guard is L2 (outstanding gradients, a busy wrapper, tau != F);
     3. a key not in the envelope is L2 (never guessed);
     4. L1 only when the entry lists it.
-
-    ``admit_inflight`` exists only for the ``admit-inflight`` mutant.
     """
     if key.phase not in FAILURE_PHASES:
         return Decision("L2", f"unknown failure phase {key.phase!r}")
-    if key.phase in IN_FLIGHT_PHASES and not admit_inflight:
+    if key.phase in IN_FLIGHT_PHASES:
         return Decision("L2", f"failure in flight ({key.phase}): not at a committed boundary")
     if not guards_ok:
         return Decision("L2", "guard failed: not a clean committed boundary")
-    probe = key if not admit_inflight else ObservationKey(key.platform, key.profile, "boundary", key.objective)
-    entry = envelope.lookup(probe)
+    entry = envelope.lookup(key)
     if entry is None:
         return Decision("L2", f"key {key} is outside the envelope")
     if "L1" in entry.actions:

@@ -3,7 +3,7 @@
 The search builds a :class:`networkx.DiGraph` whose nodes are (canonical) states, numbered in
 BFS order, and whose edges carry the :class:`~accelpact.model.protocol.Action` taken.  It checks
 
-* every state invariant (S1..S7) on every state and every edge invariant (S4.1) on every step;
+* every state invariant (``INVARIANTS``) on every state and every edge invariant (``EDGE_INVARIANTS``) on every step;
 * L3: no deadlock (a non-final state without successor) and no livelock (a terminal strongly
   connected component, found with ``nx.condensation``, that is not final);
 * L2 bounded exit: the subgraph of states where ``store.abort`` is set is acyclic, all its sinks
@@ -29,7 +29,7 @@ from typing import Any
 import networkx as nx
 
 from .invariants import EDGE_INVARIANTS, INVARIANTS
-from .protocol import ACTIONS, Action, all_actions, enabled, is_final, step
+from .protocol import Action, actions_for, all_actions, enabled, is_final, step
 from .state import PC_TRAIN, Config, State, initial_state
 from .symmetry import Symmetry
 
@@ -252,7 +252,8 @@ class _Search:
         self.cfg = cfg
         self.sym = Symmetry(cfg) if symmetry else None
         self.actions = all_actions(cfg)
-        specs = tuple((a, ACTIONS[a.name]) for a in self.actions)
+        table = actions_for(self.cfg)
+        specs = tuple((a, table[a.name]) for a in self.actions)
         # Every fault action requires an unspent fault budget and no restart (protocol._fault_ok):
         # skipping them wholesale when that fails is a pure speed-up, not a semantic change.
         self.specs = tuple(x for x in specs if x[1].actor != "fault")

@@ -1,4 +1,4 @@
-"""Safety properties as predicates on one state (spec/properties.md, ids S1-S7).
+"""Safety properties as predicates on one state (spec/properties.md: S1-S8, and W1-W2 for the model itself).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
 when it holds, or a sentence saying what is wrong.  Edge properties (generation
@@ -11,14 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .contract import decide
+from .contract import IN_FLIGHT_PHASES
 from .protocol import true_lookup
 from .state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
     EXIT_REASONS,
     PC_EXITED,
-    PC_RESTARTED,
     PC_TRAIN,
     Config,
     State,
@@ -42,26 +41,41 @@ class EdgeInvariant:
 
 
 def no_split_brain(cfg: Config, s: State) -> str | None:
-    """S1: all or none.  A rank resumes from generation g only if every rank of W completed
-    phases 2-6 of g and posted its release vote in g.  (A rank that fails *after* voting is a
-    fault of the next generation, like a crash after the release: the job-wide abort then
-    ends every rank, resumed or not.)"""
+    """S1: all or none, over outcomes.  In no generation g does one rank resume (RankResume from g)
+    while another ends in g by a fail-stop exit before g's release was decided.  (A rank that
+    exits after the release of g was decided is a failure of generation g+1, as a crash after
+    the release is: the job-wide abort then ends every rank, resumed or not.)"""
+    resumed = {}
+    for g, r, *_ in s.resumed:
+        resumed.setdefault(g, r)
+    for g, r, reason, released in sorted(s.exits):
+        if not released and g in resumed:
+            return (f"rank {resumed[g]} resumed from generation {g} (L1) while rank {r} exited in generation {g} "
+                    f"with reason {reason!r} before its release was decided (L2)")
+    return None
+
+
+def release_quorum(cfg: Config, s: State) -> str | None:
+    """S1.2: a rank resumes from generation g only after every rank of W posted its release vote in g."""
     world = set(cfg.world)
-    for g, r, _p, _d in sorted(s.resumed):
+    for g, r, *_ in sorted(s.resumed):
         voted = {rr for (gg, rr) in s.store.ready if gg == g}
         if voted != world:
             missing = sorted(world - voted)
             states = ", ".join(f"{m}:{s.ranks[m].pc}" for m in missing)
-            return f"rank {r} resumed from generation {g} but rank(s) {missing} never completed recovery in it ({states})"
+            return f"rank {r} resumed from generation {g} but rank(s) {missing} never voted in it ({states})"
     return None
 
 
-def one_decision_per_generation(cfg: Config, s: State) -> str | None:
-    """S2.1: the agreement and the release are each decided at most once per generation."""
+def decisions_stable(cfg: Config, before: State, after: State) -> str | None:
+    """S2.1: a decision, once written for generation g, never changes: every rank that reads the
+    agreement or the release of g reads the same value."""
     for name in ("agree", "release"):
-        gens = [g for g, _v in getattr(s.store, name)]
-        if len(gens) != len(set(gens)):
-            return f"two '{name}' decisions for one generation: {getattr(s.store, name)}"
+        old, new = getattr(before.store, name), getattr(after.store, name)
+        for g, v in old:
+            now = true_lookup(new, g)
+            if now != v:
+                return f"the {name} decision of generation {g} changed from {v!r} to {now!r}"
     return None
 
 
@@ -90,17 +104,23 @@ def agreement_quorum(cfg: Config, s: State) -> str | None:
 
 
 def l1_only_qualified(cfg: Config, s: State) -> str | None:
-    """S3: L1 (resume) only at a committed boundary, with passing guards, for a qualified key."""
-    for g, r, point, dirty in sorted(s.resumed):
-        d = decide(cfg.envelope, cfg.key(point), guards_ok=not dirty)
-        if not d.preserve:
-            return f"rank {r} resumed (L1) from generation {g} although the contract says L2: {d.reason}"
+    """S3: L1 (resume) only at a committed boundary, with passing guards, for a key the envelope
+    qualifies for L1.  Judged from the envelope's entries and the guard flags directly, never by
+    the contract's ``decide`` (which the protocol itself calls)."""
+    for g, r, point, dirty, *_ in sorted(s.resumed):
+        if point in IN_FLIGHT_PHASES:
+            return f"rank {r} resumed (L1) from generation {g} after a failure in flight ({point})"
+        if dirty:
+            return f"rank {r} resumed (L1) from generation {g} with a failed guard (outstanding gradients or a busy wrapper)"
+        entry = cfg.envelope.lookup(cfg.key(point))
+        if entry is None or "L1" not in entry.actions:
+            return f"rank {r} resumed (L1) from generation {g} but the envelope does not qualify {cfg.key(point)} for L1"
     return None
 
 
 def fenced_release(cfg: Config, s: State) -> str | None:
     """S4.2: a rank resumes from generation g only on a release decided in generation g."""
-    for g, r, _p, _d in sorted(s.resumed):
+    for g, r, *_ in sorted(s.resumed):
         if true_lookup(s.store.release, g) != DECISION_RELEASE:
             return f"rank {r} resumed from generation {g} but no release was decided in generation {g} (stale decision)"
     return None
@@ -120,20 +140,31 @@ def rebind_complete(cfg: Config, s: State) -> str | None:
 
 
 def state_preserved(cfg: Config, s: State) -> str | None:
-    """S6: L1 resumes at F with S_app unchanged and zero replay; L2 resumes from C and replays F - C."""
+    """S6: L1 resumes at the agreed F with S_app unchanged and zero replay: a rank training in a
+    generation > 0 has tau = F (rank 0's committed frontier) and replayed nothing.  (The L2 half,
+    a restart from C replaying F - C, is what the supervisor's step does, not a property.)"""
     for r, rk in enumerate(s.ranks):
         # a rank of a later episode (its generation failed again) may carry an injected fault
         # (FaultMismatch at that boundary): checked when it resumed, before that failure
         later_episode = s.store.failed is not None and s.store.failed[0] == rk.gen
         if rk.pc == PC_TRAIN and rk.gen > 0 and not later_episode and (rk.tau != cfg.frontier or rk.replayed != 0):
             return f"rank {r} resumed at tau={rk.tau} replaying {rk.replayed} steps; L1 must resume at F={cfg.frontier} with 0"
-        if rk.pc == PC_RESTARTED and (rk.tau != cfg.frontier or rk.replayed != cfg.frontier - cfg.checkpoint):
-            return f"rank {r} restarted at tau={rk.tau} replaying {rk.replayed}; L2 must replay F-C={cfg.frontier - cfg.checkpoint}"
+    return None
+
+
+def replicas_validated(cfg: Config, s: State) -> str | None:
+    """S8: no rank resumes (L1) from a generation in which the replicas of R disagreed: phase 6's
+    cross-replica check stands between a corrupt S_app and the release."""
+    for g, r, _p, _d, replicas_ok in sorted(s.resumed):
+        if not replicas_ok:
+            bad = [m for m in cfg.affected if s.ranks[m].corrupt]
+            return f"rank {r} resumed from generation {g} while the replicas of R disagree (corrupt: {bad})"
     return None
 
 
 def exit_reasons(cfg: Config, s: State) -> str | None:
-    """S7: every exit carries one of the documented reasons."""
+    """W2 (well-formedness of the model, not a protocol property): every exit carries one of the
+    documented reasons."""
     for r, rk in enumerate(s.ranks):
         if rk.pc == PC_EXITED and rk.reason not in EXIT_REASONS:
             return f"rank {r} exited with undocumented reason {rk.reason!r}"
@@ -141,28 +172,35 @@ def exit_reasons(cfg: Config, s: State) -> str | None:
 
 
 def generation_monotonic(cfg: Config, before: State, after: State) -> str | None:
-    """S4.1: no rank's generation ever decreases."""
+    """W1 (well-formedness of the model, not a protocol property): no rank's generation decreases."""
     for r, (a, b) in enumerate(zip(before.ranks, after.ranks, strict=True)):
         if b.gen < a.gen:
             return f"rank {r}'s generation went from {a.gen} back to {b.gen}"
     return None
 
 
+#: The safety properties (spec/properties.md): each has a named mutant that breaks it (model/mutants.py).
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S1", "NoSplitBrain", no_split_brain),
-    Invariant("S2.1", "OneDecisionPerGeneration", one_decision_per_generation),
+    Invariant("S1.2", "ReleaseQuorum", release_quorum),
     Invariant("S2.2", "AgreedFrontier", agreed_frontier),
     Invariant("S2.3", "AgreementQuorum", agreement_quorum),
     Invariant("S3", "L1OnlyQualified", l1_only_qualified),
     Invariant("S4.2", "FencedRelease", fenced_release),
     Invariant("S5", "RebindComplete", rebind_complete),
     Invariant("S6", "StatePreserved", state_preserved),
-    Invariant("S7", "ExitReasons", exit_reasons),
+    Invariant("S8", "ReplicasValidated", replicas_validated),
+    # model well-formedness: checked on every state, but true of the encoding, not of the protocol
+    Invariant("W2", "ExitReasons", exit_reasons),
 )
 
 EDGE_INVARIANTS: tuple[EdgeInvariant, ...] = (
-    EdgeInvariant("S4.1", "GenerationMonotonic", generation_monotonic),
+    EdgeInvariant("S2.1", "DecisionsStable", decisions_stable),
+    EdgeInvariant("W1", "GenerationMonotonic", generation_monotonic),
 )
+
+#: ids of the safety properties proper (each must have a mutant that breaks it)
+SAFETY_PROPERTIES = tuple(i.id for i in INVARIANTS + EDGE_INVARIANTS if i.id.startswith("S"))
 
 
 def check_state(cfg: Config, s: State) -> list[tuple[Invariant, str]]:

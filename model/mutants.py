@@ -1,33 +1,260 @@
-"""Deliberately broken protocol variants, selected by name (``Config.mutant``).
+"""Deliberately broken protocol variants: each one replaces actions in the action table.
 
-Each mutant is a one-line change inside :mod:`accelpact.model.protocol` (search for its
-name there).  The exploration must reject every one of them: that is how we show the
-search has teeth.  ``expect`` names the properties a counterexample is expected to break
+A mutant never edits :mod:`accelpact.model.protocol`: it is a table in which some actions are
+replaced by broken ones (``Config.mutant`` selects it; :func:`accelpact.model.protocol.actions_for`
+returns it).  The spec reads clean, and each mutant is read here, in one place, as "the spec, except
+that this action does that".  The exploration must reject every one of them: each safety property
+has at least one mutant that breaks it, caught by the exhaustive search and by hypothesis
+(``tests/test_model_mutants.py``); ``expect`` names the properties a counterexample may break
 (any one of them counts as caught).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping
+
+from .contract import IN_FLIGHT_PHASES, decide
+from .protocol import (
+    ACTIONS,
+    ActionSpec,
+    _abort,
+    _active,
+    _count_ready,
+    _decision_key,
+    _exit,
+    true_lookup,
+)
+from .state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_OBSERVED, PC_READY, PC_REBOUND, REASON_DEADLINE,
+                    REASON_MISMATCH, Config, State, Store)
+
+__all__ = ["MUTANTS", "Mutant", "get", "table"]
+
+Enabled = Callable[[Config, State, "int | None", "str | None"], bool]
+Step = Callable[[Config, State, "int | None", "str | None"], State]
 
 
 @dataclass(frozen=True, slots=True)
 class Mutant:
+    """A broken variant: ``replace`` maps action names to a function of the correct ActionSpec
+    returning the broken one."""
+
     name: str
     bug: str
     expect: tuple[str, ...]
+    replace: Mapping[str, Callable[[ActionSpec], ActionSpec]]
 
+
+def _never(cfg, s, r, arg) -> bool:
+    return False
+
+
+def _disabled(spec: ActionSpec) -> ActionSpec:
+    return replace(spec, enabled=_never)
+
+
+def _step(fn: Callable[[ActionSpec], Step]) -> Callable[[ActionSpec], ActionSpec]:
+    return lambda spec: replace(spec, step=fn(spec))
+
+
+def _enabled(fn: Callable[[ActionSpec], Enabled]) -> Callable[[ActionSpec], ActionSpec]:
+    return lambda spec: replace(spec, enabled=fn(spec))
+
+
+# ---- early-release: the first vote decides the release --------------------------------------------
+def _ready_first_vote_decides(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        t = spec.step(cfg, s, r, arg)
+        g = s.ranks[r].gen
+        if _count_ready(t, g) == 1 and (g, r) not in t.store.last_ready:
+            t = t.with_store(last_ready=t.store.last_ready + ((g, r),))
+        return t
+    return step
+
+
+# ---- skip-agreement: a rank passes phase 3 as soon as it posted (F, g) ----------------------------
+def _arrive_and_pass(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        rk = s.ranks[r]
+        s = s.with_store(arrivals=s.store.arrivals | {(rk.gen, r, rk.frontier, rk.gen)})
+        s = s.with_rank(r, pc=PC_AGREED)
+        return replace(s, agreed=s.agreed | {(rk.gen, r, rk.frontier)})
+    return step
+
+
+# ---- partial-rebind: only the first cached reference is rebound ----------------------------------
+def _rebind_first_only(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        before = s.ranks[r].refs
+        t = spec.step(cfg, s, r, arg)
+        return t.with_rank(r, refs=t.ranks[r].refs[:1] + before[1:])
+    return step
+
+
+# ---- admit-inflight / ignore-guard: the contract judged on the wrong inputs ---------------------------
+def _contract_with(point_of: Callable[[str], str], guards_ok: Callable[[bool], bool], want: bool) -> Callable[[ActionSpec], Enabled]:
+    def make(spec: ActionSpec) -> Enabled:
+        def enabled(cfg, s, r, arg):
+            rk = s.ranks[r]
+            if rk.pc != PC_OBSERVED or not _active(s, r):
+                return False
+            d = decide(cfg.envelope, cfg.key(point_of(rk.point)), guards_ok=guards_ok(not rk.dirty))
+            return d.preserve == want
+        return enabled
+    return make
+
+
+def _as_boundary(point: str) -> str:
+    return "boundary" if point in IN_FLIGHT_PHASES else point
+
+
+def _same(point: str) -> str:
+    return point
+
+
+def _always(ok: bool) -> bool:
+    return True
+
+
+def _as_given(ok: bool) -> bool:
+    return ok
+
+
+# ---- timeout-leaves-decision-open: the split brain -----------------------------------------------
+def _timeout_without_decision(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        return _exit(_abort(s, REASON_DEADLINE), r, REASON_DEADLINE)
+    return step
+
+
+# ---- overwrite-decision: an abort overwrites the decision instead of compare_set -------------------
+def _overwrite(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        which = _decision_key(s.ranks[r].pc)
+        g = s.ranks[r].gen
+        t = spec.step(cfg, s, r, arg)
+        value = f"abort:{t.ranks[r].reason}"
+        pairs = tuple(p for p in getattr(t.store, which) if p[0] != g) + ((g, value),)
+        return t.with_store(**{which: pairs})
+    return step
+
+
+# ---- skip-validation: members pass phase 6 without the collective or the digests ------------------
+def _validate_alone(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, arg):
+        return s.ranks[r].pc == PC_REBOUND and _active(s, r)
+    return enabled
+
+
+# ---- no-frontier-check: the agreement compares generations but not frontiers -----------------------
+def _decide_without_frontiers(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        g = s.ranks[r].gen
+        rows = [a for a in s.store.arrivals if a[0] == g]
+        value = DECISION_COMMIT if all(a[3] == g for a in rows) else f"abort:{REASON_MISMATCH}"
+        t = s.with_store(agree=s.store.agree + ((g, value),) if true_lookup(s.store.agree, g) is None else s.store.agree)
+        return t if value == DECISION_COMMIT else _abort(t, REASON_MISMATCH)
+    return step
+
+
+# ---- stale-release: a rank resumes on a release decided in any generation -----------------------
+def _resume_on_any_release(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, arg):
+        rk = s.ranks[r]
+        return (rk.pc == PC_READY and _active(s, r) and _count_ready(s, rk.gen) == len(cfg.world)
+                and any(v == DECISION_RELEASE for _g, v in s.store.release))
+    return enabled
+
+
+# ---- reload-on-resume: "in-process restart": resuming reloads the last checkpoint ------------------
+def _resume_from_checkpoint(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        t = spec.step(cfg, s, r, arg)
+        return t.with_rank(r, tau=cfg.checkpoint, replayed=cfg.frontier - cfg.checkpoint)
+    return step
+
+
+# ---- no-fence: store keys without the generation -------------------------------------------------
+def _blind(st: Store, g: int) -> Store:
+    """The store as a rank in generation ``g`` sees it when keys carry no generation: every key's
+    entries, whatever generation wrote them, are under the one key (the first write stands)."""
+    return replace(
+        st,
+        revoked=frozenset({g}) if st.revoked else frozenset(),
+        arrivals=frozenset((g, r, f, gr) for _g, r, f, gr in st.arrivals),
+        agree=tuple((g, v) for _g, v in st.agree),
+        ready=frozenset((g, r) for _g, r in st.ready),
+        release=tuple((g, v) for _g, v in st.release),
+    )
+
+
+def _unfenced(spec: ActionSpec) -> ActionSpec:
+    """Run a rank's action against :func:`_blind`; what it writes lands in the real store."""
+    if spec.actor != "rank":
+        return spec
+
+    def enabled(cfg, s, r, arg):
+        return spec.enabled(cfg, replace(s, store=_blind(s.store, s.ranks[r].gen)), r, arg)
+
+    def step(cfg, s, r, arg):
+        g = s.ranks[r].gen
+        view = _blind(s.store, g)
+        t = spec.step(cfg, replace(s, store=view), r, arg)
+        new, old = t.store, s.store
+        merged = replace(
+            old,
+            failed=new.failed,
+            abort=new.abort,
+            revoked=old.revoked | (new.revoked - view.revoked),
+            arrivals=old.arrivals | (new.arrivals - view.arrivals),
+            last_arriver=old.last_arriver + new.last_arriver[len(view.last_arriver):],
+            agree=old.agree + new.agree[len(view.agree):],
+            ready=old.ready | (new.ready - view.ready),
+            last_ready=old.last_ready + new.last_ready[len(view.last_ready):],
+            release=old.release + new.release[len(view.release):],
+        )
+        return replace(t, store=merged)
+
+    return replace(spec, enabled=enabled, step=step)
+
+
+_NO_FENCE = {name: _unfenced for name, spec in ACTIONS.items() if spec.actor == "rank"}
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
-        Mutant("early-release", "the release is decided by the first vote instead of the last", ("S1",)),
-        Mutant("skip-agreement", "a rank passes phase 3 without waiting for the agreed decision", ("S2.2", "S2.3")),
-        Mutant("no-fence", "store keys are not namespaced by generation: stale decisions are read", ("S2.3", "S4.2", "S2.1")),
-        Mutant("partial-rebind", "rebinding updates only the first cached reference", ("S5",)),
-        Mutant("admit-inflight", "the contract admits L1 for in-flight (forward/backward/optimizer) failures", ("S3",)),
-        Mutant("linger", "survivors keep waiting instead of exiting on an abort or an expired deadline", ("deadlock", "L2")),
-        Mutant("no-step-deadline", "the watchdog has no step deadline: a hung rank exits only on the abort key", ("deadlock", "L2")),
+        Mutant("early-release", "the release is decided by the first vote instead of the last", ("S1", "S1.2"),
+               {"RankReady": _step(_ready_first_vote_decides)}),
+        Mutant("skip-agreement", "a rank passes phase 3 without waiting for the agreed decision", ("S2.2", "S2.3"),
+               {"RankArrive": _step(_arrive_and_pass)}),
+        Mutant("no-fence", "store keys are not namespaced by generation: stale decisions are read", ("S2.3", "S4.2", "S2.1"),
+               _NO_FENCE),
+        Mutant("partial-rebind", "rebinding updates only the first cached reference", ("S5",),
+               {"RankRebind": _step(_rebind_first_only)}),
+        Mutant("admit-inflight", "the contract admits L1 for in-flight (forward/backward/optimizer) failures", ("S3",),
+               {"RankGuard": _enabled(_contract_with(_as_boundary, _as_given, True)),
+                "RankReject": _enabled(_contract_with(_as_boundary, _as_given, False))}),
+        Mutant("ignore-guard", "the contract decides without the guard (outstanding gradients, a busy wrapper pass)", ("S3",),
+               {"RankGuard": _enabled(_contract_with(_same, _always, True)),
+                "RankReject": _enabled(_contract_with(_same, _always, False))}),
+        Mutant("timeout-leaves-decision-open",
+               "a rank whose wait expires writes the job abort and exits 72 but leaves its phase's decision key open",
+               ("S1",), {"RankTimeout": _step(_timeout_without_decision)}),
+        Mutant("overwrite-decision", "an abort overwrites its phase's decision (a plain set instead of compare_set)",
+               ("S2.1", "S1"), {name: _step(_overwrite) for name in ("RankTimeout", "RankExpire", "RankFail", "RankReject")}),
+        Mutant("skip-validation", "members of R pass phase 6 alone: no validation collective, no digest comparison",
+               ("S8",), {"RankValidate": _enabled(_validate_alone)}),
+        Mutant("no-frontier-check", "the agreement decides commit without comparing every F with rank 0's", ("S2.2", "S6"),
+               {"RankDecideAgreement": _step(_decide_without_frontiers)}),
+        Mutant("stale-release", "once every vote is in, a rank resumes on a release decided in any generation", ("S4.2",),
+               {"RankResume": _enabled(_resume_on_any_release)}),
+        Mutant("reload-on-resume", "resuming reloads the last checkpoint in place (replays F - C) instead of keeping S_app",
+               ("S6",), {"RankResume": _step(_resume_from_checkpoint)}),
+        Mutant("linger", "survivors keep waiting instead of exiting on an abort or an expired deadline", ("deadlock", "L2"),
+               {name: _disabled for name in ("RankTimeout", "RankExpire", "RankExit")}),
+        Mutant("no-step-deadline", "the watchdog has no step deadline: a hung rank exits only on the abort key",
+               ("deadlock", "L2"), {"RankExpire": _disabled}),
     )
 }
 
@@ -38,3 +265,13 @@ def get(name: str) -> Mutant:
         return MUTANTS[name]
     except KeyError:
         raise ValueError(f"unknown mutant {name!r}; choose one of: {', '.join(MUTANTS)}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def table(name: str) -> dict[str, ActionSpec]:
+    """The action table of mutant ``name``: :data:`ACTIONS` with its replacements."""
+    m = get(name)
+    unknown = set(m.replace) - set(ACTIONS)
+    if unknown:
+        raise ValueError(f"mutant {name!r} replaces unknown action(s) {sorted(unknown)}")
+    return {n: (m.replace[n](spec) if n in m.replace else spec) for n, spec in ACTIONS.items()}

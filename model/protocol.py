@@ -50,6 +50,7 @@ __all__ = [
     "Action",
     "ActionSpec",
     "FAULT_KINDS",
+    "actions_for",
     "all_actions",
     "enabled",
     "initial_state",
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 #: Fault kinds (spec/fault-model.md).  Config.faults selects a subset; empty means all.
-FAULT_KINDS = ("group_fail", "crash", "hang", "raise", "mismatch", "dirty_guard", "delay", "drop")
+FAULT_KINDS = ("group_fail", "crash", "hang", "raise", "mismatch", "dirty_guard", "delay", "drop", "corrupt")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,41 +88,30 @@ class ActionSpec:
 
 
 # --------------------------------------------------------------------------------------
-# Helpers.  ``_lookup``/``_count`` are where generation fencing lives: every store key is
-# namespaced by the generation; the ``no-fence`` mutant drops the namespace.
-
-def _fenced(cfg: Config) -> bool:
-    return cfg.mutant != "no-fence"
-
-
-def _lookup(cfg: Config, pairs: tuple[tuple[int, str], ...], gen: int) -> str | None:
-    for g, value in pairs:
-        if g == gen or not _fenced(cfg):
-            return value
-    return None
-
+# Helpers.  Generation fencing lives in the store keys: every entry carries the generation it
+# was written in, and every lookup and count is of one generation's entries.
 
 def true_lookup(pairs: tuple[tuple[int, str], ...], gen: int) -> str | None:
-    """The value written in generation ``gen`` (what invariants use, mutant or not)."""
+    """The value written under generation ``gen``'s key (None when the key is empty)."""
     for g, value in pairs:
         if g == gen:
             return value
     return None
 
 
-def _compare_set(cfg: Config, pairs: tuple[tuple[int, str], ...], gen: int, value: str) -> tuple[tuple[int, str], ...]:
-    """Single assignment: write only if the (generation-namespaced) key is empty."""
-    if _lookup(cfg, pairs, gen) is not None:
+def _compare_set(pairs: tuple[tuple[int, str], ...], gen: int, value: str) -> tuple[tuple[int, str], ...]:
+    """Single assignment: write only if generation ``gen``'s key is empty."""
+    if true_lookup(pairs, gen) is not None:
         return pairs
     return pairs + ((gen, value),)
 
 
-def _count_arrivals(cfg: Config, s: State, gen: int) -> int:
-    return sum(1 for a in s.store.arrivals if a[0] == gen or not _fenced(cfg))
+def _count_arrivals(s: State, gen: int) -> int:
+    return sum(1 for a in s.store.arrivals if a[0] == gen)
 
 
-def _count_ready(cfg: Config, s: State, gen: int) -> int:
-    return sum(1 for a in s.store.ready if a[0] == gen or not _fenced(cfg))
+def _count_ready(s: State, gen: int) -> int:
+    return sum(1 for a in s.store.ready if a[0] == gen)
 
 
 def _member(cfg: Config, r: int) -> bool:
@@ -162,6 +152,8 @@ def _abort(s: State, reason: str) -> State:
 
 
 def _exit(s: State, r: int, reason: str) -> State:
+    g = s.ranks[r].gen
+    s = replace(s, exits=s.exits | {(g, r, reason, true_lookup(s.store.release, g) == DECISION_RELEASE)})
     return s.with_rank(r, pc=PC_EXITED, reason=reason, hung=False, raised=False)
 
 
@@ -174,12 +166,12 @@ def _write_abort_decision(cfg: Config, s: State, r: int, reason: str) -> State:
     rk = s.ranks[r]
     which = _decision_key(rk.pc)
     pairs = getattr(s.store, which)
-    return s.with_store(**{which: _compare_set(cfg, pairs, rk.gen, f"abort:{reason}")})
+    return s.with_store(**{which: _compare_set(pairs, rk.gen, f"abort:{reason}")})
 
 
 def _contract_decision(cfg: Config, s: State, r: int):
     rk = s.ranks[r]
-    return decide(cfg.envelope, cfg.key(rk.point), guards_ok=not rk.dirty, admit_inflight=cfg.mutant == "admit-inflight")
+    return decide(cfg.envelope, cfg.key(rk.point), guards_ok=not rk.dirty)
 
 
 # --------------------------------------------------------------------------------------
@@ -229,14 +221,10 @@ def _en_arrive(cfg, s, r, arg) -> bool:
 def _st_arrive(cfg, s, r, arg) -> State:
     rk = s.ranks[r]
     g = rk.gen
-    if cfg.mutant == "skip-agreement":
-        s = s.with_store(arrivals=s.store.arrivals | {(g, r, rk.frontier, rk.gen)})
-        s = s.with_rank(r, pc=PC_AGREED)
-        return replace(s, agreed=s.agreed | {(g, r, rk.frontier)})
     if rk.drop:  # the write is lost; the rank believes it arrived
         return s.with_rank(r, pc=PC_ARRIVED, drop=False, lost=True)
     s = s.with_store(arrivals=s.store.arrivals | {(g, r, rk.frontier, rk.gen)})
-    if _count_arrivals(cfg, s, g) == len(cfg.world):
+    if _count_arrivals(s, g) == len(cfg.world):
         s = s.with_store(last_arriver=s.store.last_arriver + ((g, r),))
     return s.with_rank(r, pc=PC_ARRIVED)
 
@@ -247,18 +235,20 @@ def _en_decide_agreement(cfg, s, r, arg) -> bool:
         rk.pc == PC_ARRIVED
         and _active(s, r)
         and (rk.gen, r) in s.store.last_arriver
-        and _lookup(cfg, s.store.agree, rk.gen) is None
+        and true_lookup(s.store.agree, rk.gen) is None
     )
 
 
 def _st_decide_agreement(cfg, s, r, arg) -> State:
     g = s.ranks[r].gen
-    rows = [a for a in s.store.arrivals if a[0] == g or not _fenced(cfg)]
+    rows = [a for a in s.store.arrivals if a[0] == g]
     ref = [a for a in rows if a[1] == 0]
     f0 = ref[-1][2] if ref else None
-    ok = f0 is not None and all(a[2] == f0 and (a[3] == g or not _fenced(cfg)) for a in rows)
+    # every row reports rank 0's F and the generation it was written in (the value is "F,g": with
+    # keys that are not namespaced, mutant no-fence, this is what still tells a stale row)
+    ok = f0 is not None and all(a[2] == f0 and a[3] == g for a in rows)
     value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
-    s = s.with_store(agree=_compare_set(cfg, s.store.agree, g, value))
+    s = s.with_store(agree=_compare_set(s.store.agree, g, value))
     if not ok:
         s = _abort(s, REASON_MISMATCH)
     return s
@@ -266,7 +256,7 @@ def _st_decide_agreement(cfg, s, r, arg) -> State:
 
 def _en_await_agreement(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    return rk.pc == PC_ARRIVED and _active(s, r) and _lookup(cfg, s.store.agree, rk.gen) == DECISION_COMMIT
+    return rk.pc == PC_ARRIVED and _active(s, r) and true_lookup(s.store.agree, rk.gen) == DECISION_COMMIT
 
 
 def _st_await_agreement(cfg, s, r, arg) -> State:
@@ -292,10 +282,7 @@ def _en_rebind(cfg, s, r, arg) -> bool:
 
 
 def _st_rebind(cfg, s, r, arg) -> State:
-    rk = s.ranks[r]
-    new = rk.gen + 1
-    refs = (new,) * cfg.refs if cfg.mutant != "partial-rebind" else (new,) + rk.refs[1:]
-    return s.with_rank(r, pc=PC_REBOUND, refs=refs)
+    return s.with_rank(r, pc=PC_REBOUND, refs=(s.ranks[r].gen + 1,) * cfg.refs)
 
 
 # Phase 6: validation on the new group (members of R), then the release vote (all of W)
@@ -309,16 +296,31 @@ def _in_validation(cfg: Config, s: State, m: int, gen: int) -> bool:
     return mk.pc == PC_REBOUND and not mk.hung and not mk.raised
 
 
-def _en_validate(cfg, s, r, arg) -> bool:
+def _validation_complete(cfg: Config, s: State, r: int) -> bool:
+    """The validation all-reduce (and the digests' all-gather) completes only when every member of
+    R has joined it."""
     rk = s.ranks[r]
     if rk.pc != PC_REBOUND or not _active(s, r):
         return False
-    # the validation all-reduce completes only when every member of R has joined it
-    return all(_in_validation(cfg, s, m, rk.gen) for m in cfg.affected)
+    return rk.gen in s.validated or all(_in_validation(cfg, s, m, rk.gen) for m in cfg.affected)
+
+
+def _complete_validation(s: State, r: int) -> State:
+    g = s.ranks[r].gen
+    return s if g in s.validated else replace(s, validated=s.validated | {g})
+
+
+def _replicas_agree(cfg: Config, s: State) -> bool:
+    """Every member of R holds the same S_app (their digests are equal)."""
+    return not any(s.ranks[m].corrupt for m in cfg.affected)
+
+
+def _en_validate(cfg, s, r, arg) -> bool:
+    return _validation_complete(cfg, s, r) and _replicas_agree(cfg, s)
 
 
 def _st_validate(cfg, s, r, arg) -> State:
-    return s.with_rank(r, pc=PC_VALIDATED)
+    return _complete_validation(s, r).with_rank(r, pc=PC_VALIDATED)
 
 
 def _en_ready(cfg, s, r, arg) -> bool:
@@ -333,8 +335,7 @@ def _st_ready(cfg, s, r, arg) -> State:
     if rk.drop:
         return s.with_rank(r, pc=PC_READY, drop=False, lost=True)
     s = s.with_store(ready=s.store.ready | {(g, r)})
-    quorum = 1 if cfg.mutant == "early-release" else len(cfg.world)
-    if _count_ready(cfg, s, g) == quorum:
+    if _count_ready(s, g) == len(cfg.world):
         s = s.with_store(last_ready=s.store.last_ready + ((g, r),))
     return s.with_rank(r, pc=PC_READY)
 
@@ -345,23 +346,23 @@ def _en_decide_release(cfg, s, r, arg) -> bool:
         rk.pc == PC_READY
         and _active(s, r)
         and (rk.gen, r) in s.store.last_ready
-        and _lookup(cfg, s.store.release, rk.gen) is None
+        and true_lookup(s.store.release, rk.gen) is None
     )
 
 
 def _st_decide_release(cfg, s, r, arg) -> State:
     g = s.ranks[r].gen
-    return s.with_store(release=_compare_set(cfg, s.store.release, g, DECISION_RELEASE))
+    return s.with_store(release=_compare_set(s.store.release, g, DECISION_RELEASE))
 
 
 def _en_resume(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    return rk.pc == PC_READY and _active(s, r) and _lookup(cfg, s.store.release, rk.gen) == DECISION_RELEASE
+    return rk.pc == PC_READY and _active(s, r) and true_lookup(s.store.release, rk.gen) == DECISION_RELEASE
 
 
 def _st_resume(cfg, s, r, arg) -> State:
     rk = s.ranks[r]
-    entry = (rk.gen, r, rk.point, rk.dirty)
+    entry = (rk.gen, r, rk.point, rk.dirty, _replicas_agree(cfg, s))
     s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", dirty=False, delayed=False, replayed=0)
     return replace(s, resumed=s.resumed | {entry})
 
@@ -369,8 +370,6 @@ def _st_resume(cfg, s, r, arg) -> State:
 # Failure handling inside phases 2-6
 
 def _en_timeout(cfg, s, r, arg) -> bool:
-    if cfg.mutant == "linger":
-        return False
     rk = s.ranks[r]
     if not _active(s, r) or not stalled(s) or s.store.abort:
         # once an abort stands, a failed wait is an exit on that abort (RankExit), not a new one
@@ -384,11 +383,11 @@ def _en_timeout(cfg, s, r, arg) -> bool:
         # building R's replacement communicator is a rendezvous of the members of R
         return _member(cfg, r)
     if rk.pc == PC_ARRIVED:
-        return _lookup(cfg, s.store.agree, rk.gen) is None
+        return true_lookup(s.store.agree, rk.gen) is None
     if rk.pc == PC_REBOUND:
-        return not _en_validate(cfg, s, r, None)
+        return not _validation_complete(cfg, s, r)
     if rk.pc == PC_READY:
-        return _lookup(cfg, s.store.release, rk.gen) is None
+        return true_lookup(s.store.release, rk.gen) is None
     return False
 
 
@@ -403,8 +402,6 @@ def _en_expire(cfg, s, r, arg) -> bool:
     returns, it fires only if the main thread stopped (hung) inside a failure episode: in the
     step, at the boundary, or in phases 2-6.  Without it a job whose every rank hangs would
     wait forever (nobody left to time out); with it every rank exits within a bound."""
-    if cfg.mutant in ("linger", "no-step-deadline"):
-        return False
     rk = s.ranks[r]
     if not (_alive(s, r) and rk.hung) or s.store.abort:
         return False
@@ -417,11 +414,17 @@ def _st_expire(cfg, s, r, arg) -> State:
 
 
 def _en_fail(cfg, s, r, arg) -> bool:
+    """An exception in phases 2-6: one propagating (FaultRaise), or phase 6's digest comparison
+    finding that the replicas of R differ (once the validation collective completed)."""
     rk = s.ranks[r]
-    return rk.raised and rk.pc in RECOVERY_PCS and not rk.hung
+    if rk.raised:
+        return rk.pc in RECOVERY_PCS and not rk.hung
+    return _validation_complete(cfg, s, r) and not _replicas_agree(cfg, s)
 
 
 def _st_fail(cfg, s, r, arg) -> State:
+    if not s.ranks[r].raised:  # the digests differ: the validation collective completed
+        s = _complete_validation(s, r)
     s = _write_abort_decision(cfg, s, r, REASON_EXCEPTION)
     s = _abort(s, REASON_EXCEPTION)
     return _exit(s, r, REASON_EXCEPTION)
@@ -429,8 +432,6 @@ def _st_fail(cfg, s, r, arg) -> State:
 
 def _en_exit(cfg, s, r, arg) -> bool:
     """The watchdog: an abort in the store ends every live rank, hung or not."""
-    if cfg.mutant == "linger":
-        return False
     return bool(s.store.abort) and _alive(s, r) and not s.ranks[r].raised
 
 
@@ -525,6 +526,18 @@ def _st_dirty(cfg, s, r, arg) -> State:
     return _bump(s.with_rank(r, dirty=True))
 
 
+def _en_corrupt(cfg, s, r, arg) -> bool:
+    """One bit of a member of R's local shard flips after the commit (silent data corruption):
+    its replicas no longer agree.  Only phase 6's cross-replica check can notice."""
+    rk = s.ranks[r]
+    return (_fault_ok(cfg, s, "corrupt") and _victim(s, r) and _member(cfg, r) and rk.pc in (PC_TRAIN, PC_OBSERVED)
+            and not rk.corrupt and _active(s, r))
+
+
+def _st_corrupt(cfg, s, r, arg) -> State:
+    return _bump(s.with_rank(r, corrupt=True))
+
+
 def _en_delay(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     return _fault_ok(cfg, s, "delay") and _victim(s, r) and rk.pc != PC_READY and not rk.delayed and _active(s, r)
@@ -564,7 +577,8 @@ def _en_restart(cfg, s, r, arg) -> bool:
 
 def _st_restart(cfg, s, r, arg) -> State:
     f, c = cfg.frontier, cfg.checkpoint
-    ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False) for rk in s.ranks)
+    ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False, corrupt=False)
+                  for rk in s.ranks)
     return replace(s, ranks=ranks, supervisor="restarted")
 
 
@@ -597,6 +611,8 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("FaultDirtyGuard", "fault", None, _en_dirty, _st_dirty, fault_kind="dirty_guard"),
         ActionSpec("FaultDelay", "fault", None, _en_delay, _st_delay, fault_kind="delay"),
         ActionSpec("FaultDrop", "fault", None, _en_drop, _st_drop, fault_kind="drop"),
+        ActionSpec("FaultCorrupt", "fault", None, _en_corrupt, _st_corrupt, fault_kind="corrupt",
+                   doc="a member of R's S_app silently diverges from its replicas"),
         ActionSpec("SupervisorRestart", "supervisor", None, _en_restart, _st_restart, doc="torchrun restarts all workers from C"),
     )
 }
@@ -615,21 +631,32 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
     return tuple(out)
 
 
+def actions_for(cfg: Config) -> dict[str, ActionSpec]:
+    """The action table of ``cfg``: :data:`ACTIONS`, or, with a mutant (``cfg.mutant``), the table in
+    which :mod:`accelpact.model.mutants` replaced some actions.  Every driver goes through this."""
+    if cfg.mutant is None:
+        return ACTIONS
+    from .mutants import table
+
+    return table(cfg.mutant)
+
+
 def enabled(cfg: Config, s: State, a: Action) -> bool:
-    return ACTIONS[a.name].enabled(cfg, s, a.rank, a.arg)
+    return actions_for(cfg)[a.name].enabled(cfg, s, a.rank, a.arg)
 
 
 def step(cfg: Config, s: State, a: Action) -> State:
     """Apply an enabled action.  Raises ``ValueError`` if it is not enabled (a driver bug)."""
-    spec = ACTIONS[a.name]
+    spec = actions_for(cfg)[a.name]
     if not spec.enabled(cfg, s, a.rank, a.arg):
         raise ValueError(f"{a} is not enabled in this state")
     return spec.step(cfg, s, a.rank, a.arg)
 
 
 def successors(cfg: Config, s: State, actions: tuple[Action, ...] | None = None) -> Iterator[tuple[Action, State]]:
+    table = actions_for(cfg)
     for a in actions if actions is not None else all_actions(cfg):
-        spec = ACTIONS[a.name]
+        spec = table[a.name]
         if spec.enabled(cfg, s, a.rank, a.arg):
             yield a, spec.step(cfg, s, a.rank, a.arg)
 

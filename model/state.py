@@ -146,6 +146,7 @@ class Rank:
     drop: bool = False       # its next control-plane write will be lost
     lost: bool = False       # one of its writes was lost
     raised: bool = False     # an exception is propagating inside a recovery phase
+    corrupt: bool = False    # S_app differs from its replicas' (a flipped bit after the commit)
     reason: str = ""         # exit reason once exited
     replayed: int = 0        # steps replayed after the last resume (L1: 0, L2: F - C)
 
@@ -176,8 +177,16 @@ class State:
     faults: int = 0                  # faults injected so far (the budget is Config.max_faults)
     supervisor: str = ""             # "" | "restarted"
     # History variables (not implementation state; they let invariants be state predicates).
-    resumed: frozenset[tuple[int, int, str, bool]] = frozenset()   # (gen, rank, point, dirty) of each release
+    #: (gen, rank, point, dirty, replicas_ok) of each RankResume: ``replicas_ok`` is False when some
+    #: member of R held a corrupt S_app at that moment
+    resumed: frozenset[tuple[int, int, str, bool, bool]] = frozenset()
     agreed: frozenset[tuple[int, int, int]] = frozenset()          # (gen, rank, F reported) of each pass of phase 3
+    #: (gen, rank, reason, released) of each fail-stop exit: ``released`` when the release of ``gen``
+    #: had been decided before the rank exited (a failure of the next generation, not of ``gen``)
+    exits: frozenset[tuple[int, int, str, bool]] = frozenset()
+    #: generations whose validation collective on the new R completed (for every member at once:
+    #: after it, each member compares the digests on its own, even if a peer already exited)
+    validated: frozenset[int] = frozenset()
 
     def rank(self, r: int) -> Rank:
         return self.ranks[r]

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from .explore import STEPS_PER_RANK
 from .invariants import check_edge, check_state
-from .protocol import ACTIONS, Action, all_actions, is_final
+from .protocol import Action, actions_for, all_actions, is_final
 from .state import RECOVERY_PCS, Config, State, initial_state
 
 __all__ = ["ProtocolMachine", "configs", "drain", "drain_bound", "make_machine"]
@@ -60,13 +60,14 @@ def drain(cfg: Config, s: State, actions: tuple[Action, ...] | None = None) -> t
     Returns the last state, the actions taken and an error (None when a final state was
     reached within :func:`drain_bound` with every invariant holding).
     """
-    acts = tuple(a for a in reversed(actions or all_actions(cfg)) if ACTIONS[a.name].actor != "fault")
+    table = actions_for(cfg)
+    acts = tuple(a for a in reversed(actions or all_actions(cfg)) if table[a.name].actor != "fault")
     taken: list[Action] = []
     for _ in range(drain_bound(cfg)):
-        nxt = next((a for a in acts if ACTIONS[a.name].enabled(cfg, s, a.rank, a.arg)), None)
+        nxt = next((a for a in acts if table[a.name].enabled(cfg, s, a.rank, a.arg)), None)
         if nxt is None:
             break
-        t = ACTIONS[nxt.name].step(cfg, s, nxt.rank, nxt.arg)
+        t = table[nxt.name].step(cfg, s, nxt.rank, nxt.arg)
         taken.append(nxt)
         bad = check_state(cfg, t) + check_edge(cfg, s, t)
         if bad:
@@ -99,15 +100,22 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.actions: tuple[Action, ...] = ()
         self.protocol_actions: tuple[Action, ...] = ()
         self.fault_actions: tuple[Action, ...] = ()
+        self.table: dict = {}
+        self.fault_odds = 1
 
     @initialize(data=st.data())
     def choose_config(self, data) -> None:
         cfg = self.fixed_config or data.draw(configs(mutant=self.mutant), label="config")
         self.cfg = cfg
         self.actions = all_actions(cfg)
-        self.protocol_actions = tuple(a for a in self.actions if ACTIONS[a.name].actor != "fault")
-        self.fault_actions = tuple(a for a in self.actions if ACTIONS[a.name].actor == "fault")
+        self.table = actions_for(cfg)
+        self.protocol_actions = tuple(a for a in self.actions if self.table[a.name].actor != "fault")
+        self.fault_actions = tuple(a for a in self.actions if self.table[a.name].actor == "fault")
         self.state = initial_state(cfg)
+        # Swarm testing (Groce et al.): each run draws how sparse its faults are, so that some runs
+        # inject their faults late, deep inside a recovery (a delay after a vote, a hang after the
+        # release), not only in the first steps where a uniform choice puts most of them.
+        self.fault_odds = data.draw(st.sampled_from((1, 4, 16)), label="one fault in")
         event(f"world {cfg.nodes}x{cfg.ranks_per_node} group={cfg.group}")
 
     # -- helpers --------------------------------------------------------------------------
@@ -116,11 +124,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         if self.state is None:
             return []
         cfg, s = self.cfg, self.state
-        return [a for a in acts if ACTIONS[a.name].enabled(cfg, s, a.rank, a.arg)]
+        return [a for a in acts if self.table[a.name].enabled(cfg, s, a.rank, a.arg)]
 
     def _take(self, a: Action) -> None:
         before = self.state
-        after = ACTIONS[a.name].step(self.cfg, before, a.rank, a.arg)
+        after = self.table[a.name].step(self.cfg, before, a.rank, a.arg)
         self.trail.append(str(a))
         bad = check_edge(self.cfg, before, after)
         if bad:
@@ -164,7 +172,11 @@ class ProtocolMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.state is not None)
     @rule(data=st.data())
     def inject_fault(self, data) -> None:
-        """One injected fault, drawn among the enabled ones (the budget is Config.max_faults)."""
+        """One injected fault, drawn among the enabled ones (the budget is Config.max_faults); in a
+        sparse run (``fault_odds`` > 1) most draws take a protocol step instead."""
+        if self.fault_odds > 1 and data.draw(st.integers(0, self.fault_odds - 1), label="fault now") != 0:
+            self._pick(data, self.protocol_actions, self.fault_actions, "step")
+            return
         self._pick(data, self.fault_actions, self.protocol_actions, "fault")
 
     # -- properties -------------------------------------------------------------------------

@@ -6,7 +6,7 @@ the default 2x2 world with R = {1, 3} the classes are {0}, {2}, {1, 3}.
 
 A state is canonicalised by renaming rank ids inside their class, *including every rank
 id in the store* (arrivals, last_arriver, ready, last_ready) and in the history sets
-(resumed, agreed).  Every store/history element names at most one rank, so a rank's full
+(resumed, agreed, exits).  Every store/history element names at most one rank, so a rank's full
 "signature" (its own variables plus every element that mentions it, with the id removed,
 plus its positions in the ordered tuples) determines it up to renaming: sorting each class
 by signature gives a canonical representative in O(n log n), without enumerating the
@@ -39,7 +39,7 @@ def rank_classes(cfg: Config) -> tuple[tuple[int, ...], ...]:
 def _rank_key(rk: Rank) -> tuple:
     return (
         rk.pc, rk.gen, rk.frontier, rk.tau, rk.point, rk.comm, rk.refs, rk.dirty, rk.hung,
-        rk.delayed, rk.drop, rk.lost, rk.raised, rk.reason, rk.replayed,
+        rk.delayed, rk.drop, rk.lost, rk.raised, rk.reason, rk.replayed, rk.corrupt,
     )
 
 
@@ -61,8 +61,9 @@ class Symmetry:
             tuple(i for i, (_g, x) in enumerate(st.last_arriver) if x == r),
             tuple(sorted(g for g, x in st.ready if x == r)),
             tuple(i for i, (_g, x) in enumerate(st.last_ready) if x == r),
-            tuple(sorted((e[0], e[2], e[3]) for e in s.resumed if e[1] == r)),
+            tuple(sorted((e[0], *e[2:]) for e in s.resumed if e[1] == r)),
             tuple(sorted((e[0], e[2]) for e in s.agreed if e[1] == r)),
+            tuple(sorted((e[0], *e[2:]) for e in s.exits if e[1] == r)),
         )
 
     def permutation(self, s: State) -> dict[int, int] | None:
@@ -110,6 +111,7 @@ def apply(s: State, perm: dict[int, int]) -> State:
         s,
         ranks=tuple(ranks),
         store=store,
-        resumed=frozenset((g, p(r), pt, d) for g, r, pt, d in s.resumed),
+        resumed=frozenset((g, p(r), *rest) for g, r, *rest in s.resumed),
+        exits=frozenset((g, p(r), *rest) for g, r, *rest in s.exits),
         agreed=frozenset((g, p(r), f) for g, r, f in s.agreed),
     )

@@ -4,12 +4,17 @@
 ``print_blob=True``, bounded examples and stateful steps, no deadline (the machine is shared and
 loaded; speed is measured in benchmarks, never asserted).  ``nightly``: many more examples and a
 persisted database in ``.hypothesis/``; select it with ``HYPOTHESIS_PROFILE=nightly``.
+
+Fixtures of the multi-process harness (:mod:`accelpact.testing`): ``ranks`` (run N ranks of a
+module-level function in the test's ``tmp_path``), ``store`` (a loopback master TCPStore hosted by
+the test) and ``connect`` (new client connections to it).
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
@@ -43,8 +48,6 @@ settings.load_profile(_profile)
 
 
 # ---- multi-process harness (accelpact.testing) through fixtures -------------------------------------
-import pytest  # noqa: E402
-
 
 @pytest.fixture
 def ranks(tmp_path):

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from accelpact.impl.adapters import (GenericAdapter, RebindError, adapter_for, find_references, site_set,
                                      write_site)
-from accelpact.impl.adapters.walker import ATTR, CELL, INDEX, KEY, METHOD_SELF, SET, SLOT, TUPLE_ITEM, WEAKREF
+from accelpact.impl.adapters.walker import ATTR, CELL, INDEX, KEY, METHOD_SELF, SET, SLOT, WEAKREF
 
 
 class PG:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from accelpact.conformance.checker import Abstraction, check_traces, project, write_dir
-from accelpact.impl.trace import RankTrace, Record, TraceError
+from accelpact.impl.trace import RankTrace, TraceError
 from accelpact.impl.trace import load_traces as load_dir
 from accelpact.model.protocol import all_actions, is_final, successors
 from accelpact.model.state import PC_TRAIN, Config, initial_state

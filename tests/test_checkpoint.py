@@ -4,37 +4,36 @@ Spec ids: P13.1 (commit marker only after every rank acknowledged), I6 (a crash 
 yields a loaded half checkpoint), I5 / C5.2 (L2 replays exactly F - C steps and its state equals the
 uninterrupted run's).
 
-The multi-process cases use a tiny DDP stand-in (a script written to tmp_path, 2 ranks, gloo on
-loopback, a launcher-hosted TCPStore) so that they do not depend on the workload module.
+The multi-process cases use a tiny DDP stand-in (:func:`standin`, 2 ranks through
+:mod:`accelpact.testing`: gloo on loopback, a launcher-hosted TCPStore) so that they do not depend
+on the workload module.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from accelpact.impl.checkpoint import MARKER, CheckpointError, committed_steps, latest_committed, step_dir
 
-STANDIN = textwrap.dedent(r'''
-    import json, os, signal, sys
+def standin(ctx, cfg: dict) -> None:
+    """A tiny DDP job (2 ranks, gloo on loopback, the harness's launcher-hosted store) that
+    checkpoints every ``cfg["every"]`` steps; ``kill_rank`` SIGKILLs itself mid-save of
+    ``kill_step`` just before ``kill_file`` lands; ``exit_after`` exits 70 after that step."""
+    import os
+    import signal
     from datetime import timedelta
-    import torch, torch.distributed as dist
+
+    import torch
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     import accelpact.impl.checkpoint as ck
 
-    torch.set_num_threads(1)
-    cfg = json.loads(sys.argv[1])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    out = cfg["out"]
-    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60))
-    astore = dist.PrefixStore("attempt%d" % cfg["attempt"], store)
+    rank, world, out = ctx.rank, ctx.world, cfg["out"]
+    astore = dist.PrefixStore("attempt%d" % cfg["attempt"], ctx.store)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     torch.manual_seed(0)
@@ -49,22 +48,29 @@ STANDIN = textwrap.dedent(r'''
         start = mgr.load(c, model, opt).step
     if cfg.get("kill_rank") == rank:
         real = ck._atomic_write
+
         def killing(path, data, _real=real):
             if f"step-{cfg['kill_step']}" in str(path) and path.name == cfg["kill_file"]:
                 os.kill(os.getpid(), signal.SIGKILL)  # die mid-save, before this file lands
             _real(path, data)
+
         ck._atomic_write = killing
 
     def snap():
         return {"params": [p.detach().clone() for p in model.parameters()], "optim": opt.state_dict(),
                 "rng": torch.get_rng_state()}
 
+    def ran_file(extra: dict) -> None:
+        Path(f"{out}/ran-a{cfg['attempt']}-r{rank}.json").write_text(json.dumps({"ran": ran, **extra}))
+
     ran = []
     for step in range(start, cfg["steps"]):
         g = torch.Generator().manual_seed(step * 1000 + rank)  # data cursor = step
         x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
         loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         ran.append(step)
         f = step + 1
         if mgr.due(f):
@@ -72,48 +78,26 @@ STANDIN = textwrap.dedent(r'''
                 mgr.save(f, model, opt, cursor=f)
             except ck.CheckpointError as exc:
                 print("commit failed:", exc, flush=True)
-                json.dump({"ran": ran, "commit_failed": f}, open(f"{out}/ran-a{cfg['attempt']}-r{rank}.json", "w"))
+                ran_file({"commit_failed": f})
                 os._exit(75)
             torch.save(snap(), f"{out}/snap-step{f}-a{cfg['attempt']}-r{rank}.pt")
         if cfg.get("exit_after") == f:
-            json.dump({"ran": ran}, open(f"{out}/ran-a{cfg['attempt']}-r{rank}.json", "w"))
+            ran_file({})
             os._exit(70)
-    json.dump({"ran": ran, "start": start}, open(f"{out}/ran-a{cfg['attempt']}-r{rank}.json", "w"))
+    ran_file({"start": start})
     torch.save(snap(), f"{out}/final-a{cfg['attempt']}-r{rank}.pt")
     dist.barrier()
-    os._exit(0)
-''')
+
 
 WORLD = 2
 
 
-def _launch(tmp_path: Path, cfg: dict, timeout: float = 120.0) -> list[int]:
-    """Run the stand-in on WORLD ranks with a launcher-hosted store; every process reaped."""
-    import torch.distributed as dist
-
-    script = tmp_path / "standin.py"
-    script.write_text(STANDIN)
-    store = dist.TCPStore("127.0.0.1", 0, world_size=WORLD + 1, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
-    procs = []
-    try:
-        for r in range(WORLD):
-            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_PORT=str(store.port), OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen([sys.executable, str(script), json.dumps(cfg)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        codes = []
-        for p in procs:
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"stand-in rank did not finish in {timeout}s")
-            codes.append(p.returncode)
-        return codes
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+def _launch(ranks, cfg: dict, timeout: float = 120.0) -> list[int | None]:
+    """Run the stand-in on WORLD ranks (accelpact.testing: every process bounded and reaped); the
+    exit codes (a rank whose peer was killed may fail on its next collective: CRASHED)."""
+    run = ranks.run(standin, WORLD, timeout_s=timeout, cfg=cfg)
+    assert not run.hung, run.explain()
+    return [run.codes[r] for r in range(WORLD)]
 
 
 def _load(path: Path):
@@ -126,7 +110,7 @@ def _assert_identical(a: dict, b: dict) -> None:
     import torch
 
     assert len(a["params"]) == len(b["params"])
-    for x, y in zip(a["params"], b["params"]):
+    for x, y in zip(a["params"], b["params"], strict=True):
         assert torch.equal(x, y)
     assert torch.equal(a["rng"], b["rng"])
     sa, sb = a["optim"]["state"], b["optim"]["state"]
@@ -171,19 +155,19 @@ def test_load_refuses_uncommitted_folder(tmp_path: Path) -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kill_rank,kill_file", [(1, "rank1.pt"), (0, MARKER)])
-def test_crash_mid_save_never_loads_half_checkpoint(tmp_path: Path, kill_rank: int, kill_file: str) -> None:
+def test_crash_mid_save_never_loads_half_checkpoint(ranks, tmp_path: Path, kill_rank: int, kill_file: str) -> None:
     """I6: SIGKILL of a rank mid-save (before its rank file / before the marker) leaves step 4
     uncommitted; the resume loads step 2, bit-identical to what was saved there."""
     cfg = {"out": str(tmp_path), "attempt": 0, "every": 2, "steps": 6, "kill_rank": kill_rank,
            "kill_step": 4, "kill_file": kill_file, "commit_timeout_s": 5}
-    codes = _launch(tmp_path, cfg)
+    codes = _launch(ranks, cfg)
     assert codes[kill_rank] == -9, codes
     assert step_dir(tmp_path / "ckpt", 4).is_dir()          # the half checkpoint exists on disk ...
     assert not (step_dir(tmp_path / "ckpt", 4) / MARKER).exists()
     assert latest_committed(tmp_path / "ckpt", world=WORLD) == 2   # ... and is never chosen
     # Restart: every rank resumes from 2 and its state equals what it had at step 2.
     cfg2 = {"out": str(tmp_path), "attempt": 1, "every": 0, "steps": 2}
-    assert _launch(tmp_path, cfg2) == [0, 0]
+    assert _launch(ranks, cfg2) == [0, 0]
     for r in range(WORLD):
         ran = json.loads((tmp_path / f"ran-a1-r{r}.json").read_text())
         assert ran == {"ran": [], "start": 2}
@@ -192,18 +176,18 @@ def test_crash_mid_save_never_loads_half_checkpoint(tmp_path: Path, kill_rank: i
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
-def test_resume_replays_exactly_f_minus_c_and_ends_bit_identical(tmp_path: Path) -> None:
+def test_resume_replays_exactly_f_minus_c_and_ends_bit_identical(ranks, tmp_path: Path) -> None:
     """I5/C5.2: exit at F=5 with C=3 committed; the restart replays steps 3 and 4 (F - C = 2) and
     ends bit-identical (params, AdamW state, RNG) to an uninterrupted run."""
     ref = tmp_path / "ref"
     ref.mkdir()
-    assert _launch(ref, {"out": str(ref), "attempt": 0, "every": 3, "steps": 8}) == [0, 0]
+    assert _launch(ranks, {"out": str(ref), "attempt": 0, "every": 3, "steps": 8}) == [0, 0]
     run = tmp_path / "run"
     run.mkdir()
-    assert _launch(run, {"out": str(run), "attempt": 0, "every": 3, "steps": 8, "exit_after": 5}) == [70, 70]
+    assert _launch(ranks, {"out": str(run), "attempt": 0, "every": 3, "steps": 8, "exit_after": 5}) == [70, 70]
     c = latest_committed(run / "ckpt", world=WORLD)
     assert c == 3
-    assert _launch(run, {"out": str(run), "attempt": 1, "every": 3, "steps": 8}) == [0, 0]
+    assert _launch(ranks, {"out": str(run), "attempt": 1, "every": 3, "steps": 8}) == [0, 0]
     f = 5
     for r in range(WORLD):
         first = json.loads((run / f"ran-a0-r{r}.json").read_text())["ran"]

@@ -103,9 +103,12 @@ def test_c3_l1_only_if_listed():
     assert decide(env, K, guards_ok=True).level == "L1"
 
 
-def test_c3_admit_inflight_mutant_flag_admits_in_flight():
-    """The admit-inflight mutant's switch really changes the answer (so S3 can catch it)."""
-    assert decide(default_envelope(), _key("optimizer"), guards_ok=True, admit_inflight=True).level == "L1"
+def test_c3_in_flight_is_l2_even_where_the_envelope_lists_l1():
+    """C3 rule 1 comes before the envelope: an envelope that (wrongly) lists L1 for an in-flight
+    phase still gets L2 (the admit-inflight mutant, model/mutants.py, is the broken variant)."""
+    env = envelope_from_mapping(_doc(_entry(phase="optimizer", actions=["L1", "L2"])))
+    d = decide(env, _key("optimizer"), guards_ok=True)
+    assert d.level == "L2" and "in flight" in d.reason
 
 
 def test_c1_default_envelope_shape():

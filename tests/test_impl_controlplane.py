@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from accelpact.impl.controlplane import ControlPlane  # noqa: E402
-from accelpact.impl.hooks import SEEDED_BUGS, Hooks  # noqa: E402
+from accelpact.impl.controlplane import ControlPlane  # noqa: E402 - after the importorskip of torch
+from accelpact.impl.hooks import SEEDED_BUGS, Hooks  # noqa: E402 - after the importorskip of torch
 
 
 def planes(connect, world, prefix="job/", seeded_bug=None):
@@ -34,7 +34,7 @@ def run_all(fns, timeout=30.0):
     def wrap(i, fn):
         try:
             out[i] = fn()
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # noqa: BLE001 - a rank thread's failure is reported by the test below
             errs.append(exc)
 
     ts = [threading.Thread(target=wrap, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
@@ -95,7 +95,7 @@ def test_frontier_mismatch_aborts_job(connect):
     """S2.2: a rank reporting F+1 makes the decider write abort:mismatch (the engine then writes
     the job abort after recording the decision)."""
     cps = planes(connect, 3)
-    for cp, f in zip(cps[:2], (5, 5)):
+    for cp, f in zip(cps[:2], (5, 5), strict=True):
         assert not cp.arrive(0, f)[1]
     assert cps[2].arrive(0, 6) == (3, True)
     assert cps[2].decide_agreement(0) == "abort:mismatch"

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.impl import revoke  # noqa: E402
+from accelpact.impl import revoke  # noqa: E402 - after the importorskip of torch
 
 
 def revoke_peers(ctx, gloo_timeout_s: float) -> None:

@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from accelpact.impl.exitcodes import ExitCode, code_for  # noqa: E402
-from accelpact.impl.trace import NullTrace, Trace  # noqa: E402
-from accelpact.model.state import EXIT_REASONS  # noqa: E402
+from accelpact.impl.exitcodes import ExitCode, code_for  # noqa: E402 - after the importorskip of torch
+from accelpact.impl.trace import NullTrace, Trace  # noqa: E402 - after the importorskip of torch
+from accelpact.model.state import EXIT_REASONS  # noqa: E402 - after the importorskip of torch
 
 
 def test_exit_codes_map_model_reasons():

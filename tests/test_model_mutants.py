@@ -4,8 +4,9 @@ BFS on the smallest configuration that exposes the mutant (<= 2x2, <= 3 faults) 
 counterexample violating one of ``Mutant.expect`` (deadlock/L2 for linger), and the hypothesis
 state machine (ci profile) must fail on the same configuration.  The correct protocol passes
 both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
-S2.1/S2.3/S4.2 (no-fence), S5 (partial-rebind), S3 (admit-inflight), L2/L3 (linger,
-no-step-deadline).
+S2.3 (no-fence), S5 (partial-rebind), S3 (admit-inflight, ignore-guard), S1 (timeout-leaves-decision-open),
+S2.1 (overwrite-decision), S8 (skip-validation), S2.2 (no-frontier-check), S4.2 (stale-release),
+S6 (reload-on-resume), L2/L3 (linger, no-step-deadline).
 """
 
 from __future__ import annotations
@@ -15,19 +16,35 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from accelpact.model.explore import explore
-from accelpact.model.mutants import MUTANTS, get
+from accelpact.model.invariants import SAFETY_PROPERTIES
+from accelpact.model.mutants import MUTANTS, get, table
+from accelpact.model.protocol import ACTIONS
 from accelpact.model.state import Config
 from accelpact.model.stateful import make_machine
 
 _DDP2 = dict(nodes=2, ranks_per_node=1, affected_local=0)
 
+_BOUNDARY = ("boundary",)
+
+
+def _with(*kinds: str) -> dict:
+    return dict(faults=frozenset({"group_fail", *kinds}), points=_BOUNDARY)
+
+
 #: the smallest configuration exposing each mutant (found by search; all <= 2x2, <= 3 faults)
 SMALLEST: dict[str, Config] = {
     "early-release": Config(**_DDP2, max_faults=1),
     "skip-agreement": Config(**_DDP2, max_faults=1),
-    "no-fence": Config(**_DDP2, max_faults=2, faults=frozenset({"group_fail"}), points=("boundary",)),
+    "no-fence": Config(**_DDP2, max_faults=2, **_with()),
     "partial-rebind": Config(**_DDP2, max_faults=1),
     "admit-inflight": Config(**_DDP2, max_faults=1, points=("forward",)),
+    "ignore-guard": Config(**_DDP2, max_faults=2, **_with("dirty_guard")),
+    "timeout-leaves-decision-open": Config(**_DDP2, max_faults=2, **_with("delay")),
+    "overwrite-decision": Config(**_DDP2, max_faults=2, **_with("hang")),
+    "skip-validation": Config(**_DDP2, max_faults=2, **_with("corrupt")),
+    "no-frontier-check": Config(**_DDP2, max_faults=2, **_with("mismatch")),
+    "stale-release": Config(**_DDP2, max_faults=2, **_with()),
+    "reload-on-resume": Config(**_DDP2, max_faults=1),
     "linger": Config(**_DDP2, max_faults=2, faults=frozenset({"group_fail", "crash"})),
     # every rank hung needs a group failure plus one hang per rank: 3 faults on 2 ranks
     "no-step-deadline": Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3,
@@ -35,16 +52,42 @@ SMALLEST: dict[str, Config] = {
 }
 
 
-def _hypothesis_settings() -> settings:
+def _hypothesis_settings(**more) -> settings:
     # the loaded profile (ci by default), without shrinking: we only need "found", and
     # shrinking a state machine costs far more than finding the bug
-    return settings(settings.default, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    return settings(settings.default, phases=(Phase.explicit, Phase.reuse, Phase.generate), **more)
+
+
+#: Hunting a mutant stops at the first failure; the deepest ones (a delay after a vote, a hang
+#: after the agreement) need a few hundred runs of the swarm machine (model/stateful.py).
+HUNT_EXAMPLES = 500
 
 
 def test_every_mutant_has_a_configuration():
     assert set(SMALLEST) == set(MUTANTS)
     with pytest.raises(ValueError, match="choose one of: early-release"):
         get("nope")
+
+
+def test_every_safety_property_is_broken_by_a_named_mutant():
+    """No property holds by construction: for each S property some mutant's shortest counterexample
+    violates exactly it (BFS stops at the first violation, so this is the property it breaks first)."""
+    broken: dict[str, list[str]] = {}
+    for name, cfg in SMALLEST.items():
+        for prop in explore(cfg.with_(mutant=name)).violated():
+            broken.setdefault(prop, []).append(name)
+    missing = [p for p in SAFETY_PROPERTIES if p not in broken]
+    assert not missing, f"safety properties no mutant breaks: {missing} (broken: {broken})"
+
+
+def test_mutants_replace_actions_and_leave_the_spec_alone():
+    """A mutant is a table of replaced actions: the spec's table is untouched, and the mutant's
+    table differs from it exactly in the actions the mutant names."""
+    for name, m in MUTANTS.items():
+        t = table(name)
+        assert set(t) == set(ACTIONS)
+        changed = {a for a in ACTIONS if t[a] is not ACTIONS[a]}
+        assert changed and changed <= set(m.replace), (name, changed)
 
 
 @pytest.mark.timeout(120)
@@ -66,7 +109,7 @@ def test_bfs_catches_mutant(name):
 def test_hypothesis_catches_mutant(name):
     cfg = SMALLEST[name].with_(mutant=name)
     with pytest.raises(AssertionError) as info:
-        run_state_machine_as_test(make_machine(cfg), settings=_hypothesis_settings())
+        run_state_machine_as_test(make_machine(cfg), settings=_hypothesis_settings(max_examples=HUNT_EXAMPLES))
     msg = str(info.value)
     expect = MUTANTS[name].expect
     words = [e for e in expect if e in msg] + (["deadlock", "final state"] if name in ("linger", "no-step-deadline") else [])

@@ -1,5 +1,6 @@
-"""Scenario schema, validation and the scenario -> model mapping (spec/scenario-format.md F1-F4).
-Pure: no processes, no torch."""
+"""Scenario schema and validation (conformance/scenario.py), the scenario -> model mapping
+(conformance/mapping.py) and the model's outcomes (conformance/outcomes.py): spec/scenario-format.md
+F1-F4.  Pure: no processes, no torch."""
 
 from __future__ import annotations
 
@@ -9,15 +10,12 @@ import json
 import pytest
 
 from accelpact.conformance.generate import SCENARIO_DIR, generate
-from accelpact.conformance.scenario import (
-    ScenarioError,
-    explore,
-    load_scenario,
-    model_config,
-    scenario_from_mapping,
-    script_for,
-)
-from accelpact.model.state import PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_REBOUND, PC_TRAIN
+from accelpact.conformance.mapping import failing_group, model_config, script_for
+from accelpact.conformance.outcomes import model_outcomes
+from accelpact.conformance.scenario import ScenarioError, load_scenario, scenario_from_job, scenario_from_mapping
+from accelpact.impl.faults import FAULT_POINTS, KINDS, TRIGGER_POINTS, Fault, FaultError
+from accelpact.impl.job import FieldError, Job, JobError
+from accelpact.model.state import PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_REBOUND, PC_TRAIN
 
 BASE = {
     "name": "t",
@@ -56,6 +54,14 @@ def with_fault(extra, **over):
     (with_fault([{"step": 5, "at": "agree", "kind": "collective_timeout", "ranks": [2]}]), "cannot be injected at 'agree'"),
     (with_fault([{"step": 4, "at": "agree", "kind": "crash", "ranks": [2]}]), "needs a fault at 'boundary'"),
     (mk(faults=[{**BASE["faults"][0], "ranks": [0, 3]}]), "different replicate groups"),
+    (mk(faults=[{**BASE["faults"][0], "ranks": [1, 1]}]), "duplicate rank"),
+    (mk(faults=[{**BASE["faults"][0], "attempt": 1}]), "faults[0].attempt"),
+    (mk(faults=[{**BASE["faults"][0], "weather": "rain"}]), "faults[0]: unknown field"),
+    (mk(workload={**BASE["workload"], "checkpoint_every": 0}), "workload.checkpoint_every"),
+    (mk(workload={k: v for k, v in BASE["workload"].items() if k != "seed"}), "workload: missing required field(s) ['seed']"),
+    (mk(topology={"nodes": 17, "ranks_per_node": 2}), "topology.nodes"),
+    (with_fault([{"step": 5, "at": "forward", "kind": "crash", "ranks": [3]}]), "several points"),
+    (mk(faults=[{"step": 5, "at": "guard", "kind": "crash", "ranks": [3]}]), "needs at least one fault at"),
 ])
 def test_validation_names_the_field(data, field):
     """F1: every malformed field is reported by name, with what to do instead."""
@@ -64,10 +70,54 @@ def test_validation_names_the_field(data, field):
     assert field in str(exc.value)
 
 
+@pytest.mark.parametrize("at", FAULT_POINTS)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_kinds_allowed_per_point_come_from_the_fault_table(at, kind):
+    """F1: where a kind may strike is the kind table's (impl/faults.py), checked by Fault.parse,
+    the one fault validator; the scenario adds only its own rules (a trigger at the fault's step)."""
+    trigger_at = at if at in TRIGGER_POINTS else "boundary"
+    d = mk(faults=[{"step": 5, "at": trigger_at, "kind": "collective_timeout", "ranks": [1, 3]},
+                   {"step": 5, "at": at, "kind": kind, "ranks": [3]}])
+    if at in KINDS[kind].points:
+        sc = scenario_from_mapping(d)
+        assert sc.faults[1] == Fault(5, at, kind, (3,), "replicate")
+    else:
+        with pytest.raises(ScenarioError, match=rf"faults\[1\]: kind '{kind}' cannot be injected at '{at}'"):
+            scenario_from_mapping(d)
+
+
+def test_fault_errors_are_scenario_errors():
+    """A FaultError from Fault.parse reaches the caller as a ScenarioError (a FieldError) with its message."""
+    with pytest.raises(ScenarioError) as exc:
+        scenario_from_mapping(mk(faults=[{**BASE["faults"][0], "at": "lunch"}]))
+    assert isinstance(exc.value, FieldError) and not isinstance(exc.value, FaultError)
+    assert str(exc.value).startswith("<scenario>.faults[0].at: 'lunch' is not one of")
+
+
 def test_roundtrip_and_defaults():
     sc = scenario_from_mapping(mk())
     assert scenario_from_mapping(json.loads(sc.dumps())) == sc
     assert sc.frontier == 5 and sc.checkpoint == 3 and sc.group == "replicate"
+    # a fault's group defaults to the wrapper's R: world for ddp
+    ddp = scenario_from_mapping(mk(workload={**BASE["workload"], "wrapper": "ddp"},
+                                   faults=[{"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [2]}]))
+    assert ddp.group == "world" and ddp.faults[0].group == "world"
+
+
+def test_scenario_job_is_the_typed_job(tmp_path):
+    """The one way a scenario becomes a run: Scenario.job; the seeded bug travels only as its field."""
+    sc = scenario_from_mapping(mk())
+    job = sc.job(tmp_path / "run", backend="gloo", deadline_s=5.0, seeded_bug="skip-rebind")
+    assert isinstance(job, Job)
+    assert (job.scenario, job.topology, job.workload, job.faults) == (sc.name, sc.topology, sc.workload, sc.faults)
+    assert (job.out, job.backend, job.trace, job.deadline_s, job.seeded_bug) == (str(tmp_path / "run"), "gloo", True, 5.0, "skip-rebind")
+    assert sc.job(tmp_path).seeded_bug is None
+    assert Job.parse(json.loads(json.dumps(job.to_json()))) == job
+    assert scenario_from_job(job) == sc
+    with pytest.raises(JobError, match="seeded_bug"):
+        sc.job(tmp_path, seeded_bug="nonsense")
+    with pytest.raises(JobError, match="backend"):
+        sc.job(tmp_path, backend="mpi")
 
 
 def test_model_config_mapping():
@@ -82,18 +132,40 @@ def test_model_config_mapping():
     assert cfg.group == "world" and cfg.affected == (0, 1, 2, 3) and cfg.max_faults == 2
 
 
+def test_failing_group_is_the_topology_group():
+    """R is the failing ranks' group of the wrapper's kind (Topology.group), in one place."""
+    assert failing_group(scenario_from_mapping(mk())) == (1, 3)
+    d = mk(topology={"nodes": 4, "ranks_per_node": 2},
+           faults=[{"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [0, 4]}])
+    assert failing_group(scenario_from_mapping(d)) == (0, 2, 4, 6)
+    ddp = mk(workload={**BASE["workload"], "wrapper": "ddp"}, faults=[{"step": 5, "at": "boundary", "kind": "crash", "ranks": [2]}])
+    assert failing_group(scenario_from_mapping(ddp)) == (0, 1, 2, 3)
+    # without a failure fault (only a crash at the boundary), R is the crashed rank's group
+    crash = mk(faults=[{"step": 5, "at": "boundary", "kind": "crash", "ranks": [2]}])
+    assert failing_group(scenario_from_mapping(crash)) == (0, 2)
+    assert model_config(scenario_from_mapping(crash)).affected == (0, 2)
+
+
 def test_script_windows():
     """F3: recovery-phase faults fire only in their pc window; members and non-members differ."""
     d = with_fault([{"step": 5, "at": "agree", "kind": "crash", "ranks": [2]},
                     {"step": 5, "at": "validate", "kind": "hang", "ranks": [3, 0]}])
     script = script_for(scenario_from_mapping(d))
+    assert len(script.faults) == 4
     by = {(f.action, f.rank): f for f in script.faults}
     assert by[("FaultGroupFail", None)].arg == "boundary"
     assert by[("FaultCrash", 2)].pcs == (PC_GUARDED, PC_ARRIVED)
     assert by[("FaultHang", 3)].pcs == (PC_REBOUND,)        # member of R: before validation
     assert by[("FaultHang", 0)].pcs == (PC_AGREED,)         # outside R: while the members rebuild
     boundary_crash = script_for(scenario_from_mapping(with_fault([{"step": 5, "at": "boundary", "kind": "crash", "ranks": [3]}])))
-    assert ("FaultCrash", 3, (PC_TRAIN,)) in {(f.action, f.rank, f.pcs) for f in boundary_crash.faults}
+    assert [(f.action, f.rank, f.arg, f.gen, f.pcs) for f in boundary_crash.faults] == [
+        ("FaultGroupFail", None, "boundary", 0, ()), ("FaultCrash", 3, None, 0, (PC_TRAIN,))]
+    # the kinds whose model action is enabled in fewer pcs keep the kind table's window
+    mismatch = script_for(scenario_from_mapping(with_fault([{"step": 5, "at": "agree", "kind": "frontier_mismatch", "ranks": [2]}])))
+    assert mismatch.faults[1].pcs == KINDS["frontier_mismatch"].windows == (PC_TRAIN, PC_OBSERVED, PC_GUARDED)
+    # an exception at the trigger point is the group failure itself: no separate fault action
+    exc = script_for(scenario_from_mapping(mk(faults=[{**BASE["faults"][0], "kind": "exception"}])))
+    assert [(f.action, f.arg) for f in exc.faults] == [("FaultGroupFail", "boundary")]
 
 
 @pytest.mark.timeout(300)
@@ -105,18 +177,19 @@ def test_script_windows():
 ])
 def test_outcome_classes(faults, outcome):
     """F4: expected outcomes come from the model."""
-    o = explore(scenario_from_mapping(with_fault(faults)))
+    o = model_outcomes(scenario_from_mapping(with_fault(faults)))
     assert o.outcome_class == outcome and o.deadlocks == 0
 
 
 def test_in_flight_rejected_by_model():
     d = mk(faults=[{"step": 5, "at": "backward", "kind": "collective_timeout", "ranks": [1, 3]}])
-    assert explore(scenario_from_mapping(d)).outcome_class == "L2:rejected"
+    assert model_outcomes(scenario_from_mapping(d)).outcome_class == "L2:rejected"
 
 
 def test_rank_traces_of_the_repair():
     """Per-rank abstract traces from the model: a non-member never replaces or rebinds."""
-    o = explore(scenario_from_mapping(mk()), traces=True)
+    o = model_outcomes(scenario_from_mapping(mk()), traces=True)
+    assert o.rank_actions[0] and o.rank_actions[1]
     assert all("RankReplace" not in t for t in o.rank_actions[0])
     assert all("RankRebind" in t and t[-1] == "RankResume" for t in o.rank_actions[1])
 
@@ -150,7 +223,9 @@ def test_cli_modules_do_not_import_torch():
     import sys
 
     code = ("import sys\nimport accelpact.conformance.cli_run, accelpact.conformance.cli_check, "
-            "accelpact.conformance.cli_qualify, accelpact.conformance.runner, accelpact.conformance.checker\n"
+            "accelpact.conformance.cli_qualify, accelpact.conformance.runner, accelpact.conformance.checker, "
+            "accelpact.conformance.scenario, accelpact.conformance.mapping, accelpact.conformance.outcomes, "
+            "accelpact.conformance.generate\n"
             "assert 'torch' not in sys.modules, 'torch imported at module level'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

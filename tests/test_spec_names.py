@@ -64,7 +64,7 @@ def test_properties_md_has_no_invariant_the_model_lacks():
     """A safety row in the spec must exist in model/invariants.py (no invented S ids)."""
     text = _text("properties.md")
     table = text[text.index("## Safety"):text.index("## Final states")]
-    spec_ids = set(re.findall(r"^\|\s*(S[0-9.]+)\s*\|", table, flags=re.M))
+    spec_ids = set(re.findall(r"^\|\s*([SW][0-9.]+)\s*\|", table, flags=re.M))
     model_ids = {inv.id for inv in INVARIANTS + EDGE_INVARIANTS}
     assert spec_ids == model_ids, f"spec-only: {sorted(spec_ids - model_ids)}, model-only: {sorted(model_ids - spec_ids)}"
 
@@ -83,11 +83,46 @@ def test_every_fault_kind_and_fault_action_is_in_fault_model_md():
     assert kinds == set(FAULT_KINDS), f"ACTIONS fault kinds {sorted(kinds)} differ from FAULT_KINDS {sorted(FAULT_KINDS)}"
 
 
-def test_every_scenario_kind_and_point_is_in_fault_model_md():
-    scenario = pytest.importorskip("accelpact.conformance.scenario")
+def test_every_injected_kind_and_point_is_in_fault_model_md():
+    """The fault table (impl/faults.py: the kinds and points scenarios and jobs name) is specified."""
+    from accelpact.impl.faults import FAULT_POINTS, KINDS
+
     text = _text("fault-model.md")
-    missing = _missing([f"`{k}`" for k in scenario.KINDS] + [f"`{p}`" for p in scenario.POINTS], text)
-    assert not missing, f"scenario kinds / points not in spec/fault-model.md: {missing}"
+    missing = _missing([f"`{k}`" for k in KINDS] + [f"`{p}`" for p in FAULT_POINTS], text)
+    assert not missing, f"fault kinds / points not in spec/fault-model.md: {missing}"
+
+
+#: the conformance modules spec/scenario-format.md and spec/trace-checking.md describe, and the
+#: public names of each that the spec must name
+CONFORMANCE_NAMES = {
+    "scenario-format.md": {
+        "scenario": ("Scenario", "ScenarioError", "scenario_from_mapping", "load_scenario"),
+        "mapping": ("model_config", "script_for", "failing_group", "WINDOWS"),
+        "outcomes": ("model_outcomes", "rank_traces", "check_expectation"),
+        "generate": (),
+        "runner": ("run_scenario", "abstraction_for"),
+    },
+    "trace-checking.md": {
+        "checker": ("TraceChecker", "project"),
+        "mapping": ("Script",),
+    },
+}
+
+
+@pytest.mark.parametrize("spec_file", sorted(CONFORMANCE_NAMES))
+def test_conformance_modules_and_functions_are_named_in_the_spec(spec_file):
+    """The spec names each conformance module it describes (``conformance/<module>.py``) and its
+    public functions, and every name exists in that module (no drift either way)."""
+    import importlib
+
+    text = _text(spec_file)
+    for module, names in CONFORMANCE_NAMES[spec_file].items():
+        assert f"conformance/{module}.py" in text, f"spec/{spec_file} does not name conformance/{module}.py"
+        mod = importlib.import_module(f"accelpact.conformance.{module}")
+        for name in names:
+            assert hasattr(mod, name), f"conformance/{module}.py has no {name} (named by spec/{spec_file})"
+        missing = _missing([f"`{n}" for n in names], text)
+        assert not missing, f"spec/{spec_file} does not name {missing} of conformance/{module}.py"
 
 
 def _spec_ids() -> set[str]:

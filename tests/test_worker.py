@@ -1,4 +1,5 @@
-"""The generic job runner (impl/worker.py) and its local launcher (impl/launch.run_local).
+"""The generic job runner (impl/worker.py), the typed job it reads, and the local launcher
+(impl/launch.run_local).
 
 Spec ids: C5.1 (in-flight failure -> every rank exits 70), C5.2 / I5 (resume from the last
 committed checkpoint replays exactly F - C steps and ends equal to the uninterrupted run), P13.2
@@ -8,7 +9,6 @@ S7 (exit codes are recorded).
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -16,23 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from accelpact.impl.worker import JobError, faults_for_attempt, validate_job
+from accelpact.impl.job import Job, JobError, Topology, Workload
+from accelpact.impl.rundir import RunDir
 
 
-def _job(out: Path, **over) -> dict:
-    job = {"scenario": "test-worker", "topology": {"nodes": 2, "ranks_per_node": 1},
-           "workload": {"wrapper": "fsdp2-hybrid", "layers": 1, "dim": 16, "seq": 8, "batch": 2, "steps": 5,
-                        "seed": 1, "checkpoint_every": 2},
-           "faults": [], "backend": "gloo", "out": str(out), "trace": True, "deadline_s": 30.0}
-    job.update(over)
-    return job
+def _job(out: Path, **changes) -> Job:
+    job = Job(topology=Topology(2, 1), workload=Workload(wrapper="fsdp2-hybrid", layers=1, steps=5, seed=1,
+                                                        checkpoint_every=2),
+              out=str(out), scenario="test-worker", trace=True, deadline_s=30.0)
+    return job.replace(**changes) if changes else job
 
 
 @pytest.mark.parametrize("mutate,needle", [
     (lambda j: j["topology"].update(nodes=0), "topology.nodes"),
     (lambda j: j["workload"].update(wrapper="fsdp3"), "workload.wrapper"),
     (lambda j: j["workload"].update(steps=0), "workload.steps"),
-    (lambda j: j["workload"].update(checkpoint_every=-1), "checkpoint_every"),
+    (lambda j: j["workload"].update(checkpoint_every=-1), "workload.checkpoint_every"),
     (lambda j: j.update(backend="mpi"), "backend"),
     (lambda j: j.update(faults=[{"step": 9, "at": "boundary", "kind": "crash"}]), "faults[0].step"),
     (lambda j: j.update(faults=[{"step": 1, "at": "somewhere", "kind": "crash"}]), "faults[0].at"),
@@ -40,33 +39,35 @@ def _job(out: Path, **over) -> dict:
     (lambda j: j.update(deadline_s=0), "deadline_s"),
     (lambda j: j.pop("out"), "'out'"),
 ])
-def test_validate_job_names_the_bad_field(tmp_path: Path, mutate, needle: str) -> None:
-    job = _job(tmp_path)
-    mutate(job)
-    with pytest.raises(JobError, match=needle.replace("[", r"\[").replace("]", r"\]")):
-        validate_job(job)
+def test_job_parse_names_the_bad_field(tmp_path: Path, mutate, needle: str) -> None:
+    raw = _job(tmp_path).to_json()
+    mutate(raw)
+    with pytest.raises(JobError, match=needle.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        Job.parse(raw)
 
 
-def test_validate_job_fills_defaults(tmp_path: Path) -> None:
-    job = validate_job({"topology": {"nodes": 1, "ranks_per_node": 2}, "out": str(tmp_path),
-                        "workload": {"wrapper": "ddp", "steps": 3}})
-    assert job["backend"] == "gloo" and job["faults"] == [] and job["trace"] is False
-    assert job["workload"]["checkpoint_every"] == 0 and job["seeded_bug"] is None
+def test_job_parse_fills_defaults(tmp_path: Path) -> None:
+    job = Job.parse({"topology": {"nodes": 1, "ranks_per_node": 2}, "out": str(tmp_path),
+                     "workload": {"wrapper": "ddp", "steps": 3}})
+    assert job.backend == "gloo" and job.faults == () and job.trace is False
+    assert job.workload.checkpoint_every == 0 and job.seeded_bug is None
+    assert job.world == 2
+    assert Job.parse(job.to_json()) == job  # the job file round-trips
 
 
-def test_faults_strike_only_in_their_attempt() -> None:
+def test_faults_strike_only_in_their_attempt(tmp_path: Path) -> None:
     """P13.2: a fault without "attempt" strikes in attempt 0 only, so a restart does not repeat it."""
-    job = {"faults": [{"step": 1, "at": "backward", "kind": "exception"},
-                      {"step": 3, "at": "forward", "kind": "crash", "ranks": [0], "attempt": 1}]}
-    assert faults_for_attempt(job, 0) == [{"step": 1, "at": "backward", "kind": "exception"}]
-    assert faults_for_attempt(job, 1) == [{"step": 3, "at": "forward", "kind": "crash", "ranks": [0]}]
-    assert faults_for_attempt(job, 2) == []
+    job = _job(tmp_path, faults=[{"step": 1, "at": "backward", "kind": "exception"},
+                                 {"step": 3, "at": "forward", "kind": "crash", "ranks": [0], "attempt": 1}])
+    assert [(f.step, f.at, f.kind, f.ranks) for f in job.faults_for_attempt(0)] == [(1, "backward", "exception", ())]
+    assert [(f.step, f.at, f.kind, f.ranks) for f in job.faults_for_attempt(1)] == [(3, "forward", "crash", (0,))]
+    assert job.faults_for_attempt(2) == ()
 
 
 def test_exit_code_is_recorded_before_os_exit(tmp_path: Path) -> None:
     """S7: every fail-stop exit goes through os._exit; the result file records its code first."""
     code = (
-        "import os, time\n"
+        "import os\n"
         "from pathlib import Path\n"
         "from accelpact.impl.worker import ResultFile, _record_exits\n"
         f"r = ResultFile(Path({str(tmp_path)!r}), 0, 3, {{'outcome': 'running'}})\n"
@@ -74,7 +75,7 @@ def test_exit_code_is_recorded_before_os_exit(tmp_path: Path) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], timeout=60)
     assert proc.returncode == 72
-    data = json.loads((tmp_path / "result-a0-r3.json").read_text())
+    data = json.loads(RunDir(tmp_path).result(0, 3).read_text())
     assert data["outcome"] == "exited" and data["exit_code"] == 72 and data["t_exit"] > 0
 
 
@@ -84,29 +85,67 @@ def test_worker_rejects_inflight_then_resumes_replaying_f_minus_c(tmp_path: Path
     """C5.1/C5.2/I5 through the worker: exception in backward of step 3 -> both ranks exit 70 with
     frontier F=3; a second attempt (same store, as torchrun keeps it) resumes from C=2, replays
     F - C = 1 step, and ends bit-identical to the uninterrupted reference."""
-    from datetime import timedelta
-
     import torch
-    import torch.distributed as dist
 
     from accelpact.impl.exitcodes import ExitCode
     from accelpact.impl.launch import run_local, run_reference
     from accelpact.impl.workload import compare_snapshots
+    from accelpact.testing import host_store
 
     job = _job(tmp_path / "run", faults=[{"step": 3, "at": "backward", "kind": "exception", "ranks": [1]}])
-    ref = run_reference(copy.deepcopy(job), tmp_path / "refs", timeout_s=150, launcher="local")
-    store = dist.TCPStore("127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
-    first = run_local(job, 2, timeout_s=150, attempt=0, store=store)
+    ref = RunDir(run_reference(job, tmp_path / "refs", timeout_s=150, launcher="local"))
+    store = host_store()
+    first = run_local(job, timeout_s=150, attempt=0, store=store)
     assert not first.timed_out, first.log_tail()
     assert first.codes == [int(ExitCode.REJECTED)] * 2, first.log_tail()
     for r in first.attempt(0).values():
         assert r["outcome"] == "exited" and r["exit_code"] == 70 and r["frontier"] == 3
-    second = run_local(job, 2, timeout_s=150, attempt=1, store=store)
+    second = run_local(job, timeout_s=150, attempt=1, store=store)
     assert second.codes == [0, 0], second.log_tail()
+    run = RunDir(second.out)
     for rank, r in second.attempt(1).items():
         assert r["outcome"] == "finished" and r["resumed_from"] == 2 and r["replayed_steps"] == 1
         assert sorted(int(s) for s in r["t_steps"]) == [2, 3, 4]   # steps 2 (replayed), 3, 4
-        ok, why = compare_snapshots(torch.load(ref / f"final-r{rank}.pt", weights_only=False),
-                                    torch.load(second.out / f"final-r{rank}.pt", weights_only=False))
+        ok, why = compare_snapshots(torch.load(ref.final(rank), weights_only=False),
+                                    torch.load(run.final(rank), weights_only=False))
         assert ok, f"rank {rank}: {why}"
+
+
+# ---- the multi-process harness (accelpact.testing), which shares the launcher's ProcessSet -------------
+
+def _raises_or_hangs(ctx, hang_rank: int):
+    """Rank ``hang_rank`` hangs (the fault under test); every other rank raises."""
+    import time
+
+    if ctx.rank == hang_rank:
+        time.sleep(3600)
+    raise ValueError(f"rank {ctx.rank} fails on purpose")
+
+
+def _square(ctx, k: int):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank + k)])
+    dist.all_reduce(t)  # over the default group the harness initialised
+    return {"rank": ctx.rank, "sum": float(t[0])}
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_harness_returns_values_reports_tracebacks_and_reaps_hung_ranks(ranks) -> None:
+    """accelpact.testing: per-rank return values (this test module loaded in the children by its
+    file path); a raising rank's traceback and exit code CRASHED; a hung rank killed at the bound
+    and named in the run's explanation."""
+    from accelpact.testing import CRASHED
+
+    ok = ranks.run(_square, 3, init_group=True, k=1)
+    assert ok.values() == [{"rank": r, "sum": 6.0} for r in range(3)], ok.explain()
+    with ranks.start(_raises_or_hangs, 2, timeout_s=60, hang_rank=1) as launch:
+        launch.procs.procs[0].wait(timeout=60)  # rank 0 has raised and exited: now end the launch
+        bad = launch.wait(timeout_s=launch.procs.elapsed_s + 0.5)
+    assert bad.codes == {0: CRASHED, 1: -9} and bad.hung == [1], bad.explain()
+    assert "ValueError: rank 0 fails on purpose" in bad.errors[0]
+    assert "rank 0 fails on purpose" in bad.explain() and "[1]" in bad.explain()
+    with pytest.raises(AssertionError, match="fails on purpose"):
+        bad.values()

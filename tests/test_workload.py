@@ -55,7 +55,7 @@ def test_model_init_is_deterministic_from_seed_and_trains():
     m1 = W.CharLM(W.vocab_size(), spec)
     torch.manual_seed(spec.seed)
     m2 = W.CharLM(W.vocab_size(), spec)
-    for (n1, p1), (n2, p2) in zip(m1.named_parameters(), m2.named_parameters()):
+    for (n1, p1), (n2, p2) in zip(m1.named_parameters(), m2.named_parameters(), strict=True):
         assert n1 == n2 and torch.equal(p1, p2)
     x, y = W.DataCursor(0, 4, 16, 0, 1).batch(0)
     logits = m1(x)
