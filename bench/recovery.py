@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from accelpact.impl.backends import BACKEND_NAMES
 from accelpact.impl.job import Job, Topology, Workload
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         for i, s in enumerate(fault_steps)]), nproc, max_restarts=args.repeat, timeout_s=args.timeout)
 
     ep1, ep2 = l1_episodes(l1), l2_episodes(l2)
-    result = {
+    result: dict[str, Any] = {
         "config": {"repeat": args.repeat, "wrapper": args.wrapper, "nodes": args.nodes,
                    "ranks_per_node": args.ranks_per_node, "layers": args.layers, "backend": args.backend,
                    "fault_steps": fault_steps, "steps": steps},

@@ -39,6 +39,7 @@ from ..model.state import (
     initial_state,
 )
 from ..impl.trace import FORMAT as TRACE_FORMAT
+from ..impl.rundir import RunDir
 from ..impl.trace import RankTrace, Record, TraceError
 from .mapping import Script, surfaces
 
@@ -70,16 +71,14 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
     affected = list(h.get("affected") or [])
     local = affected[0] % rpn if affected and group == "replicate" and rpn > 1 else 0
     if frontier is None:
-        obs = [rec.state.get("frontier") for tr in traces.values() for rec in tr.records if rec.action == "RankObserve"]
-        obs = [x for x in obs if isinstance(x, int)]
+        obs = [x for tr in traces.values() for rec in tr.records if rec.action == "RankObserve"
+               for x in (rec.state.get("frontier"),) if isinstance(x, int)]
         frontier = min(obs) if obs else 1
     if max_faults is None:
         max_faults = count_fault_records(traces) + 1
-    kw = {}
-    if profile or h.get("profile"):
-        kw["profile"] = profile or h["profile"]
-    return Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
-                  frontier=frontier, checkpoint=min(checkpoint, frontier), **kw)
+    cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
+                 frontier=frontier, checkpoint=min(checkpoint, frontier))
+    return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
 
 
 def count_fault_records(traces: Mapping[int, RankTrace]) -> int:
@@ -467,10 +466,10 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
 
 
 def write_dir(traces: Mapping[int, RankTrace], path: str | Path, attempt: int = 0) -> None:
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
+    run = RunDir(path)
+    run.path.mkdir(parents=True, exist_ok=True)
     for r, tr in traces.items():
         lines = [json.dumps(tr.header)] + [json.dumps(rec.to_json()) for rec in tr.records]
         if tr.end is not None:
             lines.append(json.dumps(tr.end))
-        (p / f"trace-a{attempt}-r{r}.ndjson").write_text("\n".join(lines) + "\n")
+        run.trace(attempt, r).write_text("\n".join(lines) + "\n")

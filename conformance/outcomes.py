@@ -125,7 +125,7 @@ def model_outcomes(sc: Scenario, *, max_states: int = 400_000, traces: bool = Fa
     # Symmetry reduction is sound only when no scripted fault names a rank (the script would
     # otherwise tell symmetric ranks apart).
     sym = Symmetry(cfg) if all(f.rank is None for f in script.faults) else None
-    start = (initial_state(cfg), frozenset())
+    start: tuple[State, frozenset[int]] = (initial_state(cfg), frozenset())
     seen = {start}
     queue = deque([start])
     outcomes: set[str] = set()

@@ -201,7 +201,7 @@ def load_scenario(path: str | Path) -> Scenario:
     return scenario_from_mapping(data, source=p.name)
 
 
-def scenario_from_job(job: Job, *, source: str = "job.json") -> Scenario:
+def scenario_from_job(job: Job, *, source: str = "<job>") -> Scenario:
     """The scenario a job plays (its name, topology, workload and faults), validated as one."""
     return scenario_from_mapping({"name": job.scenario, "topology": job.topology.to_json(),
                                   "workload": job.workload.to_json(), "faults": [f.to_json() for f in job.faults]},

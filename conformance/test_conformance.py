@@ -51,7 +51,7 @@ NOT_DEMONSTRATED = {
                       "delay (Hooks.write_to_record_s), which a job does not carry.  "
                       "tests/test_impl_recovery.py::test_control_plane_write_and_its_record_are_one_action demonstrates it",
 }
-SEEDED_BUGS = tuple(b for b in ALL_SEEDED_BUGS if b in CAUGHT_BY_CHECKER)
+DEMONSTRATED_BUGS = tuple(b for b in ALL_SEEDED_BUGS if b in CAUGHT_BY_CHECKER)
 #: problems that say the run itself went wrong (launch, hang, files), not that an oracle caught the bug
 INFRASTRUCTURE = ("did not finish", "neither L1 nor L2", "trace files unusable")
 
@@ -127,7 +127,7 @@ def test_every_seeded_bug_is_demonstrated_or_excused():
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("bug", SEEDED_BUGS)
+@pytest.mark.parametrize("bug", DEMONSTRATED_BUGS)
 def test_seeded_bug_rejected(bug, ref_cache, tmp_path, request):
     """R4: with a seeded bug the run of the plain repair completes and the oracle that must catch
     the bug (the trace checker, CAUGHT_BY_CHECKER) rejects it, not a launch or file failure."""

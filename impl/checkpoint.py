@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "CheckpointError",
@@ -247,7 +247,7 @@ class CheckpointManager:
         model_sd, optim_sd = get_state_dict(module, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(folder), process_group=self.group)
-        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(module, optimizer, model_state_dict=cast(Any, state["model"]), optim_state_dict=cast(Any, state["optim"]))
         local = torch.load(folder / f"rank{self.rank}.pt", weights_only=False)
         if local["step"] != step or local["rank"] != self.rank:
             raise CheckpointError(f"{folder}/rank{self.rank}.pt holds step {local['step']} rank {local['rank']}, "

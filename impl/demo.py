@@ -119,7 +119,7 @@ class _Progress(threading.Thread):
         frontier = min((v.get("frontier") or 0) for v in cur.values())
         losses = [v["losses"].get(str(frontier - 1)) for v in cur.values() if v.get("losses")]
         loss = next((x for x in losses if x is not None), None)
-        outcomes = sorted({v.get("outcome") for v in cur.values()})
+        outcomes = sorted({str(v.get("outcome")) for v in cur.values()})
         phase = ""
         for r in sorted(cur):
             recs = run.records(attempt, r)
@@ -133,7 +133,7 @@ class _Progress(threading.Thread):
             self._repairs = reports
             phase = (f" | repaired generation {rep.get('generation')} in place: {rep.get('total_ns', 0) / 1e6:.1f} ms, "
                      f"{rep.get('refs_rebound')} references rebound, 0 steps replayed")
-        codes = sorted({v.get("exit_code") for v in cur.values() if v.get("exit_code")})
+        codes = sorted({int(v["exit_code"]) for v in cur.values() if v.get("exit_code")})
         extra = f" exit {codes}" if codes else ""
         ls = f" loss {loss:.3f}" if isinstance(loss, (int, float)) else ""
         return (f"[{self.label}] attempt {attempt} step {frontier}/{self.steps}{ls} "

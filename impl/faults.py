@@ -67,7 +67,7 @@ class FaultKind:
     model's ``FaultGroupFail``), not a separate fault action.  ``windows``: the pcs in which the
     model's action for it is enabled, when narrower than the point's window (None: the point's).
     ``members_only``: it can strike only members of the failing group R (the model's action is
-    enabled only there).
+    enabled only there).  ``breaks_group``: it acts on the group its fault names (``Fault.group``).
     """
 
     name: str
@@ -77,6 +77,7 @@ class FaultKind:
     failure: bool = False
     windows: tuple[str, ...] | None = None
     members_only: bool = False
+    breaks_group: bool = False
     doc: str = ""
 
 
@@ -140,7 +141,7 @@ _RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
 
 #: kind -> FaultKind: the one table of fault kinds.
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
-    FaultKind("collective_timeout", "FaultGroupFail", TRIGGER_POINTS, _group_fail, failure=True,
+    FaultKind("collective_timeout", "FaultGroupFail", TRIGGER_POINTS, _group_fail, failure=True, breaks_group=True,
               doc="the group's connections are shut down: its collectives fail"),
     FaultKind("crash", "FaultCrash", FAULT_POINTS, _crash, doc="SIGKILL of the rank"),
     FaultKind("hang", "FaultHang", FAULT_POINTS, _hang, doc="the rank's main thread stops making progress"),
@@ -211,9 +212,10 @@ class Fault:
             _int(f"{where}.ranks[{j}]", r, 0, None if world is None else world - 1)
         if len(set(ranks)) != len(ranks):
             raise FaultError(f"{where}.ranks: duplicate rank in {list(ranks)}")
-        group = raw.get("group", "replicate")
         known = tuple(groups) if groups is not None else None
-        if not isinstance(group, str) or (known is not None and group not in known):
+        group = raw.get("group", known[0] if known else "replicate")
+        # only a kind that breaks a group names one that must exist; for the others it is ignored
+        if not isinstance(group, str) or (KINDS[kind].breaks_group and known is not None and group not in known):
             raise FaultError(f"{where}.group: {group!r} is not a group this job can break; use one of {list(known or ())}")
         attempt = _int(f"{where}.attempt", raw.get("attempt", 0), 0)
         return cls(step, at, kind, tuple(sorted(ranks)), group, attempt)

@@ -143,10 +143,10 @@ class Workload:
     def parse(cls, raw: Any, where: str = "workload", error: type[FieldError] = FieldError,
               required: Iterable[str] = ("wrapper", "steps")) -> "Workload":
         w = check_object(where, raw, tuple(required), tuple(k for k in cls.FIELDS if k not in tuple(required)), error=error)
-        if w.get("wrapper", cls.wrapper) not in WRAPPER_NAMES:
-            raise error(f"{where}.wrapper: {w.get('wrapper')!r} is not one of {list(WRAPPER_NAMES)}")
-        d = {f.name: f.default for f in dataclasses.fields(cls)}
+        d: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(cls)}
         d.update(w)
+        if d["wrapper"] not in WRAPPER_NAMES:
+            raise error(f"{where}.wrapper: {d['wrapper']!r} is not one of {list(WRAPPER_NAMES)}")
         return cls(d["wrapper"], check_int(f"{where}.layers", d["layers"], 1, 256, error),
                    check_int(f"{where}.steps", d["steps"], 1, None, error), check_int(f"{where}.seed", d["seed"], 0, None, error),
                    check_int(f"{where}.checkpoint_every", d["checkpoint_every"], 0, None, error))
@@ -267,9 +267,10 @@ class Job:
 
     def write(self) -> Path:
         """Write ``<out>/job.json`` (creating ``out``); return its path."""
-        out = Path(self.out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "job.json"
+        from .rundir import RunDir
+
+        path = RunDir(self.out).job
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".job.json.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.to_json(), indent=1))
         os.replace(tmp, path)

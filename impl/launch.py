@@ -402,7 +402,8 @@ def l2_episodes(res: LaunchResult) -> list[dict]:
         prev, cur = res.attempt(a - 1), res.attempt(a)
         t_fault = min((r["t_fault"] for r in cur.values() if r.get("t_fault") is not None), default=None)
         t_front = [r.get("t_frontier") for r in cur.values()]
-        done = t_fault is not None and all(t is not None for t in t_front)
+        fronts = [float(t) for t in t_front if t is not None]
+        done = t_fault is not None and len(fronts) == len(t_front)
         episodes.append({
             "attempt": a,
             "exit_codes": sorted({r.get("exit_code") for r in prev.values()}, key=lambda c: (c is None, c)),
@@ -411,6 +412,6 @@ def l2_episodes(res: LaunchResult) -> list[dict]:
             # last exit of a-1 until every rank of a is attached again (torchrun respawn + import + reload)
             "exit_to_ready_s": _span(max((r.get("t_exit") or 0 for r in prev.values()), default=None),
                                      max((r.get("t_ready") or 0 for r in cur.values()), default=None)),
-            "fault_to_frontier_s": (max(t_front) - t_fault) if done else None,
+            "fault_to_frontier_s": (max(fronts) - t_fault) if done and t_fault is not None else None,
         })
     return episodes

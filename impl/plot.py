@@ -37,8 +37,8 @@ def timeline(runs: list[tuple[str, "LaunchResult", float | None, float | None]],
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(12.5, 2.2 + 1.6 * len(runs)), squeeze=False)
     for ax, (title, res, t_fault, t_front) in zip(axes[:, 0], runs, strict=True):
-        starts = [r.get("t_start") for r in res.results.values() if r.get("t_start")]
-        t0 = min(starts) if starts else 0.0
+        starts = [float(r["t_start"]) for r in res.results.values() if r.get("t_start")]
+        t0: float = min(starts) if starts else 0.0
         ranks = sorted({r for (_, r) in res.results})
         seen_labels: set[str] = set()
         for (attempt, rank), r in sorted(res.results.items()):

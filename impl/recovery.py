@@ -225,7 +225,7 @@ class Pact:
         self._frontier_delta = 0
         self._episode: _Episode | None = None  # the recovery in progress
         self._pg = groups.affected
-        self._record = groups.record
+        self._record: _revoke.SocketRecord | None = groups.record
         # keep no second reference to R's communicator: after a repair the adapters' walker would
         # find it (the guard's hooks make the pact reachable from the module) and the old group
         # could never be freed
@@ -239,7 +239,7 @@ class Pact:
         self.adapter = adapter if adapter is not None else adapter_for(module)
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
         self.sites = self.adapter.discover(module, self._pg)  # once, at attach: rebinding reuses them
-        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at)
+        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point)
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc).start()
         self.watchdog.watch(self.gen, self.groups.key, self._record)
         self._closed = False
@@ -282,6 +282,10 @@ class Pact:
         effects = self.hooks.point(point, self)
         self._frontier_delta += effects.get("frontier_delta", 0)
         return effects
+
+    def _at_point(self, point: str) -> None:
+        """The guard's hooks (forward, backward, optimizer): the hooks' point, between actions."""
+        self._at(point)
 
     def _key(self, point: str) -> ObservationKey:
         return ObservationKey(self.key.platform, self.key.profile, point, self.key.objective)

@@ -56,7 +56,9 @@ def as_process_group(backend, store, group_rank: int, size: int, kind: str, name
     pg = dist.ProcessGroup(store, group_rank, size)
     pg._set_default_backend(bt)
     pg._register_backend(device, bt, backend)
-    pg._set_group_name(name)
+    from torch.distributed.distributed_c10d import GroupName
+
+    pg._set_group_name(GroupName(name))
     return pg
 
 

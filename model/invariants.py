@@ -45,7 +45,7 @@ def no_split_brain(cfg: Config, s: State) -> str | None:
     while another ends in g by a fail-stop exit before g's release was decided.  (A rank that
     exits after the release of g was decided is a failure of generation g+1, as a crash after
     the release is: the job-wide abort then ends every rank, resumed or not.)"""
-    resumed = {}
+    resumed: dict[int, int] = {}
     for g, r, *_ in s.resumed:
         resumed.setdefault(g, r)
     for g, r, reason, released in sorted(s.exits):

@@ -177,15 +177,16 @@ def _contract_decision(cfg: Config, s: State, r: int):
 # --------------------------------------------------------------------------------------
 # Phase 1: Observe
 
-def _en_observe(cfg: Config, s: State, r: int, arg) -> bool:
+def _en_observe(cfg: Config, s: State, r, arg) -> bool:
     rk = s.ranks[r]
     if rk.pc != PC_TRAIN or not _active(s, r) or not _in_episode(s, r):
         return False
     return _member(cfg, r) or rk.gen in s.store.revoked
 
 
-def _st_observe(cfg: Config, s: State, r: int, arg) -> State:
+def _st_observe(cfg: Config, s: State, r, arg) -> State:
     rk = s.ranks[r]
+    assert s.store.failed is not None  # enabled only inside an episode
     s = s.with_rank(r, pc=PC_OBSERVED, point=s.store.failed[1])
     if _member(cfg, r):  # members publish revoke(R, g) so every rank observes within ms
         s = s.with_store(revoked=s.store.revoked | {rk.gen})

@@ -126,11 +126,16 @@ class ProtocolMachine(RuleBasedStateMachine):
         cfg, s = self.cfg, self.state
         return [a for a in acts if self.table[a.name].enabled(cfg, s, a.rank, a.arg)]
 
+    def _now(self) -> tuple[Config, State]:
+        """The configuration and state (both set by ``choose_config``, the first rule)."""
+        assert self.cfg is not None and self.state is not None, "choose_config runs first"
+        return self.cfg, self.state
+
     def _take(self, a: Action) -> None:
-        before = self.state
-        after = self.table[a.name].step(self.cfg, before, a.rank, a.arg)
+        cfg, before = self._now()
+        after = self.table[a.name].step(cfg, before, a.rank, a.arg)
         self.trail.append(str(a))
-        bad = check_edge(self.cfg, before, after)
+        bad = check_edge(cfg, before, after)
         if bad:
             self.failed = True
             inv, msg = bad[0]
@@ -158,9 +163,10 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def _terminal(self) -> None:
         event("reached a state without successor")
-        if not is_final(self.cfg, self.state):
+        cfg, s = self._now()
+        if not is_final(cfg, s):
             self.failed = True
-            pcs = ", ".join(f"{r}:{rk.pc}" for r, rk in enumerate(self.state.ranks))
+            pcs = ", ".join(f"{r}:{rk.pc}" for r, rk in enumerate(s.ranks))
             raise AssertionError(f"deadlock (L3): no action enabled in a non-final state; ranks {pcs}; after {self.trail[-8:]}")
 
     @precondition(lambda self: self.state is not None)
@@ -185,7 +191,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def safety(self) -> None:
         if self.state is None:
             return
-        bad = check_state(self.cfg, self.state)
+        bad = check_state(*self._now())
         if bad:
             self.failed = True
             inv, msg = bad[0]
@@ -194,9 +200,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if self.state is None or self.failed:
             return
+        cfg, s = self._now()
         target(float(self.max_recovering), label="ranks in recovery at once")
-        target(float(max(rk.gen for rk in self.state.ranks)), label="generation reached")
-        _s, taken, err = drain(self.cfg, self.state, self.actions)
+        target(float(max(rk.gen for rk in s.ranks)), label="generation reached")
+        _s, taken, err = drain(cfg, s, self.actions)
         if err:
             raise AssertionError(f"after the fault-free drain: {err}; chaos steps {self.trail[-8:]}, drain {[str(a) for a in taken[-8:]]}")
 
@@ -204,6 +211,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 def make_machine(config: Config | None = None, *, mutant: str | None = None) -> type[ProtocolMachine]:
     """A machine class for one fixed ``config`` (or drawn configs carrying ``mutant``)."""
     name = "ProtocolMachine_" + ("drawn" if config is None else f"{config.nodes}x{config.ranks_per_node}")
-    if (config.mutant if config else mutant):
-        name += "_" + (config.mutant if config else mutant).replace("-", "_")
+    chosen = config.mutant if config else mutant
+    if chosen:
+        name += "_" + chosen.replace("-", "_")
     return type(name, (ProtocolMachine,), {"fixed_config": config, "mutant": mutant})

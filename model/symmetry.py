@@ -111,7 +111,7 @@ def apply(s: State, perm: dict[int, int]) -> State:
         s,
         ranks=tuple(ranks),
         store=store,
-        resumed=frozenset((g, p(r), *rest) for g, r, *rest in s.resumed),
-        exits=frozenset((g, p(r), *rest) for g, r, *rest in s.exits),
+        resumed=frozenset((g, p(r), pt, d, ok) for g, r, pt, d, ok in s.resumed),
+        exits=frozenset((g, p(r), why, rel) for g, r, why, rel in s.exits),
         agreed=frozenset((g, p(r), f) for g, r, f in s.agreed),
     )

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from accelpact.conformance.checker import Abstraction, check_traces, project, write_dir
+from accelpact.impl.rundir import RunDir
 from accelpact.impl.trace import RankTrace, TraceError
 from accelpact.impl.trace import load_traces as load_dir
 from accelpact.model.protocol import all_actions, is_final, successors
@@ -250,7 +251,7 @@ def test_files_roundtrip_and_errors(tmp_path):
     loaded = load_dir(tmp_path)[0]
     assert [rec.action for rec in loaded[1].records] == [rec.action for rec in tr[1].records]
     assert check_traces(cfg, loaded).accepted
-    f = tmp_path / "trace-a0-r1.ndjson"
+    f = RunDir(tmp_path).trace(0, 1)
     lines = f.read_text().splitlines()
     f.write_text("\n".join([lines[0]] + lines[2:]) + "\n")  # seq gap
     with pytest.raises(TraceError, match="gap-free"):

@@ -115,7 +115,7 @@ def test_counterexample_is_shortest_concrete_and_printed_tlc_style():
     cex = r.counterexample
     s = initial_state(cfg)
     assert cex.states[0] == s
-    for a, nxt in zip(cex.actions, cex.states[1:]):
+    for a, nxt in zip(cex.actions, cex.states[1:], strict=True):
         assert enabled(cfg, s, a)
         s = step(cfg, s, a)
         assert s == nxt

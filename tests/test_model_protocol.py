@@ -13,8 +13,6 @@ from accelpact.model.state import (
     PC_AGREED,
     PC_ARRIVED,
     PC_EXITED,
-    PC_GUARDED,
-    PC_OBSERVED,
     PC_TRAIN,
     REASON_DEADLINE,
     REASON_MISMATCH,

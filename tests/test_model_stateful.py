@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from accelpact.model.protocol import Action, step
 from accelpact.model.state import PC_TRAIN, Config, initial_state

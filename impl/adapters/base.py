@@ -98,6 +98,7 @@ def register_group(pg: Any, name: str, global_ranks: Sequence[int], store: Any =
     """Register ``pg`` with c10d under ``name`` so name-based lookups (DeviceMesh, ``dist.get_rank(pg)``,
     ``get_process_group_ranks``) resolve it. Raises ValueError if the name is taken by another group."""
     import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.distributed_c10d import GroupName
 
     w = c10d._world
     for other, other_name in w.pg_names.items():
@@ -109,10 +110,10 @@ def register_group(pg: Any, name: str, global_ranks: Sequence[int], store: Any =
         helper(pg, backend, store, name, f"cpu:{backend}", rank_mapping=mapping)
     else:  # older torch: the same bookkeeping by hand
         w.pg_map[pg] = (backend, store)
-        w.pg_names[pg] = name
+        w.pg_names[pg] = GroupName(name)
         w.pg_group_ranks[pg] = mapping
         w.pg_backend_config[pg] = f"cpu:{backend}"
-        c10d._register_process_group(name, pg)
+        c10d._register_process_group(GroupName(name), pg)
     return pg
 
 
@@ -161,6 +162,7 @@ def make_gloo_group(store: Any, prefix: str, global_ranks: Sequence[int], rank: 
     """
     import torch
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import GroupName
 
     if rank not in global_ranks:
         raise ValueError(f"rank {rank} is not a member of {list(global_ranks)}; only members build the group")
@@ -171,7 +173,7 @@ def make_gloo_group(store: Any, prefix: str, global_ranks: Sequence[int], rank: 
     pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
     pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     name = name or prefix
-    pg._set_group_name(name)
+    pg._set_group_name(GroupName(name))
     pg._set_group_desc(name)
     return register_group(pg, name, global_ranks, pstore)
 
