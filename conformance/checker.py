@@ -39,6 +39,7 @@ from ..model.state import (
     initial_state,
 )
 from ..impl.trace import FORMAT as TRACE_FORMAT
+from ..impl.controlplane import comm_generation, comm_name
 from ..impl.rundir import RunDir
 from ..impl.trace import RankTrace, Record, TraceError
 from .mapping import Script, surfaces
@@ -121,8 +122,13 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
             if (v or "") != rk.point and not (v in IN_FLIGHT_PHASES and rk.point in IN_FLIGHT_PHASES):
                 return f"point {v!r} but the model has {rk.point!r}"
         elif k == "comm":
-            if v is not None and r in cfg.affected and v != rk.comm:
-                return f"comm {v} but the model has {rk.comm}"
+            # the record names the real group (its c10d name, controlplane.comm_name), never a
+            # bare counter: the generation is read from the name
+            gen = comm_generation(v)
+            if gen is None:
+                return f"comm {v!r} does not name a communicator (expected its c10d name, e.g. {comm_name('accelpact/', 1, 'replicate')!r})"
+            if r in cfg.affected and gen != rk.comm:
+                return f"comm {v!r} is generation {gen}'s communicator but the model has generation {rk.comm}'s"
         elif k == "refs_stale":
             if v is not None and r in cfg.affected and (int(v) == 0) != (_refs_stale(rk) == 0):
                 return f"refs_stale={v} but the model has {_refs_stale(rk)} stale of {len(rk.refs)}"
@@ -140,16 +146,15 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
     if a.name == "RankArrive" and "last" in d:
         if bool(d["last"]) != ((g, r) in post.store.last_arriver):
             return f"last={d['last']} but the model says {(g, r) in post.store.last_arriver}"
+    # A store add and its record are one action (the exit claim is held across both), so the
+    # counter a record reports is exactly the model's count after that step.
     if a.name == "RankArrive" and "count" in d:
-        # The counter may exceed the model's count by arrivals whose records were never written
-        # (the watchdog can end a rank between its store add and its trace record); it may never
-        # be lower, and never exceed the world.
         n = sum(1 for x in post.store.arrivals if x[0] == g)
-        if not n <= int(d["count"]) <= len(cfg.world):
+        if int(d["count"]) != n:
             return f"count={d['count']} (the store's arrival counter) but the model has {n} arrivals in generation {g}"
     if a.name == "RankReady" and "count" in d:
         n = sum(1 for x in post.store.ready if x[0] == g)
-        if not n <= int(d["count"]) <= len(cfg.world):
+        if int(d["count"]) != n:
             return f"count={d['count']} (the store's release-vote counter) but the model has {n} votes in generation {g}"
     if a.name == "RankReady" and "last" in d:
         if bool(d["last"]) != ((g, r) in post.store.last_ready):
@@ -288,12 +293,12 @@ class TraceChecker:
             rk = s.ranks[r]
             end = self.traces[r].end
             if end is None:
-                # Without an end record the rank was killed: by its own crash, while hung, by the
-                # watchdog racing the trace writer after an abort, or by the supervisor, which
-                # (torchrun) kills every worker once any worker died.
-                someone_died = any(x.pc == PC_CRASHED for x in s.ranks)
-                if not (rk.pc == PC_CRASHED or rk.hung or s.store.abort or s.supervisor or someone_died):
-                    return f"rank {r}'s trace stops without an end record while the model has it {rk.pc} and no abort (truncated?)"
+                # Every exit path writes the end record (exitcodes.exit_now, Pact.close); only a
+                # signal leaves none: the rank's own SIGKILL (crashed), or torchrun killing a worker
+                # that the protocol had not ended (hung or crashed: no exit reason) for its restart.
+                if not (rk.pc == PC_CRASHED or (s.supervisor and not rk.reason)):
+                    return (f"rank {r}'s trace stops without an end record while the model has it {rk.pc} "
+                            "(only a rank killed by a signal may lack one: truncated?)")
                 continue
             out = end.get("outcome")
             if out == "released" and not (rk.pc == PC_TRAIN and not rk.hung):
@@ -435,7 +440,8 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
         rk = post.ranks[r]
         state = {"pc": rk.pc, "gen": rk.gen, "frontier": rk.frontier, "tau": rk.tau, "point": rk.point, "reason": rk.reason}
         if r in cfg.affected:
-            state.update(comm=rk.comm, refs_stale=_refs_stale(rk))
+            comm = comm_name("accelpact/", rk.comm, cfg.group) if rk.comm > 0 else "original"
+            state.update(comm=comm, refs_stale=_refs_stale(rk))
         g = pre.ranks[r].gen
         detail: dict[str, Any] = {}
         if a.name == "FaultGroupFail":

@@ -24,7 +24,26 @@ from .exitcodes import claim_exit, release_exit
 from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_TRAIN,
                                    REASON_DEADLINE, REASON_MISMATCH)
 
-__all__ = ["ControlPlane", "ControlPlaneError"]
+__all__ = ["ControlPlane", "ControlPlaneError", "comm_generation", "comm_name"]
+
+
+def comm_name(prefix: str, g: int, group: str) -> str:
+    """The name (c10d group name and store prefix) of R's generation-``g`` replacement communicator:
+    ``{prefix}g{g}/pg/{group}``.  Traces record it (``RankReplace``'s ``comm``), so a record names
+    the real group object, and :func:`comm_generation` reads the generation back."""
+    return f"{prefix}g{g}/pg/{group}"
+
+
+def comm_generation(name: str) -> int | None:
+    """The generation in a communicator name written by :func:`comm_name`; 0 for any other name
+    (the job's original group); None when ``name`` is not a group name at all (not a string)."""
+    if not isinstance(name, str) or not name:
+        return None
+    head, sep, _ = name.rpartition("/pg/")
+    if not sep:
+        return 0
+    gen = head.rsplit("/", 1)[-1]
+    return int(gen[1:]) if gen[:1] == "g" and gen[1:].isdigit() else None
 
 
 class ControlPlaneError(RuntimeError):

@@ -153,6 +153,11 @@ class _Exited(BaseException):
     """Never escapes: exit paths end the process."""
 
 
+def _group_name(pg) -> str:
+    """A process group's c10d name."""
+    return str(pg.group_name)
+
+
 def _state_digest(module, optimizer) -> bytes:
     from .digest import state_digest
 
@@ -501,7 +506,9 @@ class Pact:
         t = time.monotonic_ns()
         ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, self.groups.members, self.rank, self.control.store,
                                           self.deadline_s, name=self.groups.key)
-        self._act("RankReplace", self._st(PC_REPLACED, comm=ep.g + 1), {"duration_ns": time.monotonic_ns() - t})
+        # the record names the real group object: its c10d name (controlplane.comm_name), which the
+        # checker reads the generation from
+        self._act("RankReplace", self._st(PC_REPLACED, comm=_group_name(ep.new_pg)), {"duration_ns": time.monotonic_ns() - t})
 
     # ---- Phase 5: RankRebind ---------------------------------------------------------------------
     def _rebind(self, ep: _Episode) -> None:

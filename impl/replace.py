@@ -70,7 +70,10 @@ class ReplacementStrategy(abc.ABC):
         self.last_record: _revoke.SocketRecord | None = None
 
     def store_prefix(self, g_next: int, name: str) -> str:
-        return f"{self.prefix}g{g_next}/pg/{name}"
+        """The generation's communicator name and store prefix (:func:`controlplane.comm_name`)."""
+        from .controlplane import comm_name
+
+        return comm_name(self.prefix, g_next, name)
 
     @abc.abstractmethod
     def replace(self, old_pg, g_next: int, members: tuple[int, ...], my_rank: int, store, timeout: float, name: str = "replicate"):

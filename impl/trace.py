@@ -167,21 +167,26 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
-def parse_trace(lines: Iterable[str], source: str) -> RankTrace:
-    """Parse one rank's trace (format :data:`FORMAT`); :class:`TraceError` names file, line and field."""
+def parse_trace(lines: Iterable[str], source: str, *, complete: bool = True) -> RankTrace:
+    """Parse one rank's trace (format :data:`FORMAT`); :class:`TraceError` names file, line and field.
+
+    Every line must be a record: a line that is not JSON is a rejection, except the last line of
+    an incomplete file (``complete=False``: the file does not end with a newline), which is a
+    write cut short by a kill and is dropped."""
     header: dict[str, Any] | None = None
     records: list[Record] = []
     end = None
+    lines = list(lines)
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            if n > 1 and end is None:
-                # a torn last line (killed while writing) ends the trace
-                break
-            raise TraceError(f"{source}:{n}: not JSON ({exc.msg})") from exc
+            if n == len(lines) and not complete and n > 1:
+                break  # a write cut short by a kill: the file has no final newline
+            raise TraceError(f"{source}:{n}: not JSON ({exc.msg}); a trace line is never partial except "
+                             "the unterminated last line of a killed rank") from exc
         kind = obj.get("type")
         if kind == "header":
             if obj.get("format") != FORMAT:
@@ -223,7 +228,8 @@ def load_traces(path: str | os.PathLike) -> dict[int, dict[int, RankTrace]]:
         raise TraceError(f"{path}: no trace-a*-r*.ndjson files (run a scenario with tracing on, or name the right folder)")
     out: dict[int, dict[int, RankTrace]] = {}
     for (attempt, rank), f in sorted(files.items()):
-        tr = parse_trace(f.read_text().splitlines(), str(f))
+        text = f.read_text()
+        tr = parse_trace(text.splitlines(), str(f), complete=text.endswith("\n"))
         if tr.rank != rank:
             raise TraceError(f"{f}: header says rank {tr.rank}, file name says {rank}")
         out.setdefault(attempt, {})[rank] = tr

@@ -300,3 +300,78 @@ def test_observation_point_abstraction():
         assert not check_traces(cfg, _with(tr, r, recs)).accepted
         tried += 1
     assert tried >= 5
+
+
+@pytest.mark.timeout(120)
+def test_comm_must_name_the_real_group():
+    """RankReplace's ``comm`` names the new communicator (its c10d name, read back by
+    ``controlplane.comm_generation``): a bare counter, or the name of another generation's group,
+    is rejected."""
+    from accelpact.impl.controlplane import comm_name
+
+    tried = 0
+    for cfg, p in runs(9, seed=11, l1_only=True):
+        tr = project(cfg, p)
+        r, idx = _rank_with(tr, lambda rec: rec.action == "RankReplace")
+        recs = list(tr[r].records)
+        rec = recs[idx[0]]
+        gen = rec.gen + 1
+        assert rec.state["comm"] == comm_name("accelpact/", gen, cfg.group)
+        for bad in (gen, comm_name("accelpact/", gen + 1, cfg.group), "original"):
+            recs[idx[0]] = replace(rec, state={**rec.state, "comm": bad})
+            assert not check_traces(cfg, _with(tr, r, recs)).accepted, f"comm={bad!r} accepted"
+        tried += 1
+    assert tried == 9
+
+
+@pytest.mark.timeout(120)
+def test_counts_must_equal_the_models():
+    """A store add and its record are one action: the reported counter is exactly the model's."""
+    tried = 0
+    for cfg, p in runs(12, seed=12, l1_only=True):
+        tr = project(cfg, p)
+        r, idx = _rank_with(tr, lambda rec: rec.action in ("RankArrive", "RankReady") and not rec.detail["last"])
+        if r is None:
+            continue
+        recs = list(tr[r].records)
+        rec = recs[idx[0]]
+        recs[idx[0]] = replace(rec, detail={**rec.detail, "count": rec.detail["count"] + 1})
+        assert not check_traces(cfg, _with(tr, r, recs)).accepted, f"count+1 in {rec} accepted"
+        tried += 1
+    assert tried >= 6
+
+
+@pytest.mark.timeout(120)
+def test_missing_end_only_for_a_rank_killed_by_a_signal():
+    """Every exit path writes an end record; only a SIGKILLed (crashed) rank, or a worker torchrun
+    killed for its restart, may lack one.  An exited rank without one is rejected."""
+    tried = 0
+    for cfg, p in runs(40, seed=13):
+        tr = project(cfg, p)
+        final = p[-1][2]
+        exited = [r for r in tr if final.ranks[r].reason and tr[r].end is not None]
+        if not exited:
+            continue
+        r = exited[0]
+        assert check_traces(cfg, tr).accepted
+        assert not check_traces(cfg, _with(tr, r, tr[r].records, end=None)).accepted
+        tried += 1
+    assert tried >= 3
+
+
+def test_a_corrupt_line_is_a_rejection_not_a_truncation(tmp_path):
+    """Only the unterminated last line of a file (a write cut short by a kill) may be dropped; a
+    line that is not JSON anywhere else rejects the trace."""
+    cfg, p = runs(1, seed=14, l1_only=True)[0]
+    write_dir(project(cfg, p), tmp_path)
+    f = RunDir(tmp_path).trace(0, 1)
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join(lines[:3] + ['{"type": "action", "seq"'] + lines[3:]) + "\n")
+    with pytest.raises(TraceError, match="not JSON"):
+        load_dir(tmp_path)
+    f.write_text("\n".join(lines) + "\n" + '{"type": "action", "se')  # unterminated: a torn write
+    assert [rec.action for rec in load_dir(tmp_path)[0][1].records] == \
+        [rec.action for rec in project(cfg, p)[1].records]
+    f.write_text("\n".join(lines) + "\n" + '{"type": "action", "se' + "\n")  # terminated garbage
+    with pytest.raises(TraceError, match="not JSON"):
+        load_dir(tmp_path)
