@@ -96,6 +96,12 @@ def _refs_stale(rk) -> int:
     return sum(1 for ref in rk.refs if ref != rk.comm)
 
 
+def _in_failed_group(cfg: Config, s: State, r: int) -> bool:
+    """Rank r's group failed in its current generation (it is a member of that episode's R)."""
+    f = s.store.failed
+    return f is not None and f[0] == s.ranks[r].gen and cfg.group_of(r) in f[2]
+
+
 def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: State, rec: Record) -> str | None:
     """None when ``rec`` is a faithful record of model step pre --a--> post, else what differs."""
     r = rec.rank
@@ -127,10 +133,10 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
             gen = comm_generation(v)
             if gen is None:
                 return f"comm {v!r} does not name a communicator (expected its c10d name, e.g. {comm_name('accelpact/', 1, 'replicate')!r})"
-            if r in cfg.affected and gen != rk.comm:
+            if gen != rk.comm:
                 return f"comm {v!r} is generation {gen}'s communicator but the model has generation {rk.comm}'s"
         elif k == "refs_stale":
-            if v is not None and r in cfg.affected and (int(v) == 0) != (_refs_stale(rk) == 0):
+            if v is not None and (int(v) == 0) != (_refs_stale(rk) == 0):
                 return f"refs_stale={v} but the model has {_refs_stale(rk)} stale of {len(rk.refs)}"
         elif k == "reason":
             if (v or "") != rk.reason:
@@ -231,11 +237,16 @@ class TraceChecker:
         if rec.action == "FaultGroupFail":
             point = rec.detail.get("point")
             f = s.store.failed
-            if f is not None and f[0] == s.ranks[r].gen and (point is None or f[1] in surfaces(point)):
+            group = self.cfg.group_of(r)
+            if (f is not None and f[0] == s.ranks[r].gen and (point is None or f[1] in surfaces(point))
+                    and (self.cfg.failing == "one" or group in f[2])):
                 # a second member logging the same group failure: no model step
                 yield None, Node(s, cursors, node.fired, 0), None
                 return
-            cands = [Action("FaultGroupFail", None, p) for p in self.cfg.points if point is None or p in surfaces(point)]
+            # failing="one": the one group's failure; "any": the failure of the logging rank's group,
+            # acted by that group's representative
+            actor = None if self.cfg.failing == "one" else self.cfg.members(group)[0]
+            cands = [Action("FaultGroupFail", actor, p) for p in self.cfg.points if point is None or p in surfaces(point)]
         else:
             cands = self.by_rank.get((rec.action, r), [])
         table = actions_for(self.cfg)
@@ -275,7 +286,7 @@ class TraceChecker:
             if c >= len(self.recs[r]):
                 continue
             name = self.recs[r][c].action
-            if name in ("RankGuard", "RankReplace") or (name == "RankObserve" and r not in self.cfg.affected):
+            if name in ("RankGuard", "RankReplace") or (name == "RankObserve" and not _in_failed_group(self.cfg, node.state, r)):
                 for a, t, why in self._match(node, r):
                     if why is None:
                         return [(t, f"eager {a}")]
@@ -432,14 +443,14 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
     FaultGroupFail is logged by the first member of R; SupervisorRestart is not logged.
     """
     recs: dict[int, list[Record]] = {r: [] for r in cfg.world}
-    logger = cfg.affected[0]
+    logger = cfg.affected[0]  # failing="one": FaultGroupFail has no actor; "any": its representative logs it
     for i, (a, pre, post) in enumerate(path):
         r = a.rank if a.rank is not None else (logger if a.name == "FaultGroupFail" else None)
         if r is None:
             continue
         rk = post.ranks[r]
         state = {"pc": rk.pc, "gen": rk.gen, "frontier": rk.frontier, "tau": rk.tau, "point": rk.point, "reason": rk.reason}
-        if r in cfg.affected:
+        if a.name in ("RankReplace", "RankRebind"):  # as the implementation records them
             comm = comm_name("accelpact/", rk.comm, cfg.group) if rk.comm > 0 else "original"
             state.update(comm=comm, refs_stale=_refs_stale(rk))
         g = pre.ranks[r].gen

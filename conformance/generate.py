@@ -96,6 +96,19 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     add(("2x2", wrapper, "boundary", "successive-crash", "-", 3), "2x2-fsdp1-repair-then-crash", t22, wrapper,
         [_trigger(t22, wrapper, "boundary", step=2), _trigger(t22, wrapper, "boundary", step=5),
          Fault(5, "validate", "crash", (3,), "replicate")])
+    # several groups in one job: both replicate groups failing at one boundary (one episode, one
+    # generation), and repairs alternating between the groups (each episode its own R)
+    both = Fault(STEP, "boundary", "collective_timeout", tuple(range(t22.world)), "replicate")
+    for hsdp in ("fsdp1-hybrid", "fsdp2-hybrid"):
+        w = SHORT[hsdp]
+        add(("2x2", hsdp, "boundary", "two-groups", "-", 2), f"2x2-{w}-two-groups-repair", t22, hsdp, [both])
+        add(("2x2", hsdp, "boundary", "alternating", "-", 2), f"2x2-{w}-alternating-repairs", t22, hsdp,
+            [Fault(3, "boundary", "collective_timeout", t22.group("replicate", 0), "replicate"),
+             Fault(6, "boundary", "collective_timeout", t22.group("replicate", 1), "replicate")])
+    add(("2x2", "fsdp1-hybrid", "validate", "two-groups-crash", "member", 3), "2x2-fsdp1-two-groups-validate-crash-r3",
+        t22, "fsdp1-hybrid", [both, Fault(STEP, "validate", "crash", (3,), "replicate")])
+    add(("2x2", "fsdp1-hybrid", "boundary", "two-groups-corrupt", "member", 3), "2x2-fsdp1-two-groups-corrupt-state-r2",
+        t22, "fsdp1-hybrid", [both, Fault(STEP, "boundary", "corrupt_state", (2,), "replicate")])
     # ten faults in one job: ten successive repairs (DDP keeps the model search small)
     add(("2x2", "ddp", "boundary", "ten", "-", 10), "2x2-ddp-ten-repairs", t22, "ddp",
         [_trigger(t22, "ddp", "boundary", step=s) for s in range(1, 11)], steps=12)

@@ -77,8 +77,10 @@ class Script:
         for i, f in enumerate(self.faults):
             if i in fired or f.action != a.name:
                 continue
-            if f.rank is None:
-                if a.arg in surfaces(f.arg) and s.ranks[0].gen == f.gen:
+            if f.action == "FaultGroupFail":
+                # rank: None when one group fails per job (failing="one"), else the failing group's
+                # representative, the action's actor
+                if a.arg in surfaces(f.arg) and s.ranks[0].gen == f.gen and f.rank == a.rank:
                     return i
                 continue
             if f.rank != a.rank:
@@ -90,8 +92,15 @@ class Script:
 
 
 def failing_group(sc: Scenario) -> tuple[int, ...]:
-    """R: the members of the group (of the wrapper's kind) whose collective fails."""
-    return sc.topology.group(sc.group, sc.failing_ranks[0])
+    """R of the first episode: the members of the groups (of the wrapper's kind) whose collective fails."""
+    return tuple(sorted(sc.episode_members(sc.episode_steps[0])))
+
+
+def failing_mode(sc: Scenario) -> str:
+    """``one`` when every episode fails the same single group (the classic model instance, R fixed
+    per job), else ``any`` (which groups fail is part of each episode; several may fail at once)."""
+    per_episode = {sc.episode_groups(s) for s in sc.episode_steps}
+    return "one" if len(per_episode) == 1 and len(next(iter(per_episode))) == 1 else "any"
 
 
 def model_config(sc: Scenario) -> Config:
@@ -99,8 +108,9 @@ def model_config(sc: Scenario) -> Config:
     return Config(
         nodes=sc.topology.nodes,
         ranks_per_node=sc.topology.ranks_per_node,
-        affected_local=sc.topology.group_index(sc.group, sc.failing_ranks[0]),
+        affected_local=sc.episode_groups(sc.episode_steps[0])[0] if sc.group == "replicate" else 0,
         group=sc.group,
+        failing=failing_mode(sc),
         max_faults=len(script_for(sc).faults),
         frontier=sc.frontier,
         checkpoint=sc.checkpoint,
@@ -111,13 +121,18 @@ def model_config(sc: Scenario) -> Config:
 def script_for(sc: Scenario) -> Script:
     """Translate each scenario fault into the model fault actions it stands for."""
     episodes = {s: g for g, s in enumerate(sc.episode_steps)}
-    members = set(failing_group(sc))
-    out: list[ScriptedFault] = [ScriptedFault("FaultGroupFail", None, sc.trigger_point(s), g, ())
-                                for g, s in enumerate(sc.episode_steps)]
+    out: list[ScriptedFault] = []
+    groups = sc.topology.groups_of_kind(sc.group)
+    for g, s in enumerate(sc.episode_steps):
+        if failing_mode(sc) == "one":
+            out.append(ScriptedFault("FaultGroupFail", None, sc.trigger_point(s), g, ()))
+        else:  # one FaultGroupFail per failing group, acted by its representative (its first rank)
+            out.extend(ScriptedFault("FaultGroupFail", groups[gi][0], sc.trigger_point(s), g, ()) for gi in sc.episode_groups(s))
     for f in sc.faults:
         if f.is_failure:
             continue  # the group failure itself (above)
         g = episodes[f.step]
+        members = sc.episode_members(f.step)
         for r in f.targets(sc.topology.world):
             if f.at in IN_FLIGHT:
                 pcs: tuple[str, ...] = (PC_TRAIN,)

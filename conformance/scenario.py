@@ -98,6 +98,23 @@ class Scenario:
         every = self.workload.checkpoint_every
         return (self.frontier // every) * every
 
+    def episode_ranks(self, step: int) -> tuple[int, ...]:
+        """The ranks whose collective fails at the trigger of ``step``: those of the trigger faults
+        that are the failure itself, or, when there is none, of every trigger fault of that step."""
+        world = self.topology.world
+        trig = [f for f in self.faults if f.step == step and f.is_trigger]
+        ranks = [r for f in trig if f.is_failure for r in f.targets(world)]
+        return tuple(sorted(set(ranks or [r for f in trig for r in f.targets(world)])))
+
+    def episode_groups(self, step: int) -> tuple[int, ...]:
+        """Which groups of R's kind fail at the trigger of ``step`` (their indices): R of that
+        episode is their union.  Several at once are repaired together in one generation."""
+        return tuple(sorted({self.topology.group_index(self.group, r) for r in self.episode_ranks(step)}))
+
+    def episode_members(self, step: int) -> frozenset[int]:
+        """The members of the groups that fail at ``step`` (R of that episode)."""
+        return frozenset(r for gi in self.episode_groups(step) for r in self.topology.groups_of_kind(self.group)[gi])
+
     @property
     def failing_ranks(self) -> tuple[int, ...]:
         """The ranks whose collective on R fails: those of the trigger faults that are the failure
@@ -175,19 +192,13 @@ def _check_consistency(sc: Scenario, source: str) -> None:
         points = {f.at for f in sc.faults if f.step == s and f.is_trigger}
         if len(points) > 1:
             raise ScenarioError(f"{source}.faults: step {s} has trigger faults at several points {sorted(points)}; R fails once per step, pick one")
-    groups = {sc.topology.group(sc.group, r) for r in sc.failing_ranks}
-    members = sc.topology.group(sc.group, sc.failing_ranks[0]) if sc.failing_ranks else ()
     for i, f in enumerate(sc.faults):
+        members = sc.episode_members(f.step) if f.step in steps else frozenset()
         outside = [r for r in f.targets(sc.topology.world) if r not in members]
         if KINDS[f.kind].members_only and outside:
-            raise ScenarioError(f"{source}.faults[{i}]: kind {f.kind!r} strikes only members of the failing group R "
-                                f"{list(members)} (only R's replicas are compared in phase 6); rank(s) {outside} are not")
-    if len(groups) > 1:
-        locs = sorted({sc.topology.group_index(sc.group, r) for r in sc.failing_ranks})
-        raise ScenarioError(
-            f"{source}.faults: the ranks of the trigger faults lie in different {sc.group} groups (local indices {locs}); "
-            f"the model recovers one group R (a model limitation): use ranks with the same rank % ranks_per_node"
-        )
+            raise ScenarioError(f"{source}.faults[{i}]: kind {f.kind!r} strikes only members of the groups that fail at "
+                                f"step {f.step} ({sorted(members)}: only their replicas are compared in phase 6); "
+                                f"rank(s) {outside} are not")
 
 
 def load_scenario(path: str | Path) -> Scenario:

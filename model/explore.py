@@ -71,11 +71,13 @@ def l1_config(cfg: Config) -> Config:
 
 
 def all_resumed(cfg: Config, s: State) -> bool:
-    """L1's goal: no abort, no restart, every rank training, not hung, in generation ``faults``
-    (each boundary group failure was recovered by one generation)."""
+    """L1's goal: no abort, no restart, every rank training, not hung, in the generation after the
+    last episode (each episode of boundary group failures was recovered by one generation)."""
     if s.store.abort or s.supervisor:
         return False
-    return all(rk.pc == PC_TRAIN and not rk.hung and rk.gen == s.faults for rk in s.ranks)
+    # one generation per episode: several groups failing at one boundary are one episode
+    episodes = s.store.failed[0] + 1 if s.store.failed is not None else 0
+    return episodes >= 1 and all(rk.pc == PC_TRAIN and not rk.hung and rk.gen == episodes for rk in s.ranks)
 
 
 # --------------------------------------------------------------------------------------
@@ -550,13 +552,16 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     "3x1-ddp-f1": (_ddp(3, 1), True),
     "3x2-f1": (Config(nodes=3, max_faults=1), True),
     "4x2-f1": (Config(nodes=4, max_faults=1), False),
+    # any group may fail, several at once: boundary group failures only (the other kinds multiply it)
+    "2x2-any-f2": (Config(max_faults=2, failing="any", faults=frozenset({"group_fail"}), points=("boundary",)), True),
+    "2x2-any-f2-all": (Config(max_faults=2, failing="any"), False),
 }
 
 
 def config_summary(cfg: Config) -> dict[str, Any]:
     return {
         "nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "affected_local": cfg.affected_local,
-        "group": cfg.group, "max_faults": cfg.max_faults, "faults": sorted(cfg.faults) or "all",
+        "group": cfg.group, "failing": cfg.failing, "max_faults": cfg.max_faults, "faults": sorted(cfg.faults) or "all",
         "points": list(cfg.points), "mutant": cfg.mutant,
     }
 

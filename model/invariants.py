@@ -127,15 +127,13 @@ def fenced_release(cfg: Config, s: State) -> str | None:
 
 
 def rebind_complete(cfg: Config, s: State) -> str | None:
-    """S5: after a release every cached reference of a member of R names the new communicator."""
-    for r in cfg.affected:
-        rk = s.ranks[r]
-        if rk.pc == PC_TRAIN and rk.gen > 0:
-            if rk.comm != rk.gen:
-                return f"rank {r} resumed in generation {rk.gen} holding communicator of generation {rk.comm}"
-            stale = [i for i, ref in enumerate(rk.refs) if ref != rk.gen]
-            if stale:
-                return f"rank {r} resumed in generation {rk.gen} with reference(s) {stale} still naming generation {[rk.refs[i] for i in stale]}"
+    """S5: a rank resumes from generation g holding the communicator it must (generation g+1's if
+    its group failed in g, its old one otherwise), and every cached reference names that one."""
+    for g, r, _p, _d, _ok, rebound_ok in sorted(s.resumed):
+        if not rebound_ok:
+            rk = s.ranks[r]
+            return (f"rank {r} resumed from generation {g} with communicator {rk.comm} and references {list(rk.refs)}: "
+                    "a cached reference still names a broken communicator")
     return None
 
 
@@ -155,9 +153,9 @@ def state_preserved(cfg: Config, s: State) -> str | None:
 def replicas_validated(cfg: Config, s: State) -> str | None:
     """S8: no rank resumes (L1) from a generation in which the replicas of R disagreed: phase 6's
     cross-replica check stands between a corrupt S_app and the release."""
-    for g, r, _p, _d, replicas_ok in sorted(s.resumed):
+    for g, r, _p, _d, replicas_ok, _rb in sorted(s.resumed):
         if not replicas_ok:
-            bad = [m for m in cfg.affected if s.ranks[m].corrupt]
+            bad = [m for m, rk in enumerate(s.ranks) if rk.corrupt]
             return f"rank {r} resumed from generation {g} while the replicas of R disagree (corrupt: {bad})"
     return None
 

@@ -114,8 +114,20 @@ def _count_ready(s: State, gen: int) -> int:
     return sum(1 for a in s.store.ready if a[0] == gen)
 
 
-def _member(cfg: Config, r: int) -> bool:
-    return r in cfg._affected
+def _member(cfg: Config, s: State, r: int) -> bool:
+    """Rank r's group failed in its current generation's episode: it rebuilds that group (R)."""
+    f = s.store.failed
+    return f is not None and f[0] == s.ranks[r].gen and cfg.group_of(r) in f[2]
+
+
+def _peers(cfg: Config, r: int) -> tuple[int, ...]:
+    """The members of rank r's group (with r): those its replacement and validation wait for."""
+    return cfg.members(cfg.group_of(r))
+
+
+def _failed_members(cfg: Config, s: State) -> tuple[int, ...]:
+    f = s.store.failed
+    return tuple(m for gi in sorted(f[2]) for m in cfg.members(gi)) if f is not None else ()
 
 
 def _in_episode(s: State, r: int) -> bool:
@@ -181,14 +193,14 @@ def _en_observe(cfg: Config, s: State, r, arg) -> bool:
     rk = s.ranks[r]
     if rk.pc != PC_TRAIN or not _active(s, r) or not _in_episode(s, r):
         return False
-    return _member(cfg, r) or rk.gen in s.store.revoked
+    return _member(cfg, s, r) or rk.gen in s.store.revoked
 
 
 def _st_observe(cfg: Config, s: State, r, arg) -> State:
     rk = s.ranks[r]
     assert s.store.failed is not None  # enabled only inside an episode
     s = s.with_rank(r, pc=PC_OBSERVED, point=s.store.failed[1])
-    if _member(cfg, r):  # members publish revoke(R, g) so every rank observes within ms
+    if _member(cfg, s, r):  # members publish revoke(R, g) so every rank observes within ms
         s = s.with_store(revoked=s.store.revoked | {rk.gen})
     return s
 
@@ -269,7 +281,7 @@ def _st_await_agreement(cfg, s, r, arg) -> State:
 # Phase 4: communicator replacement (members of R)
 
 def _en_replace(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_AGREED and _member(cfg, r) and _active(s, r)
+    return s.ranks[r].pc == PC_AGREED and _member(cfg, s, r) and _active(s, r)
 
 
 def _st_replace(cfg, s, r, arg) -> State:
@@ -303,7 +315,7 @@ def _validation_complete(cfg: Config, s: State, r: int) -> bool:
     rk = s.ranks[r]
     if rk.pc != PC_REBOUND or not _active(s, r):
         return False
-    return rk.gen in s.validated or all(_in_validation(cfg, s, m, rk.gen) for m in cfg.affected)
+    return rk.gen in s.validated or all(_in_validation(cfg, s, m, rk.gen) for m in _peers(cfg, r))
 
 
 def _complete_validation(s: State, r: int) -> State:
@@ -311,13 +323,13 @@ def _complete_validation(s: State, r: int) -> State:
     return s if g in s.validated else replace(s, validated=s.validated | {g})
 
 
-def _replicas_agree(cfg: Config, s: State) -> bool:
-    """Every member of R holds the same S_app (their digests are equal)."""
-    return not any(s.ranks[m].corrupt for m in cfg.affected)
+def _replicas_agree(cfg: Config, s: State, members: tuple[int, ...]) -> bool:
+    """Every one of ``members`` holds the same S_app (their digests are equal)."""
+    return not any(s.ranks[m].corrupt for m in members)
 
 
 def _en_validate(cfg, s, r, arg) -> bool:
-    return _validation_complete(cfg, s, r) and _replicas_agree(cfg, s)
+    return _validation_complete(cfg, s, r) and _replicas_agree(cfg, s, _peers(cfg, r))
 
 
 def _st_validate(cfg, s, r, arg) -> State:
@@ -326,7 +338,7 @@ def _st_validate(cfg, s, r, arg) -> State:
 
 def _en_ready(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    want = PC_VALIDATED if _member(cfg, r) else PC_AGREED
+    want = PC_VALIDATED if _member(cfg, s, r) else PC_AGREED
     return rk.pc == want and _active(s, r)
 
 
@@ -363,7 +375,9 @@ def _en_resume(cfg, s, r, arg) -> bool:
 
 def _st_resume(cfg, s, r, arg) -> State:
     rk = s.ranks[r]
-    entry = (rk.gen, r, rk.point, rk.dirty, _replicas_agree(cfg, s))
+    want = rk.gen + 1 if _member(cfg, s, r) else rk.comm
+    rebound = rk.comm == want and all(ref == want for ref in rk.refs)
+    entry = (rk.gen, r, rk.point, rk.dirty, _replicas_agree(cfg, s, _failed_members(cfg, s)), rebound)
     s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", dirty=False, delayed=False, replayed=0)
     return replace(s, resumed=s.resumed | {entry})
 
@@ -382,7 +396,7 @@ def _en_timeout(cfg, s, r, arg) -> bool:
         return _in_episode(s, r) and any(pk.pc in (PC_CRASHED, PC_EXITED) or pk.hung for pk in s.ranks)
     if rk.pc == PC_AGREED:
         # building R's replacement communicator is a rendezvous of the members of R
-        return _member(cfg, r)
+        return _member(cfg, s, r)
     if rk.pc == PC_ARRIVED:
         return true_lookup(s.store.agree, rk.gen) is None
     if rk.pc == PC_REBOUND:
@@ -420,7 +434,7 @@ def _en_fail(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     if rk.raised:
         return rk.pc in RECOVERY_PCS and not rk.hung
-    return _validation_complete(cfg, s, r) and not _replicas_agree(cfg, s)
+    return _validation_complete(cfg, s, r) and not _replicas_agree(cfg, s, _peers(cfg, r))
 
 
 def _st_fail(cfg, s, r, arg) -> State:
@@ -456,17 +470,31 @@ def _victim(s: State, r: int) -> bool:
     return _alive(s, r) and _in_episode(s, r) and s.ranks[r].pc in (PC_TRAIN,) + RECOVERY_PCS
 
 
+def _failing_group(cfg: Config, r: int | None) -> int:
+    """The group a FaultGroupFail breaks: the fixed one (``failing="one"``, no actor), or the group
+    of its actor rank (``"any"``: the action is instantiated for one representative rank per group)."""
+    return cfg.groups[0] if r is None else cfg.group_of(r)
+
+
 def _en_group_fail(cfg, s, r, point) -> bool:
     if not _fault_ok(cfg, s, "group_fail") or s.store.abort or point not in cfg.points:
         return False
     if any(rk.pc != PC_TRAIN or rk.hung for rk in s.ranks):
         return False
     gen = s.ranks[0].gen
-    return all(rk.gen == gen for rk in s.ranks) and (s.store.failed is None or s.store.failed[0] < gen)
+    if not all(rk.gen == gen for rk in s.ranks):
+        return False
+    f = s.store.failed
+    if f is None or f[0] < gen:
+        return True
+    # another group fails at the same boundary, before anyone observed the first failure
+    return f[0] == gen and f[1] == point and _failing_group(cfg, r) not in f[2]
 
 
 def _st_group_fail(cfg, s, r, point) -> State:
-    s = s.with_store(failed=(s.ranks[0].gen, point))
+    gen, f = s.ranks[0].gen, s.store.failed
+    groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {_failing_group(cfg, r)}
+    s = s.with_store(failed=(gen, point, groups))
     return replace(s, faults=s.faults + 1)
 
 
@@ -531,7 +559,7 @@ def _en_corrupt(cfg, s, r, arg) -> bool:
     """One bit of a member of R's local shard flips after the commit (silent data corruption):
     its replicas no longer agree.  Only phase 6's cross-replica check can notice."""
     rk = s.ranks[r]
-    return (_fault_ok(cfg, s, "corrupt") and _victim(s, r) and _member(cfg, r) and rk.pc in (PC_TRAIN, PC_OBSERVED)
+    return (_fault_ok(cfg, s, "corrupt") and _victim(s, r) and _member(cfg, s, r) and rk.pc in (PC_TRAIN, PC_OBSERVED)
             and not rk.corrupt and _active(s, r))
 
 
@@ -624,7 +652,10 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
     out: list[Action] = []
     for spec in ACTIONS.values():
         if spec.name == "FaultGroupFail":
-            out.extend(Action(spec.name, None, p) for p in cfg.points)
+            if cfg.failing == "one":
+                out.extend(Action(spec.name, None, p) for p in cfg.points)
+            else:  # one instance per group, acted by its first rank (the group's representative)
+                out.extend(Action(spec.name, cfg.members(gi)[0], p) for gi in cfg.groups for p in cfg.points)
         elif spec.actor == "supervisor":
             out.append(Action(spec.name))
         else:

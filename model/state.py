@@ -57,9 +57,14 @@ DECISION_RELEASE = "release"
 class Config:
     """A model instance: world shape, fault budget, contract, and an optional mutant.
 
-    The world W is ``nodes x ranks_per_node`` ranks, rank = node * ranks_per_node + local.
-    The affected group R is the replicate group of local index ``affected_local``
-    (one rank per node); with ``group="world"`` or one rank per node R is all of W (DDP).
+    The world W is ``nodes x ranks_per_node`` ranks, rank = node * ranks_per_node + local.  The
+    groups of R's kind are the replicate groups (one per local index, one rank per node), or, with
+    ``group="world"`` or one rank per node, the one group W (DDP); every rank holds a communicator
+    for its group.  Which groups fail is part of each episode: with ``failing="one"`` only the group
+    of local index ``affected_local`` ever fails (the classic instance: R fixed per job); with
+    ``failing="any"`` each ``FaultGroupFail`` breaks one group of the world's choice, and several
+    may fail at the same boundary (one action each, before anyone observes), so R is the union of
+    the episode's failed groups.
     """
 
     nodes: int = 2
@@ -77,10 +82,13 @@ class Config:
     objective: str = DEFAULT_OBJECTIVE
     envelope: Envelope = field(default_factory=default_envelope, compare=False, hash=False)
     mutant: str | None = None
+    failing: str = "one"     # "one": only the group of affected_local fails; "any": any groups, per episode
     # Derived, cached at construction because the search asks for them millions of times.
     _world: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _affected: frozenset[int] = field(init=False, repr=False, compare=False, hash=False)
     _affected_t: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
+    _group_of: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
+    _members: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.ranks_per_node < 1:
@@ -95,11 +103,19 @@ class Config:
             raise ValueError(f"Config.group must be 'replicate' or 'world', got {self.group!r}")
         if self.refs < 1:
             raise ValueError("Config.refs must be >= 1")
+        if self.failing not in ("one", "any"):
+            raise ValueError(f"Config.failing must be 'one' or 'any', got {self.failing!r}")
         world = tuple(range(self.nodes * self.ranks_per_node))
         if self.ranks_per_node == 1 or self.group == "world":
             affected = world
+            group_of = tuple(0 for _ in world)
+            members: tuple[tuple[int, ...], ...] = (world,)
         else:
             affected = tuple(n * self.ranks_per_node + self.affected_local for n in range(self.nodes))
+            group_of = tuple(r % self.ranks_per_node for r in world)
+            members = tuple(tuple(n * self.ranks_per_node + lo for n in range(self.nodes)) for lo in range(self.ranks_per_node))
+        object.__setattr__(self, "_group_of", group_of)
+        object.__setattr__(self, "_members", members)
         object.__setattr__(self, "_world", world)
         object.__setattr__(self, "_affected_t", affected)
         object.__setattr__(self, "_affected", frozenset(affected))
@@ -110,11 +126,28 @@ class Config:
 
     @property
     def affected(self) -> tuple[int, ...]:
+        """With ``failing="one"``: the group that fails (R).  With ``"any"``: not one group; use
+        :meth:`group_of` and :meth:`members`."""
         return self._affected_t
 
     def is_member(self, r: int) -> bool:
-        """True when rank ``r`` belongs to the affected group R."""
+        """True when rank ``r`` belongs to the affected group R (``failing="one"``)."""
         return r in self._affected
+
+    def group_of(self, r: int) -> int:
+        """The index of rank ``r``'s group of R's kind."""
+        return self._group_of[r]
+
+    def members(self, group: int) -> tuple[int, ...]:
+        """The ranks of group ``group`` of R's kind."""
+        return self._members[group]
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The groups that can fail: ``(affected_local's group,)`` with ``failing="one"``, all with ``"any"``."""
+        if self.failing == "one":
+            return (self._group_of[self._affected_t[0]],)
+        return tuple(range(len(self._members)))
 
     def key(self, phase: str) -> ObservationKey:
         return ObservationKey(self.platform, self.profile, phase, self.objective)
@@ -159,7 +192,7 @@ class Store:
     per generation (``compare_set`` on an empty key), which is what makes them agreed.
     """
 
-    failed: tuple[int, str] | None = None                   # (gen, point): R's communicator is broken
+    failed: tuple[int, str, frozenset[int]] | None = None   # (gen, point, groups): these groups' communicators broke
     revoked: frozenset[int] = frozenset()                   # gens whose R was revoked
     arrivals: frozenset[tuple[int, int, int, int]] = frozenset()   # (gen, rank, F, g reported)
     last_arriver: tuple[tuple[int, int], ...] = ()          # (gen, rank) whose add() completed the count
@@ -177,9 +210,11 @@ class State:
     faults: int = 0                  # faults injected so far (the budget is Config.max_faults)
     supervisor: str = ""             # "" | "restarted"
     # History variables (not implementation state; they let invariants be state predicates).
-    #: (gen, rank, point, dirty, replicas_ok) of each RankResume: ``replicas_ok`` is False when some
-    #: member of R held a corrupt S_app at that moment
-    resumed: frozenset[tuple[int, int, str, bool, bool]] = frozenset()
+    #: (gen, rank, point, dirty, replicas_ok, rebound_ok) of each RankResume: ``replicas_ok`` is False
+    #: when some member of a failed group held a corrupt S_app at that moment; ``rebound_ok`` when the
+    #: rank held the communicator it must (generation g+1's if its group failed in g, else its old
+    #: one) and every modelled cached reference named it
+    resumed: frozenset[tuple[int, int, str, bool, bool, bool]] = frozenset()
     agreed: frozenset[tuple[int, int, int]] = frozenset()          # (gen, rank, F reported) of each pass of phase 3
     #: (gen, rank, reason, released) of each fail-stop exit: ``released`` when the release of ``gen``
     #: had been decided before the rank exited (a failure of the next generation, not of ``gen``)
@@ -201,15 +236,6 @@ class State:
 
 
 def initial_state(config: Config) -> State:
-    """Every rank training at generation 0, committed at F, holding R's generation-0 communicator."""
-    members = set(config.affected)
-    ranks = tuple(
-        Rank(
-            frontier=config.frontier,
-            tau=config.frontier,
-            comm=0 if r in members else -1,
-            refs=(0,) * config.refs if r in members else (),
-        )
-        for r in config.world
-    )
+    """Every rank training at generation 0, committed at F, holding its group's generation-0 communicator."""
+    ranks = tuple(Rank(frontier=config.frontier, tau=config.frontier, comm=0, refs=(0,) * config.refs) for r in config.world)
     return State(ranks=ranks)

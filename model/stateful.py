@@ -40,6 +40,7 @@ def configs(draw, max_nodes: int = 4, max_ranks_per_node: int = 4, max_faults: i
         ranks_per_node=rpn,
         affected_local=draw(st.integers(0, rpn - 1)),
         group=draw(st.sampled_from(("replicate", "world"))),
+        failing=draw(st.sampled_from(("one", "any"))),
         max_faults=draw(st.integers(1, max_faults)),
         mutant=mutant,
     )

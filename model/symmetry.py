@@ -29,7 +29,13 @@ __all__ = ["Symmetry", "rank_classes"]
 
 
 def rank_classes(cfg: Config) -> tuple[tuple[int, ...], ...]:
-    """The interchangeable classes of rank ids: {0}, members of R without 0, the rest without 0."""
+    """The interchangeable classes of rank ids.  ``failing="one"``: {0}, members of R without 0, the
+    rest without 0.  ``"any"``: {0}, and each group of R's kind without 0 (a group's members are
+    interchangeable; groups are not permuted, which keeps the FaultGroupFail instances, one per
+    group, fixed)."""
+    if cfg.failing == "any":
+        groups = tuple(tuple(r for r in cfg.members(gi) if r != 0) for gi in range(len(cfg._members)))
+        return tuple(c for c in ((0,), *groups) if c)
     members = set(cfg.affected)
     a = tuple(r for r in cfg.world if r != 0 and r in members)
     b = tuple(r for r in cfg.world if r != 0 and r not in members)
@@ -111,7 +117,7 @@ def apply(s: State, perm: dict[int, int]) -> State:
         s,
         ranks=tuple(ranks),
         store=store,
-        resumed=frozenset((g, p(r), pt, d, ok) for g, r, pt, d, ok in s.resumed),
+        resumed=frozenset((g, p(r), pt, d, ok, rb) for g, r, pt, d, ok, rb in s.resumed),
         exits=frozenset((g, p(r), why, rel) for g, r, why, rel in s.exits),
         agreed=frozenset((g, p(r), f) for g, r, f in s.agreed),
     )

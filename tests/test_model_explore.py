@@ -56,8 +56,9 @@ def test_graph_is_a_networkx_digraph_labelled_with_actions():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("cfg", [SMALL, DDP, Config(group="world", max_faults=1), Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=1)],
-                         ids=["2x2", "2x1-ddp", "2x2-world", "3x1-ddp"])
+@pytest.mark.parametrize("cfg", [SMALL, DDP, Config(group="world", max_faults=1), Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=1),
+                                 Config(nodes=3, max_faults=1, failing="any", faults=frozenset({"group_fail"}), points=("boundary",))],
+                         ids=["2x2", "2x1-ddp", "2x2-world", "3x1-ddp", "3x2-any-groups"])
 def test_symmetry_reduction_agrees_with_full_search(cfg):
     """Reduced and unreduced searches give the same verdicts, depth and exit bound; reduced is not larger."""
     red, full = explore(cfg, symmetry=True), explore(cfg, symmetry=False)
@@ -83,14 +84,32 @@ def test_rank_classes_default_world():
     assert rank_classes(Config()) == ((0,), (1, 3), (2,))
     assert rank_classes(Config(nodes=3)) == ((0,), (1, 3, 5), (2, 4))
     assert rank_classes(DDP) == ((0,), (1,))
+    # any group may fail: a group's members are interchangeable (rank 0 apart), groups are not
+    assert rank_classes(Config(nodes=3, failing="any")) == ((0,), (2, 4), (1, 3, 5))
+
+
+@pytest.mark.timeout(120)
+def test_several_groups_fail_in_one_episode_and_each_episode_chooses():
+    """failing="any": two groups failing at one boundary are repaired in one generation (every rank
+    resumes in generation 1 after two FaultGroupFail steps), and a second episode may fail another
+    group; the correct protocol holds every property there too."""
+    cfg = Config(max_faults=2, failing="any", faults=frozenset({"group_fail"}), points=("boundary",))
+    r = explore(cfg, keep_graph=True)
+    assert r.ok and r.complete, [v.format() for v in r.violations]
+    finals = [d["state"] for _n, d in r.graph.nodes(data=True) if not r.graph.out_degree(_n)]
+    both_at_once = [s for s in finals if s.store.failed is not None and s.store.failed[2] == frozenset({0, 1})
+                    and all(rk.gen == 1 for rk in s.ranks)]
+    one_then_other = [s for s in finals if all(rk.gen == 2 for rk in s.ranks)]
+    assert both_at_once and one_then_other
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("cfg,perms", [
     (Config(max_faults=1), ({1: 3, 3: 1},)),
+    (Config(nodes=3, max_faults=1, failing="any"), ({1: 3, 3: 1}, {2: 4, 4: 2}, {1: 5, 5: 3, 3: 1})),
     (Config(nodes=4, ranks_per_node=1, affected_local=0, group="world", max_faults=1),
      ({1: 2, 2: 1}, {1: 3, 3: 2, 2: 1}, {1: 2, 2: 3, 3: 1})),
-], ids=["2x2", "4x1-ddp"])
+], ids=["2x2", "3x2-any", "4x1-ddp"])
 def test_canonical_form_is_invariant_under_class_permutations(cfg, perms):
     """Permuting ranks inside their class (store and history included) never changes the canonical state."""
     sym = Symmetry(cfg)

@@ -53,7 +53,7 @@ def with_fault(extra, **over):
     (mk(extra=1), "unknown field"),
     (with_fault([{"step": 5, "at": "agree", "kind": "collective_timeout", "ranks": [2]}]), "cannot be injected at 'agree'"),
     (with_fault([{"step": 4, "at": "agree", "kind": "crash", "ranks": [2]}]), "needs a fault at 'boundary'"),
-    (mk(faults=[{**BASE["faults"][0], "ranks": [0, 3]}]), "different replicate groups"),
+    (with_fault([{"step": 5, "at": "boundary", "kind": "corrupt_state", "ranks": [2]}]), "strikes only members"),
     (mk(faults=[{**BASE["faults"][0], "ranks": [1, 1]}]), "duplicate rank"),
     (mk(faults=[{**BASE["faults"][0], "attempt": 1}]), "faults[0].attempt"),
     (mk(faults=[{**BASE["faults"][0], "weather": "rain"}]), "faults[0]: unknown field"),
@@ -130,6 +130,24 @@ def test_model_config_mapping():
     ddp = mk(workload={**BASE["workload"], "wrapper": "ddp"}, faults=[{"step": 5, "at": "boundary", "kind": "crash", "ranks": [2]}])
     cfg = model_config(scenario_from_mapping(ddp))
     assert cfg.group == "world" and cfg.affected == (0, 1, 2, 3) and cfg.max_faults == 2
+
+
+def test_groups_failing_together_are_one_episode_with_any_groups():
+    """Two replicate groups failing at one boundary: one episode (one generation) whose R is both;
+    the model instance lets any group fail (failing="any"), one FaultGroupFail per group."""
+    sc = scenario_from_mapping(mk(faults=[{**BASE["faults"][0], "ranks": [0, 3]}]))
+    assert sc.episode_groups(5) == (0, 1) and sc.episode_members(5) == frozenset({0, 1, 2, 3})
+    cfg = model_config(sc)
+    assert cfg.failing == "any"
+    assert [(f.action, f.rank, f.arg, f.gen) for f in script_for(sc).faults] == [
+        ("FaultGroupFail", 0, "boundary", 0), ("FaultGroupFail", 1, "boundary", 0)]
+    # alternating groups in successive episodes: also "any", each episode its own group
+    alt = scenario_from_mapping(mk(faults=[{**BASE["faults"][0], "step": 2, "ranks": [0, 2]},
+                                           {**BASE["faults"][0], "step": 5, "ranks": [1, 3]}]))
+    assert model_config(alt).failing == "any"
+    assert [(f.rank, f.gen) for f in script_for(alt).faults] == [(0, 0), (1, 1)]
+    # the same single group every time: the classic instance
+    assert model_config(scenario_from_mapping(mk())).failing == "one"
 
 
 def test_failing_group_is_the_topology_group():
