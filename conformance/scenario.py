@@ -127,11 +127,9 @@ class Scenario:
             seeded_bug: str | None = None) -> Job:
         """The run of this scenario: a traced :class:`~accelpact.impl.job.Job` writing to ``out``.
         ``seeded_bug`` (test-only) travels as the job's field, nowhere else."""
-        return Job.parse({
-            "scenario": self.name, "topology": self.topology.to_json(), "workload": self.workload.to_json(),
-            "faults": [f.to_json() for f in self.faults], "backend": backend, "out": str(out), "trace": True,
-            "deadline_s": deadline_s, "seeded_bug": seeded_bug,
-        })
+        job = Job(topology=self.topology, workload=self.workload, out=str(out), scenario=self.name, trace=True,
+                  deadline_s=deadline_s)
+        return job.replace(faults=self.faults, backend=backend, seeded_bug=seeded_bug)  # validated again: Job.parse
 
 
 # --------------------------------------------------------------------------------------

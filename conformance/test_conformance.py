@@ -19,7 +19,8 @@ from accelpact.impl.backends import backend
 from accelpact.impl.hooks import SEEDED_BUGS as ALL_SEEDED_BUGS
 
 #: the default subset: L1 for each wrapper, each in-flight rejection class once, a crash, a hang,
-#: an exception, a frontier mismatch, a dirty guard, and successive repairs in one job.
+#: an exception, a frontier mismatch, a dirty guard, successive repairs in one job, two groups
+#: failing at one boundary, repairs alternating between groups, and a corrupt replica (L2 by phase 6).
 FAST = (
     "2x2-fsdp1-repair",
     "2x2-fsdp2-repair",
@@ -31,6 +32,9 @@ FAST = (
     "2x2-fsdp1-guard-frontier-mismatch-r2",
     "2x2-fsdp1-guard-dirty-guard-r2",
     "2x2-fsdp1-successive-repairs",
+    "2x2-fsdp1-two-groups-repair",
+    "2x2-fsdp1-alternating-repairs",
+    "2x2-fsdp1-boundary-corrupt-state-r3",
 )
 #: R4: the oracle that must reject each seeded bug (impl/hooks.py) in the plain repair
 #: ``2x2-fsdp1-repair``, and the record the trace checker must report as first unmatched.  Each is
@@ -43,7 +47,13 @@ FAST = (
 #: watchdog reads it as a revoke of generation 1 and shuts R's new communicator down: a failure of R
 #: in generation 1 that no scripted fault causes (which record shows it first depends on where the
 #: ranks are when the sockets close, so no record is named).
-CAUGHT_BY_CHECKER: dict[str, str | None] = {"skip-rebind": "RankRebind", "early-release": "RankReady", "no-fence": None}
+#: ``skip-validation`` (run on the corrupt-replica scenario, BUG_SCENARIO): phase 6 records
+#: ``RankValidate`` although the replicas' digests differ, which the model never allows (it fails
+#: there: RankFail), and the run ends in L1 where the model allows only L2.
+CAUGHT_BY_CHECKER: dict[str, str | None] = {"skip-rebind": "RankRebind", "early-release": "RankReady", "no-fence": None,
+                                            "skip-validation": "RankValidate"}
+#: the scenario each seeded bug runs on (default: the plain repair)
+BUG_SCENARIO = {"skip-validation": "2x2-fsdp1-boundary-corrupt-state-r3"}
 #: Seeded bugs not demonstrated here, with the reason (each is demonstrated elsewhere).
 NOT_DEMONSTRATED = {
     "unheld-records": "it shows only when a peer's job abort lands between a control-plane write and its trace record; "
@@ -135,7 +145,7 @@ def test_seeded_bug_rejected(bug, ref_cache, tmp_path, request):
 
     if request.config.getoption("--scenario"):
         pytest.skip("--scenario given: seeded-bug demonstrations run only on the default selection")
-    sc = load_scenario(SCENARIO_DIR / "2x2-fsdp1-repair.json")
+    sc = load_scenario(SCENARIO_DIR / f"{BUG_SCENARIO.get(bug, '2x2-fsdp1-repair')}.json")
     rep = run_scenario(sc, backend=_backend_for(request, sc), out=tmp_path / "run", cache_dir=ref_cache, timeout_s=240,
                        seeded_bug=bug)
     print(rep.summary())

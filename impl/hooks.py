@@ -26,8 +26,9 @@ __all__ = ["FaultInjector", "Hooks", "NO_HOOKS", "SEEDED_BUGS"]
 #: Seeded bugs (the conformance suite's teeth): ``skip-rebind`` (phase 5 skips the rebind and
 #: does not fail on stale references), ``early-release`` (the first release vote decides),
 #: ``no-fence`` (control-plane keys not namespaced by the generation), ``unheld-records`` (a
-#: control-plane write and its trace record are not one action).
-SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence", "unheld-records")
+#: control-plane write and its trace record are not one action), ``skip-validation`` (phase 6
+#: records its success without the collective or the replicas' digests).
+SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence", "unheld-records", "skip-validation")
 
 
 @dataclass(frozen=True, slots=True)

@@ -554,7 +554,6 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     "4x2-f1": (Config(nodes=4, max_faults=1), False),
     # any group may fail, several at once: boundary group failures only (the other kinds multiply it)
     "2x2-any-f2": (Config(max_faults=2, failing="any", faults=frozenset({"group_fail"}), points=("boundary",)), True),
-    "2x2-any-f2-all": (Config(max_faults=2, failing="any"), False),
 }
 
 
