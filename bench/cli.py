@@ -13,6 +13,7 @@ import sys
 REGISTRY: dict[str, str] = {
     "explore": "accelpact.bench.explore",
     "recovery": "accelpact.bench.recovery",
+    "check": "accelpact.bench.check",
 }
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -94,6 +94,15 @@ def count_fault_records(traces: Mapping[int, RankTrace]) -> int:
 
 def _refs_stale(rk) -> int:
     return sum(1 for ref in rk.refs if ref != rk.comm)
+
+
+#: Actions that touch only the acting rank's variables (and history) and whose effect no other
+#: enabled action's enabledness reads: RankGuard (observed -> guarded), RankReplace (agreed ->
+#: replaced), and the reads of a decision that stands (a written decision never changes, S2.1):
+#: RankAwaitAgreement (arrived -> agreed) and RankResume (ready -> train in g+1; validation counts a
+#: member as joined in both).  Not RankRebind or RankValidate: they can complete a peer's validation
+#: and so disable its RankTimeout.
+_LOCAL = ("RankGuard", "RankReplace", "RankAwaitAgreement", "RankResume")
 
 
 def _in_failed_group(cfg: Config, s: State, r: int) -> bool:
@@ -177,6 +186,9 @@ class Node:
     cursors: tuple[int, ...]
     fired: frozenset[int]
     silent: int
+    #: search hint, not part of the node's identity: an index into the checker's ``t_ns``-ordered
+    #: list of all records at or before which every record is consumed or still ahead
+    pos: int = field(default=0, compare=False, hash=False)
 
 
 @dataclass
@@ -204,6 +216,8 @@ class TraceChecker:
             raise TraceError(f"no trace for rank(s) {missing} of a {len(self.world)}-rank world")
         self.traces = {r: traces[r] for r in self.world}
         self.recs = {r: traces[r].records for r in self.world}
+        #: every record as (t_ns, rank, index in its rank's trace), in t_ns order: the search's guide
+        self.events = sorted((rec.t_ns, r, i) for r in self.world for i, rec in enumerate(self.recs[r]))
         self.script = script
         self.abst = abstraction or Abstraction()
         self.silent_bound = silent_bound
@@ -272,6 +286,14 @@ class TraceChecker:
             if ok:
                 yield a, Node(t, node.cursors, fired, node.silent + 1)
 
+    def _local(self, node: Node, r: int) -> bool:
+        """Rank r's next record is of a purely local action (see :meth:`_eager`)."""
+        c = node.cursors[r]
+        if c >= len(self.recs[r]):
+            return False
+        name = self.recs[r][c].action
+        return name in _LOCAL or (name == "RankObserve" and not _in_failed_group(self.cfg, node.state, r))
+
     def _eager(self, node: Node) -> list[tuple[Node, str]]:
         """Partial-order reduction: a matching record of a purely local action is taken alone.
 
@@ -282,11 +304,7 @@ class TraceChecker:
         (a persistent set of size one).  This keeps rejections affordable at 8 ranks.
         """
         for r in self.world:
-            c = node.cursors[r]
-            if c >= len(self.recs[r]):
-                continue
-            name = self.recs[r][c].action
-            if name in ("RankGuard", "RankReplace") or (name == "RankObserve" and not _in_failed_group(self.cfg, node.state, r)):
+            if self._local(node, r):
                 for a, t, why in self._match(node, r):
                     if why is None:
                         return [(t, f"eager {a}")]
@@ -320,6 +338,36 @@ class TraceChecker:
                 return f"rank {r} ends 'exited' but the model never ended it"
         return None
 
+    def _frontier(self, node: Node):
+        """Each rank's next record, in ``t_ns`` order, read off the ordered list of all records from
+        the node's hint on (amortised O(1) a node on the honest path, not O(|W|))."""
+        cur = node.cursors
+        pos = node.pos
+        while pos < len(self.events) and cur[self.events[pos][1]] > self.events[pos][2]:
+            pos += 1  # consumed: the next node may start after it
+        for i in range(pos, len(self.events)):
+            _ts, r, idx = self.events[i]
+            if cur[r] == idx:
+                yield pos, r
+
+    def _lazy_successors(self, node: Node):
+        """The successors of ``node`` one at a time, records in ``t_ns`` order first, each computed
+        only when the search asks for it: on the honest path the search takes the first one, so a
+        node costs one model step instead of one per rank (what makes 1,024-rank traces affordable).
+
+        Partial-order reduction as in :meth:`_eager`: when the first record in ``t_ns`` order is of
+        a purely local action and matches, it is the only successor (a persistent set of size one)."""
+        first = True
+        for pos, r in self._frontier(node):
+            matches = [(a, t) for a, t, why in self._match(node, r) if why is None]
+            for a, t in matches:
+                yield replace(t, pos=pos), str(a) if a else f"(r{r} logs the group failure again)"
+            if first and matches and self._local(node, r):
+                return
+            first = False
+        for a, t in self._silent(node):
+            yield replace(t, pos=node.pos), f"silent {a}"
+
     def _successors(self, node: Node, reasons: dict | None = None) -> list[tuple[Node, str, int]]:
         """(next node, edge label, t_ns of the consumed record or a large number for silent steps)."""
         nexts = [(t, label, 0) for t, label in self._eager(node)]
@@ -343,18 +391,21 @@ class TraceChecker:
         depend on timestamps; with honest timestamps it walks straight to the end.
         """
         parent: dict[Node, tuple[Node | None, str]] = {start: (None, "")}
-        stack = [start]
+        total = sum(len(v) for v in self.recs.values())
+        stack = [(start, self._lazy_successors(start))]
         while stack:
-            node = stack.pop()
-            if self._done(node) is None:
+            node, succ = stack[-1]
+            if sum(node.cursors) == total and self._done(node) is None:
                 return node, parent
-            nexts = sorted(self._successors(node), key=lambda x: x[2], reverse=True)
-            for t, label, _ts in nexts:
+            for t, label in succ:
                 if t not in parent:
                     if len(parent) >= self.max_nodes:
                         return None, parent
                     parent[t] = (node, label)
-                    stack.append(t)
+                    stack.append((t, self._lazy_successors(t)))
+                    break
+            else:
+                stack.pop()
         return None, parent
 
     def check(self) -> Verdict:
@@ -480,6 +531,30 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
             end = {"type": "end", "outcome": "exited", "reason": rk.reason}
         out[r] = RankTrace(r, recs[r], header, end)
     return out
+
+
+def scheduled_repair(cfg: Config) -> list[tuple[Action, State, State]]:
+    """A model run of one boundary repair of R (``cfg.affected``), rank by rank, without a search:
+    the traces of a job of any size (with :func:`project`), for benchmarks and scaling tests."""
+    s = initial_state(cfg)
+    path: list[tuple[Action, State, State]] = []
+
+    def do(a: Action) -> None:
+        nonlocal s
+        t = actions_for(cfg)[a.name].step(cfg, s, a.rank, a.arg)
+        path.append((a, s, t))
+        s = t
+
+    world, members = list(cfg.world), list(cfg.affected)
+    actor = None if cfg.failing == "one" else members[0]
+    do(Action("FaultGroupFail", actor, "boundary"))
+    for name, ranks in (("RankObserve", members + [r for r in world if r not in members]), ("RankGuard", world),
+                        ("RankArrive", world), ("RankDecideAgreement", world[-1:]), ("RankAwaitAgreement", world),
+                        ("RankReplace", members), ("RankRebind", members), ("RankValidate", members),
+                        ("RankReady", world), ("RankDecideRelease", world[-1:]), ("RankResume", world)):
+        for r in ranks:
+            do(Action(name, r))
+    return path
 
 
 def write_dir(traces: Mapping[int, RankTrace], path: str | Path, attempt: int = 0) -> None:

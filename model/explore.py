@@ -77,7 +77,7 @@ def all_resumed(cfg: Config, s: State) -> bool:
         return False
     # one generation per episode: several groups failing at one boundary are one episode
     episodes = s.store.failed[0] + 1 if s.store.failed is not None else 0
-    return episodes >= 1 and all(rk.pc == PC_TRAIN and not rk.hung and rk.gen == episodes for rk in s.ranks)
+    return all(rk.pc == PC_TRAIN and not rk.hung and rk.gen == episodes for rk in s.ranks)
 
 
 # --------------------------------------------------------------------------------------

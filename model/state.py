@@ -9,7 +9,7 @@ Nothing here does I/O or reads a clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from .contract import DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, Envelope, ObservationKey, default_envelope
 
@@ -156,8 +156,34 @@ class Config:
         return replace(self, **changes)
 
 
+class _CachedHash:
+    """Frozen states are hashed many times (the search's seen-set, the trace checker's memo) and
+    mostly share their parts (a step copies one rank): each object hashes its fields once.  A
+    subclass declares ``_h`` (``init=False``, excluded from comparison), so ``replace`` never
+    copies it: a changed object hashes afresh."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        h = self._h  # type: ignore[attr-defined]  # declared by every subclass
+        if not h:
+            h = hash(tuple(getattr(self, f) for f in _HASHED[type(self)])) or 1
+            object.__setattr__(self, "_h", h)
+        return h
+
+
+_HASHED: dict[type, tuple[str, ...]] = {}
+_MASK = (1 << 61) - 1
+
+
+def _hashed(cls: type) -> type:
+    _HASHED[cls] = tuple(f.name for f in fields(cls) if f.compare)
+    return cls
+
+
+@_hashed
 @dataclass(frozen=True, slots=True)
-class Rank:
+class Rank(_CachedHash):
     """One rank's abstract state.
 
     ``frontier``/``tau`` stand for S_app (weights, moments, RNG and data cursor are
@@ -182,10 +208,13 @@ class Rank:
     corrupt: bool = False    # S_app differs from its replicas' (a flipped bit after the commit)
     reason: str = ""         # exit reason once exited
     replayed: int = 0        # steps replayed after the last resume (L1: 0, L2: F - C)
+    _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
+    __hash__ = _CachedHash.__hash__
 
 
+@_hashed
 @dataclass(frozen=True, slots=True)
-class Store:
+class Store(_CachedHash):
     """The control-plane store (a c10d TCPStore in the implementation).
 
     Every entry carries the generation it was written in.  Decisions are single-assignment
@@ -201,10 +230,13 @@ class Store:
     last_ready: tuple[tuple[int, int], ...] = ()
     release: tuple[tuple[int, str], ...] = ()               # (gen, "release" | "abort:<reason>")
     abort: str = ""                                         # job-wide abort key: watchdogs exit on it
+    _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
+    __hash__ = _CachedHash.__hash__
 
 
+@_hashed
 @dataclass(frozen=True, slots=True)
-class State:
+class State(_CachedHash):
     ranks: tuple[Rank, ...]
     store: Store = Store()
     faults: int = 0                  # faults injected so far (the budget is Config.max_faults)
@@ -222,14 +254,36 @@ class State:
     #: generations whose validation collective on the new R completed (for every member at once:
     #: after it, each member compares the digests on its own, even if a peer already exited)
     validated: frozenset[int] = frozenset()
+    _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
+    _rh: int = field(default=0, init=False, repr=False, compare=False)  # cached hash of the ranks
+
+    def _ranks_hash(self) -> int:
+        """A hash of the ranks that :meth:`with_rank` updates in O(1): the sum of one term per
+        position (a 1,024-rank state is then hashed without touching its 1,024 ranks)."""
+        rh = self._rh
+        if not rh:
+            rh = sum(hash((i, rk)) for i, rk in enumerate(self.ranks)) & _MASK or 1
+            object.__setattr__(self, "_rh", rh)
+        return rh
+
+    def __hash__(self) -> int:
+        h = self._h
+        if not h:
+            rh = self._ranks_hash()
+            h = hash(tuple(rh if f == "ranks" else getattr(self, f) for f in _HASHED[State])) or 1
+            object.__setattr__(self, "_h", h)
+        return h
 
     def rank(self, r: int) -> Rank:
         return self.ranks[r]
 
     def with_rank(self, r: int, **changes) -> "State":
         ranks = list(self.ranks)
-        ranks[r] = replace(ranks[r], **changes)
-        return replace(self, ranks=tuple(ranks))
+        old, ranks[r] = ranks[r], replace(ranks[r], **changes)
+        t = replace(self, ranks=tuple(ranks))
+        rh = (self._ranks_hash() - hash((r, old)) + hash((r, ranks[r]))) & _MASK or 1
+        object.__setattr__(t, "_rh", rh)
+        return t
 
     def with_store(self, **changes) -> "State":
         return replace(self, store=replace(self.store, **changes))

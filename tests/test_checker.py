@@ -375,3 +375,24 @@ def test_a_corrupt_line_is_a_rejection_not_a_truncation(tmp_path):
     f.write_text("\n".join(lines) + "\n" + '{"type": "action", "se' + "\n")  # terminated garbage
     with pytest.raises(TraceError, match="not JSON"):
         load_dir(tmp_path)
+
+
+@pytest.mark.timeout(240)
+def test_checker_scales_with_the_world_not_its_interleavings(tmp_path):
+    """A one-repair run of 1,024 ranks (32 nodes x 32) is accepted, searching one node per record:
+    the search follows the records' t_ns order and takes purely local steps alone.  (Its time is
+    measured by ``accelpact bench check``, never asserted here.)"""
+    from accelpact.conformance.checker import scheduled_repair
+
+    for nodes, rpn in ((4, 4), (32, 32)):
+        cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=rpn - 1, max_faults=1, points=("boundary",))
+        tr = project(cfg, scheduled_repair(cfg))
+        v = check_traces(cfg, tr)
+        records = sum(len(t.records) for t in tr.values())
+        assert v.accepted, v.message
+        assert v.nodes == records + 1
+    # and the benchmark runs end to end (tiny worlds)
+    from accelpact.cli import main as cli_main
+
+    assert cli_main(["bench", "check", "--worlds", "2x2,4x2", "--repeat", "1", "--json", str(tmp_path / "c.json")]) == 0
+    assert cli_main(["bench", "check", "--worlds", "4by4"]) == 2
