@@ -374,25 +374,28 @@ def break_group(ctx: Ctx, group: Any, members: Iterable[int], *, skippers: Itera
             revoke.hard_close(record)
         dist.barrier()
         if member:
-            try:
-                dist.all_reduce(torch.ones(1), group=group)
-            except RuntimeError as e:
-                err = str(e)
+            err = _probe(group) or err
         dist.barrier()
         return err
     if member and ctx.rank not in skippers:
-        try:
-            dist.all_reduce(torch.ones(1), group=group)
-        except RuntimeError as e:
-            err = str(e)
+        err = _probe(group) or err
     dist.barrier()
     if member and ctx.rank in skippers:
-        try:
-            dist.all_reduce(torch.ones(1), group=group)
-        except RuntimeError as e:
-            err = str(e)
+        err = _probe(group) or err
     dist.barrier()
     return err
+
+
+def _probe(group: Any) -> str:
+    """One all-reduce on ``group``: its error text, or '' when it succeeded."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.ones(1), group=group)
+    except RuntimeError as e:
+        return str(e)
+    return ""
 
 
 # ------------------------------------------------------------------------------ adapter rebind check
