@@ -139,6 +139,16 @@ class ControlPlane:
         """Job-wide abort, first writer wins; returns the winning reason (read back)."""
         return self._decide(self.abort_key, reason)
 
+    def wait_abort(self, timeout_s: float) -> str:
+        """The job's abort reason once one stands, waiting at most ``timeout_s``; "" if none came."""
+        import torch.distributed as dist
+
+        try:
+            self.store.wait([self.abort_key], datetime.timedelta(seconds=max(timeout_s, 0.001)))
+        except dist.DistStoreError:
+            return ""
+        return _s(self.store.get(self.abort_key))
+
     def read_abort(self) -> str:
         """The job's abort reason, or "" (no wait)."""
         if self.store.check([self.abort_key]):

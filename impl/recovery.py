@@ -644,6 +644,12 @@ class Pact:
                 raise _Exited
         timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error and (
             self.pc != PC_AGREED or (self._episode is not None and self._episode.member))
+        if timed_out and not self._first_to_expire(g, which):
+            # a peer's wait on the same decision failed first: its RankTimeout writes the abort (the
+            # model has one timeout per decision, then no more: an abort stands); we exit on it
+            standing = self.control.wait_abort(self.deadline_s)
+            self.watchdog.exit_on_abort(standing or REASON_DEADLINE)  # RankExit (writes the abort if none came)
+            raise _Exited
         reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
         action = "RankTimeout" if timed_out else "RankFail"
 
@@ -654,6 +660,14 @@ class Pact:
 
         exit_now(code_for(reason), reason, self.trace, record=record, claimed=True)
         raise _Exited
+
+    def _first_to_expire(self, g: int, which: str) -> bool:
+        """Whether this rank is the first whose wait on ``which`` of g failed (a store counter, as
+        for an expired decision wait: ``ControlPlane.first_expirer``)."""
+        try:
+            return self.control.first_expirer(g, which)
+        except Exception:  # noqa: BLE001 - store lost: nobody else can write the abort; it is ours
+            return True
 
     def _store_abort(self, g: int, which: str, reason: str) -> None:
         try:
