@@ -14,6 +14,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
 __all__ = ["add_arguments", "run"]
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"accelpact bench check: error: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
         return 2
     console = Console()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nodes, rpn in worlds:
         cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=rpn - 1, max_faults=1, points=("boundary",))
         traces = project(cfg, scheduled_repair(cfg))

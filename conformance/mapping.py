@@ -83,7 +83,7 @@ class Script:
                 if a.arg in surfaces(f.arg) and s.ranks[0].gen == f.gen and f.rank == a.rank:
                     return i
                 continue
-            if f.rank != a.rank:
+            if f.rank is None or f.rank != a.rank:
                 continue
             rk = s.ranks[f.rank]
             if rk.gen == f.gen and rk.pc in f.pcs:
