@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--faults", default="", help=f"comma-separated fault kinds to enable (default all): {','.join(FAULT_KINDS)}")
     parser.add_argument("--points", default="", help=f"comma-separated failure points of FaultGroupFail (default all): {','.join(POINTS)}")
     parser.add_argument("--affected-local", type=int, default=None, help="local index of R's ranks (default 1, or 0 with one rank per node)")
+    parser.add_argument("--failing", default="one", help="which groups fail: one (the group of --affected-local, default) or any "
+                                                         "(chosen per episode, several at once)")
     parser.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
     parser.add_argument("--continue", dest="keep_going", action="store_true", help="do not stop at the first safety violation")
     parser.add_argument("--max-examples", type=int, default=200, help="hypothesis: runs to try (default 200)")
@@ -55,6 +57,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise FlagError(f"--method: unknown value {args.method!r}; allowed: bfs, hypothesis")
     if args.group not in ("replicate", "world"):
         raise FlagError(f"--group: unknown value {args.group!r}; allowed: replicate, world")
+    if args.failing not in ("one", "any"):
+        raise FlagError(f"--failing: unknown value {args.failing!r}; allowed: one, any")
     if args.mutant is not None and args.mutant not in MUTANTS:
         raise FlagError(f"--mutant: unknown mutant {args.mutant!r}; allowed: {', '.join(MUTANTS)}")
     for flag, v, lo in (("--nodes", args.nodes, 1), ("--ranks-per-node", args.ranks_per_node, 1), ("--max-faults", args.max_faults, 0),
@@ -70,13 +74,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise FlagError(f"--affected-local: must be in [0, {args.ranks_per_node}), got {local}")
     return Config(
         nodes=args.nodes, ranks_per_node=args.ranks_per_node, affected_local=local, group=args.group,
-        max_faults=args.max_faults, faults=frozenset(faults), points=points, mutant=args.mutant,
+        max_faults=args.max_faults, faults=frozenset(faults), points=points, mutant=args.mutant, failing=args.failing,
     )
 
 
 def _describe(cfg: Config) -> str:
     faults = ",".join(sorted(cfg.faults)) or "all"
-    return (f"{cfg.nodes}x{cfg.ranks_per_node} group={cfg.group} R={list(cfg.affected)} max_faults={cfg.max_faults} "
+    groups = f"R={list(cfg.affected)}" if cfg.failing == "one" else "R=any groups, per episode"
+    return (f"{cfg.nodes}x{cfg.ranks_per_node} group={cfg.group} {groups} max_faults={cfg.max_faults} "
             f"faults={faults} points={','.join(cfg.points)} mutant={cfg.mutant or 'none'}")
 
 
