@@ -115,14 +115,6 @@ class Scenario:
         """The members of the groups that fail at ``step`` (R of that episode)."""
         return frozenset(r for gi in self.episode_groups(step) for r in self.topology.groups_of_kind(self.group)[gi])
 
-    @property
-    def failing_ranks(self) -> tuple[int, ...]:
-        """The ranks whose collective on R fails: those of the trigger faults that are the failure
-        itself (``collective_timeout``/``exception``), or, when there is none, of every trigger fault."""
-        world = self.topology.world
-        ranks = [r for f in self.faults if f.is_failure for r in f.targets(world)]
-        return tuple(ranks or [r for f in self.faults if f.is_trigger for r in f.targets(world)])
-
     def job(self, out: str | Path, *, backend: str = "gloo", deadline_s: float = 8.0,
             seeded_bug: str | None = None) -> Job:
         """The run of this scenario: a traced :class:`~accelpact.impl.job.Job` writing to ``out``.

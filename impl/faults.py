@@ -220,10 +220,6 @@ class Fault:
         attempt = _int(f"{where}.attempt", raw.get("attempt", 0), 0)
         return cls(step, at, kind, tuple(sorted(ranks)), group, attempt)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Fault":
-        return cls.parse(d)
-
     def to_json(self) -> dict[str, Any]:
         """The fault dict (the scenario format's and the job's): fixed field order; ``attempt``
         only when not 0."""
