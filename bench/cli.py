@@ -14,6 +14,16 @@ REGISTRY: dict[str, str] = {
     "explore": "accelpact.bench.explore",
     "recovery": "accelpact.bench.recovery",
     "check": "accelpact.bench.check",
+    "rebind": "accelpact.bench.rebind",
+    "validate": "accelpact.bench.validate",
+    "controlplane": "accelpact.bench.controlplane",
+    "leaks": "accelpact.bench.leaks",
+    "repair": "accelpact.bench.repair",
+    "guard": "accelpact.bench.guard",
+    "goodput": "accelpact.bench.goodput",
+    "all": "accelpact.bench.all",
+    "summary": "accelpact.bench.summary",
+    "detect": "accelpact.bench.detect",
 }
 
 

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per configuration and mode (default 3)")
     parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                         help=f"comma-separated manifest configurations (default {','.join(DEFAULT_CONFIGS)}); any of: {', '.join(MANIFEST_CONFIGS)}")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                        help="print one JSON object (--json) or write it to PATH (--json PATH)")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -59,12 +60,23 @@ def run(args: argparse.Namespace) -> int:
         full = measure(name, False, args.repeat)
         rows.append({"config": name, "reduced": red, "unreduced": full,
                      "state_ratio": red["states"] / full["states"], "time_ratio": red["median_s"] / full["median_s"]})
-        if not args.json:
+        if args.json != "-":
             for m in (red, full):
                 print(f"{name:<12} symmetry={'on ' if m['symmetry'] else 'off'} states {m['states']:>8,}  "
                       f"median {m['median_s']:7.3f} s  p90 {m['p90_s']:7.3f} s  max {m['max_s']:7.3f} s  "
                       f"{m['states_per_s']:>10,.0f} states/s", flush=True)
             print(f"{name:<12} reduced/unreduced: states x{rows[-1]['state_ratio']:.3f}, median time x{rows[-1]['time_ratio']:.3f}", flush=True)
-    if args.json:
+    if args.json == "-":
         print(json.dumps({"benchmark": "explore", "repeat": args.repeat, "results": rows}, indent=2))
+    elif args.json:
+        from pathlib import Path
+
+        from .common import meta
+
+        ratio = statistics.median(r["time_ratio"] for r in rows) if rows else None
+        doc = {"benchmark": "explore", "quick": False, "meta": meta(False), "config": {"repeat": args.repeat, "configs": names},
+               "results": rows, "headline": {"symmetry_time_ratio_median": ratio}, "headline_reasons": {}}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+        print(f"json: {args.json}", flush=True)
     return 0

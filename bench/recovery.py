@@ -28,7 +28,7 @@ from accelpact.impl.backends import BACKEND_NAMES
 from accelpact.impl.job import Job, Topology, Workload
 from accelpact.impl.wrappers import WRAPPER_NAMES, wrapper
 
-__all__ = ["add_arguments", "run", "summarize"]
+__all__ = ["add_arguments", "check_args", "measure", "run", "summarize"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,23 +62,22 @@ def _job(args, out: Path, scenario: str, steps: int, faults: list[dict]) -> Job:
                collective_timeout_s=60.0).replace(faults=faults)
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
+def check_args(args: argparse.Namespace) -> str | None:
+    """The first problem with the flags, or None."""
+    if args.repeat < 1:
+        return f"--repeat must be >= 1, got {args.repeat}"
+    if args.nodes < 1 or args.ranks_per_node < 1 or args.nodes * args.ranks_per_node < 2:
+        return "need --nodes >= 1, --ranks-per-node >= 1 and at least 2 ranks"
+    if wrapper(args.wrapper).recovers == "replicate" and args.nodes < 2:
+        return f"--wrapper {args.wrapper} needs --nodes >= 2"
+    return None
 
+
+def measure(args: argparse.Namespace, say=print) -> tuple[dict[str, Any], Any, Any]:
+    """Both launches (L1 repairs, then L2 restarts) and their summary; (result, l1 launch, l2 launch).
+    ``args``: this module's flags (:func:`add_arguments`), already checked (:func:`check_args`)."""
     from accelpact.impl.launch import PHASES, l1_episodes, l2_episodes, run_torchrun
 
-    console = Console()
-    if args.repeat < 1:
-        print(f"accelpact bench recovery: error: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
-        return 2
-    if args.nodes < 1 or args.ranks_per_node < 1 or args.nodes * args.ranks_per_node < 2:
-        print("accelpact bench recovery: error: need --nodes >= 1, --ranks-per-node >= 1 and at least 2 ranks",
-              file=sys.stderr)
-        return 2
-    if wrapper(args.wrapper).recovers == "replicate" and args.nodes < 2:
-        print(f"accelpact bench recovery: error: --wrapper {args.wrapper} needs --nodes >= 2", file=sys.stderr)
-        return 2
     nproc = args.nodes * args.ranks_per_node
     group = wrapper(args.wrapper).recovers
     victim = args.ranks_per_node - 1 if group == "replicate" else nproc - 1
@@ -88,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     t0 = time.monotonic()
 
-    console.print(f"L1: {args.repeat} boundary failures of the {group} group, {args.wrapper} {args.nodes}x{args.ranks_per_node}")
+    say(f"L1: {args.repeat} boundary failures of the {group} group, {args.wrapper} {args.nodes}x{args.ranks_per_node}")
     l1 = run_torchrun(_job(args, out / "l1", "bench-l1", steps, [
         {"step": s, "at": "boundary", "kind": "collective_timeout", "ranks": [victim], "group": group}
         for s in fault_steps]), nproc, max_restarts=0, timeout_s=args.timeout)
-    console.print(f"L2: {args.repeat} in-flight failures, one per torchrun attempt")
+    say(f"L2: {args.repeat} in-flight failures, one per torchrun attempt")
     l2 = run_torchrun(_job(args, out / "l2", "bench-l2", steps, [
         {"step": s, "at": "backward", "kind": "exception", "ranks": [victim], "attempt": i}
         for i, s in enumerate(fault_steps)]), nproc, max_restarts=args.repeat, timeout_s=args.timeout)
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                "phases_s": {ph: summarize([e["phases_s"][ph] for e in ep1]) for ph in PHASES},
                "fault_to_frontier_s": summarize([e["fault_to_frontier_s"] for e in ep1]),
                "replayed_steps": [e["replayed_steps"] for e in ep1]},
-        "l2": {"ok": l2.ok(), "restarts": l2.restarts,
+        "l2": {"ok": l2.ok(), "restarts": l2.restarts, "episodes": len(ep2),
                "fault_to_frontier_s": summarize([e["fault_to_frontier_s"] for e in ep2]),
                "exit_to_ready_s": summarize([e["exit_to_ready_s"] for e in ep2]),
                "replayed_steps": [e["replayed_steps"] for e in ep2],
@@ -115,7 +114,25 @@ def run(args: argparse.Namespace) -> int:
     }
     m1, m2 = result["l1"]["fault_to_frontier_s"]["median"], result["l2"]["fault_to_frontier_s"]["median"]
     result["l2_over_l1_fault_to_frontier"] = (m2 / m1) if m1 and m2 else None
+    result["complete"] = l1.ok() and l2.ok() and len(ep1) == args.repeat and len(ep2) == args.repeat
     result["wall_s"] = time.monotonic() - t0
+    return result, l1, l2
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from accelpact.impl.launch import PHASES
+
+    console = Console()
+    problem = check_args(args)
+    if problem:
+        print(f"accelpact bench recovery: error: {problem}", file=sys.stderr)
+        return 2
+    nproc = args.nodes * args.ranks_per_node
+    result, l1, l2 = measure(args, console.print)
+    ep1_n, ep2_n = result["l1"]["repairs"], result["l2"]["episodes"]
 
     def ms(x):
         return "-" if x is None else f"{x * 1e3:.1f}"
@@ -135,12 +152,18 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"replayed steps: L1 {result['l1']['replayed_steps']}, L2 {result['l2']['replayed_steps']}; "
                   f"L2/L1 median fault-to-frontier: {'-' if ratio is None else f'{ratio:.0f}x'}; "
                   f"wall {result['wall_s']:.0f} s")
-    if not l1.ok() or len(ep1) != args.repeat:
-        console.print(f"[red]L1 run incomplete[/red]: {len(ep1)}/{args.repeat} repairs, rc={l1.returncode}; see {l1.log}")
-    if not l2.ok() or len(ep2) != args.repeat:
-        console.print(f"[red]L2 run incomplete[/red]: {len(ep2)}/{args.repeat} restarts, rc={l2.returncode}; see {l2.log}")
+    if not l1.ok() or ep1_n != args.repeat:
+        console.print(f"[red]L1 run incomplete[/red]: {ep1_n}/{args.repeat} repairs, rc={l1.returncode}; see {l1.log}")
+    if not l2.ok() or ep2_n != args.repeat:
+        console.print(f"[red]L2 run incomplete[/red]: {ep2_n}/{args.repeat} restarts, rc={l2.returncode}; see {l2.log}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        from .common import meta
+
+        doc = {"benchmark": "recovery", "quick": False, "meta": meta(False), **result,
+               "headline": {"l2_over_l1_fault_to_frontier": result["l2_over_l1_fault_to_frontier"]},
+               "headline_reasons": {} if result["l2_over_l1_fault_to_frontier"] is not None else
+               {"l2_over_l1_fault_to_frontier": "an L1 or L2 fault-to-frontier is missing (incomplete run)"}}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1, default=str))
         console.print(f"json: {args.json}")
-    complete = l1.ok() and l2.ok() and len(ep1) == args.repeat and len(ep2) == args.repeat
-    return 0 if complete else 1
+    return 0 if result["complete"] else 1

@@ -3,9 +3,17 @@
 In the style of etcd raft's and CCF's trace validation (spec/trace-checking.md):
 
 * each rank's records are totally ordered (by ``seq``, which must be gap-free);
-* the cross-rank interleaving is *searched*: BFS over nodes (model state, per-rank cursor,
-  scripted faults fired), memoised, so the first node found at any progress is reached by a
-  shortest model path;
+* before any search, necessary conditions are checked in linear time
+  (:mod:`accelpact.conformance.checker_precheck`): each rank's records must be a path of its own
+  local automaton, and what the store linearizes (counters, single-assignment decisions) must be
+  consistent across ranks; most tamperings are rejected there, naming rank, record and reason;
+* the cross-rank interleaving is *searched*: a depth-first search over nodes (model state, per-rank
+  cursor, scripted faults fired, silent-step count), memoised, guided by each record's ``t_ns``
+  repaired by the order the store fixes (:meth:`TraceChecker._guide`), with partial-order
+  reduction: a record whose step commutes with every step that can still happen is taken alone
+  (always for purely local steps; for the shared steps once no fault can strike silently any more
+  and no record they depend on is left, the store's counters ordering the adds), so the search is
+  linear in the records on honest and on tampered traces alike;
 * a record matches a model action with the same name and rank that is enabled in the node's
   state and whose post-state agrees with the record's ``state`` fields under the abstraction
   function (:class:`Abstraction`);
@@ -15,21 +23,23 @@ In the style of etcd raft's and CCF's trace validation (spec/trace-checking.md):
   ``end`` record agrees with the model (etcd's TraceMatched): a matcher that stops early must
   not report success.
 
-On rejection the :class:`Verdict` explains: the first unmatched record per rank, the model
-states the search could have been in, the actions the model allowed there, and the shortest
-model path to the last match.  ``t_ns`` is never used for ordering.  Pure Python, no torch.
+On rejection the :class:`Verdict` explains: the first unmatched record per rank (and why each
+candidate action disagreed), the model states the search could have been in, the actions the model
+allowed there, and a model path to the furthest match.  ``t_ns`` orders the search, never the
+verdict.  Pure Python, no torch.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections import deque
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..model.contract import IN_FLIGHT_PHASES
-from ..model.protocol import Action, actions_for, all_actions, successors, true_lookup
+from ..model.protocol import Action, actions_for, all_actions, enabled, successors, true_lookup
 from ..model.state import (
     PC_CRASHED,
     PC_EXITED,
@@ -40,9 +50,14 @@ from ..model.state import (
 )
 from ..impl.trace import FORMAT as TRACE_FORMAT
 from ..impl.controlplane import comm_generation, comm_name
+from ..impl.faults import KINDS
 from ..impl.rundir import RunDir
 from ..impl.trace import RankTrace, Record, TraceError
+from .checker_precheck import Finding, precheck
 from .mapping import Script, surfaces
+
+#: model actions of job-wide fault kinds (no actor rank; the trace of the rank that triggered one logs it)
+JOB_WIDE = frozenset(k.action for k in KINDS.values() if k.job_wide)
 
 STATE_FIELDS = ("pc", "gen", "frontier", "tau", "point", "comm", "refs_stale", "reason")
 
@@ -52,7 +67,8 @@ class Abstraction:
     """Maps implementation values onto model values.
 
     ``bases[g]`` is the real committed step at which the failure of generation g struck: the
-    model's F (``cfg.frontier``) stands for it, and F+1 (a rank one step ahead) for base+1.
+    model's F_g (``cfg.frontier_at(g)``: F moves between episodes) stands for it, and F_g+1 (a rank
+    one step ahead) for base+1.
     Without an entry for g the real value is compared with the model's directly.
     """
 
@@ -60,7 +76,7 @@ class Abstraction:
 
     def step(self, cfg: Config, gen: int, real: int) -> int:
         base = self.bases.get(gen)
-        return real if base is None else cfg.frontier + (real - base)
+        return real if base is None else cfg.frontier_at(gen) + (real - base)
 
 
 def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None = None, checkpoint: int = 0,
@@ -101,14 +117,69 @@ def _refs_stale(rk) -> int:
 #: replaced), and the reads of a decision that stands (a written decision never changes, S2.1):
 #: RankAwaitAgreement (arrived -> agreed) and RankResume (ready -> train in g+1; validation counts a
 #: member as joined in both).  Not RankRebind or RankValidate: they can complete a peer's validation
-#: and so disable its RankTimeout.
+#: and so disable its RankTimeout.  Exceptions (TraceChecker._safe): RankGuard ends the window of the
+#: rank's own FaultCorrupt (which does not disable the guard), so it is not taken alone while that
+#: fault can still strike silently; RankResume ends the episode, see :func:`resume_alone`.
 _LOCAL = ("RankGuard", "RankReplace", "RankAwaitAgreement", "RankResume")
+
+#: Interference classes of records: a shared step may be taken alone only when no record of the
+#: classes it depends on is left to consume (:data:`_ALONE_UNLESS`).  Every record not named here and
+#: not a plain repair step (:data:`_PLAIN`) is ``other``: a fault, a timeout, a rejection, a failure,
+#: a lost store, or an action this table does not know.
+CLASSES = ("group_fail", "exit", "observe", "validate", "other")
+_CLASS_OF = {"FaultGroupFail": 0, "RankExit": 1, "RankObserve": 2, "RankValidate": 3}
+_PLAIN = frozenset(("RankGuard", "RankArrive", "RankDecideAgreement", "RankAwaitAgreement", "RankReplace", "RankRebind",
+                    "RankReady", "RankDecideRelease", "RankResume"))
+_OTHER = 4
+
+#: Shared steps taken alone (partial-order reduction) once no fault can happen silently any more (none
+#: allowed, or the fault budget spent) and no record of the listed classes is left.  Why each
+#: commutes with every other step that can then happen, and disables none (a step that disables it
+#: disables it for good, so such a path cannot consume its record: it is no accepting path):
+#:
+#: * RankArrive / RankReady: they do NOT commute with each other in one generation (the counter
+#:   and the ``last`` flag depend on their order), but when a record reports its ``count`` and no
+#:   other record of its generation the same, and no write can be lost (no FaultDrop), the record with count k
+#:   matches only when k - 1 adds are in: no two are ever enabled together (``TraceChecker.ordered``:
+#:   per record, when no other record of its generation reports its count).
+#:   Nothing else reads the counter but the decision, enabled only after every add.
+#: * a member's RankObserve at the point where the failure struck publishes the revoke (enabling
+#:   non-members) and keeps satisfying every peer's condition (``_en_observe``); only another
+#:   group's FaultGroupFail (every rank still training) depends on it.
+#: * RankDecideAgreement / RankDecideRelease write a decision on an empty key: the other writers
+#:   (a timeout, a rejection, a failure: ``other``) race with them; the reads are enabled by them.
+#: * RankRebind completes a peer's validation: it disables only a peer's RankTimeout (``other``).
+#: * RankValidate needs every peer in the validation: a peer's exit or fault removes one.
+#: * RankExit (on the job's abort, which stays): the exiting rank leaves the validation and stops
+#:   training (a member's observation past the failed collective needs a peer still training).
+#:
+#: Checked against the model by tests/test_checker_soundness.py on random runs (every pair of
+#: enabled steps).
+_ALONE_UNLESS: dict[str, tuple[int, ...]] = {
+    "RankArrive": (), "RankReady": (), "RankObserve": (0,),
+    "RankDecideAgreement": (_OTHER,), "RankDecideRelease": (_OTHER,), "RankRebind": (_OTHER,),
+    "RankValidate": (_OTHER, 1), "RankExit": (_OTHER, 2, 3),
+}
+_COUNTED = ("RankArrive", "RankReady")
+
+#: how many frontier records the search examines for a step it may take alone before it branches on
+#: all of them (bounds a node's cost on large traces that are not quiet)
+LOOKAHEAD = 256
 
 
 def _in_failed_group(cfg: Config, s: State, r: int) -> bool:
     """Rank r's group failed in its current generation (it is a member of that episode's R)."""
     f = s.store.failed
     return f is not None and f[0] == s.ranks[r].gen and cfg.group_of(r) in f[2]
+
+
+def resume_alone(cfg: Config, s: State, r: int) -> bool:
+    """RankResume leaves the episode: if rank r is the last live rank in it, the store's loss
+    (FaultStoreLoss, which strikes only during an episode) can no longer happen after it."""
+    if "FaultStoreLoss" not in actions_for(cfg) or s.faults >= cfg.max_faults or (cfg.faults and "store_loss" not in cfg.faults):
+        return True
+    g = s.ranks[r].gen
+    return any(q != r and rk.gen == g and rk.pc not in (PC_EXITED, PC_CRASHED) for q, rk in enumerate(s.ranks))
 
 
 def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: State, rec: Record) -> str | None:
@@ -186,9 +257,13 @@ class Node:
     cursors: tuple[int, ...]
     fired: frozenset[int]
     silent: int
-    #: search hint, not part of the node's identity: an index into the checker's ``t_ns``-ordered
-    #: list of all records at or before which every record is consumed or still ahead
+    #: search hints, not part of the node's identity: an index into the checker's ordered list of all
+    #: records (:meth:`TraceChecker._guide`) at or before which every record is consumed or still
+    #: ahead; how many records are consumed; how many are left of each class of :data:`CLASSES`
+    #: (both functions of ``cursors``)
     pos: int = field(default=0, compare=False, hash=False)
+    done: int = field(default=0, compare=False, hash=False)
+    left: tuple[int, ...] = field(default=(0, 0, 0, 0, 0), compare=False, hash=False)
 
 
 @dataclass
@@ -208,7 +283,7 @@ class TraceChecker:
 
     def __init__(self, cfg: Config, traces: Mapping[int, RankTrace], *, script: Script | None = None,
                  abstraction: Abstraction | None = None, silent_bound: int = 4, max_nodes: int = 500_000,
-                 restarted: bool = False, silent_faults: bool | None = None) -> None:
+                 restarted: bool = False, silent_faults: bool | None = None, prechecks: bool = True) -> None:
         self.cfg = cfg
         self.world = cfg.world
         missing = [r for r in self.world if r not in traces]
@@ -216,8 +291,10 @@ class TraceChecker:
             raise TraceError(f"no trace for rank(s) {missing} of a {len(self.world)}-rank world")
         self.traces = {r: traces[r] for r in self.world}
         self.recs = {r: traces[r].records for r in self.world}
-        #: every record as (t_ns, rank, index in its rank's trace), in t_ns order: the search's guide
-        self.events = sorted((rec.t_ns, r, i) for r in self.world for i, rec in enumerate(self.recs[r]))
+        self.total = sum(len(v) for v in self.recs.values())
+        #: per record: its class (an index into :data:`CLASSES`), -1 for a plain repair step
+        self.cls = {r: tuple(-1 if rec.action in _PLAIN else _CLASS_OF.get(rec.action, _OTHER) for rec in self.recs[r])
+                    for r in self.world}
         self.script = script
         self.abst = abstraction or Abstraction()
         self.silent_bound = silent_bound
@@ -234,6 +311,92 @@ class TraceChecker:
         if silent_faults is None:
             silent_faults = script is not None
         self.silent = tuple(a for a in self.actions if (silent_faults and a.name.startswith("Fault")) or a.name == "SupervisorRestart")
+        self.silent_faults = any(a.name.startswith("Fault") for a in self.silent)
+        self.prechecks = prechecks and cfg.mutant is None
+        # (RankArrive | RankReady, generation) whose records are ordered by the store's counter: each
+        # reports its count, all distinct, and no write can be lost (see _ALONE_UNLESS)
+        drops = any(rec.action == "FaultDrop" for v in self.recs.values() for rec in v) or \
+            any(self._silent_possible("FaultDrop", r) for r in self.world)
+        counts: dict[tuple[str, int, int], int] = {}
+        for v in self.recs.values():
+            for rec in v:
+                c = rec.detail.get("count")
+                if rec.action in _COUNTED and isinstance(c, int):
+                    counts[(rec.action, rec.gen, c)] = counts.get((rec.action, rec.gen, c), 0) + 1
+        #: (action, generation, count) of the adds no other record of that generation reports the
+        #: count of: with no write lost, such a record matches only after exactly count - 1 adds
+        self.ordered = frozenset() if drops or cfg.mutant is not None else frozenset(k for k, n in counts.items() if n == 1)
+
+    def _silent_possible(self, name: str, r: int) -> bool:
+        """Whether ``name`` of rank ``r`` may be taken as a silent step (an unlogged fault)."""
+        if not self.cfg.max_faults or not any(a.name == name and a.rank in (r, None) for a in self.silent):
+            return False
+        return self.script is None or any(f.action == name and r in (f.rank, getattr(f, "by", None), None)
+                                          for f in self.script.faults)
+
+    @cached_property
+    def events(self) -> list[tuple[int, int, int]]:
+        """Every record as (key, rank, index in its rank's trace), in key order: the search's guide
+        (:meth:`_guide`; built when the search first needs it, not for a rejection before it)."""
+        return self._guide()
+
+    def _guide(self) -> list[tuple[int, int, int]]:
+        """Every record as (key, rank, index), sorted: the order the search tries records in.
+
+        The key is the record's ``t_ns``, raised where the records themselves say that another
+        record came before it (a Lamport clock seeded with ``t_ns``): each rank's previous record;
+        the add that returned the previous count of the store's arrival / release-vote counter; the
+        decision a read of it needs; every peer's RankRebind before a RankValidate.  Clocks of
+        different hosts are unrelated (``t_ns`` is each host's monotonic clock), so without this a
+        trace of many hosts would send the search the wrong way first.  Only a heuristic: the
+        search is exhaustive, the verdict does not depend on it."""
+        recs = self.recs
+        after: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        by: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for r in self.world:
+            for i, rec in enumerate(recs[r]):
+                by.setdefault((rec.action, rec.gen), []).append((r, i))
+
+        def edge(a: tuple[int, int], b: tuple[int, int]) -> None:
+            after.setdefault(a, []).append(b)
+
+        for (name, g), xs in by.items():
+            if name in _COUNTED:
+                counted = sorted((c, x) for x in xs for c in (recs[x[0]][x[1]].detail.get("count"),) if isinstance(c, int))
+                for (_c, a), (_d, b) in zip(counted, counted[1:], strict=False):
+                    edge(a, b)
+            elif name in ("RankAwaitAgreement", "RankResume"):
+                for d in by.get(("RankDecideAgreement" if name == "RankAwaitAgreement" else "RankDecideRelease", g), [])[:1]:
+                    for x in xs:
+                        edge(d, x)
+            elif name == "RankValidate":
+                rebinds = by.get(("RankRebind", g), [])
+                for x in xs:
+                    group = self.cfg.group_of(x[0])
+                    for y in rebinds:
+                        if self.cfg.group_of(y[0]) == group and y[0] != x[0]:
+                            edge(y, x)
+        key: dict[tuple[int, int], int] = {}
+        indeg = {(r, i): int(i > 0) for r in self.world for i in range(len(recs[r]))}
+        for bs in after.values():
+            for b in bs:
+                indeg[b] += 1
+        ready = [(recs[r][0].t_ns, r, 0) for r in self.world if recs[r] and indeg[(r, 0)] == 0]
+        heapq.heapify(ready)
+        low: dict[tuple[int, int], int] = {}
+        while ready:
+            k, r, i = heapq.heappop(ready)
+            key[(r, i)] = k
+            nxt = after.get((r, i), [])
+            if i + 1 < len(recs[r]):
+                nxt = nxt + [(r, i + 1)]
+            for b in nxt:
+                low[b] = max(low.get(b, 0), k + 1)
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    heapq.heappush(ready, (max(recs[b[0]][b[1]].t_ns, low[b]), b[0], b[1]))
+        # a cycle (records that contradict each other): those keep their t_ns
+        return sorted((key.get((r, i), rec.t_ns), r, i) for r in self.world for i, rec in enumerate(recs[r]))
 
     # -- successors --------------------------------------------------------------------
 
@@ -245,8 +408,12 @@ class TraceChecker:
 
     def _match(self, node: Node, r: int):
         """Successors that consume rank r's next record."""
-        rec = self.recs[r][node.cursors[r]]
-        cursors = node.cursors[:r] + (node.cursors[r] + 1,) + node.cursors[r + 1:]
+        c = node.cursors[r]
+        rec = self.recs[r][c]
+        cursors = node.cursors[:r] + (c + 1,) + node.cursors[r + 1:]
+        done, k, left = node.done + 1, self.cls[r][c], node.left
+        if k >= 0:
+            left = left[:k] + (left[k] - 1,) + left[k + 1:]
         s = node.state
         if rec.action == "FaultGroupFail":
             point = rec.detail.get("point")
@@ -255,12 +422,15 @@ class TraceChecker:
             if (f is not None and f[0] == s.ranks[r].gen and (point is None or f[1] in surfaces(point))
                     and (self.cfg.failing == "one" or group in f[2])):
                 # a second member logging the same group failure: no model step
-                yield None, Node(s, cursors, node.fired, 0), None
+                yield None, Node(s, cursors, node.fired, 0, done=done, left=left), None
                 return
             # failing="one": the one group's failure; "any": the failure of the logging rank's group,
             # acted by that group's representative
             actor = None if self.cfg.failing == "one" else self.cfg.members(group)[0]
             cands = [Action("FaultGroupFail", actor, p) for p in self.cfg.points if point is None or p in surfaces(point)]
+        elif rec.action in JOB_WIDE:
+            # a job-wide fault (FaultStoreLoss) logged by the rank that triggered it: no actor
+            cands = [Action(rec.action)]
         else:
             cands = self.by_rank.get((rec.action, r), [])
         table = actions_for(self.cfg)
@@ -276,7 +446,7 @@ class TraceChecker:
                 why = None if rec.gen == s.ranks[r].gen else f"record gen {rec.gen} but the rank was in {s.ranks[r].gen}"
             else:
                 why = disagreement(self.cfg, self.abst, s, a, t, rec)
-            yield a, Node(t, cursors, fired, 0), why
+            yield a, Node(t, cursors, fired, 0, done=done, left=left), why
 
     def _silent(self, node: Node):
         if node.silent >= self.silent_bound:
@@ -284,33 +454,38 @@ class TraceChecker:
         for a, t in successors(self.cfg, node.state, self.silent):
             ok, fired = self._script_ok(node, a)
             if ok:
-                yield a, Node(t, node.cursors, fired, node.silent + 1)
+                yield a, Node(t, node.cursors, fired, node.silent + 1, done=node.done, left=node.left)
 
-    def _local(self, node: Node, r: int) -> bool:
-        """Rank r's next record is of a purely local action (see :meth:`_eager`)."""
-        c = node.cursors[r]
-        if c >= len(self.recs[r]):
+    def _safe(self, node: Node, r: int, quiet: bool) -> bool:
+        """Rank r's next record is of a step that commutes with every step that can still happen
+        (:data:`_LOCAL`, :data:`_ALONE_UNLESS`); a member's RankObserve is decided per match
+        (:meth:`_alone`)."""
+        rec = self.recs[r][node.cursors[r]]
+        name = rec.action
+        if name in _LOCAL or (name == "RankObserve" and not _in_failed_group(self.cfg, node.state, r)):
+            if name == "RankGuard" and not quiet and self._silent_possible("FaultCorrupt", r):
+                return False  # the guard ends the window of the rank's own silent FaultCorrupt
+            return name != "RankResume" or resume_alone(self.cfg, node.state, r)
+        unless = _ALONE_UNLESS.get(name)
+        if not quiet or unless is None or any(node.left[k] for k in unless):
             return False
-        name = self.recs[r][c].action
-        return name in _LOCAL or (name == "RankObserve" and not _in_failed_group(self.cfg, node.state, r))
+        return name not in _COUNTED or (name, rec.gen, rec.detail.get("count")) in self.ordered
 
-    def _eager(self, node: Node) -> list[tuple[Node, str]]:
-        """Partial-order reduction: a matching record of a purely local action is taken alone.
+    def _quiet(self, node: Node) -> bool:
+        """No fault can happen silently any more (so no silent step but the supervisor's restart,
+        which no active rank's step is enabled with: moving a step never lengthens a silent run)."""
+        if self.cfg.mutant is not None:
+            return False
+        s = node.state
+        return not self.silent_faults or s.faults >= self.cfg.max_faults or bool(s.supervisor)
 
-        RankGuard, RankReplace and a non-member's RankObserve read and write only the acting
-        rank's own variables, and no other action's enabledness or effect reads the pcs they
-        move between (observed/guarded, agreed/replaced, train/observed within an episode), so
-        they commute with every other step: taking them first preserves every accepting path
-        (a persistent set of size one).  This keeps rejections affordable at 8 ranks.
-        """
-        for r in self.world:
-            if self._local(node, r):
-                for a, t, why in self._match(node, r):
-                    if why is None:
-                        return [(t, f"eager {a}")]
-        return []
-
-    # -- acceptance --------------------------------------------------------------------
+    def _alone(self, node: Node, r: int, matches: list) -> bool:
+        """Whether the matches of rank r's (safe) next record may be taken alone: a member's
+        RankObserve only at the point where the failure struck (:data:`_ALONE_UNLESS`)."""
+        if self.recs[r][node.cursors[r]].action != "RankObserve" or not _in_failed_group(self.cfg, node.state, r):
+            return True
+        f = node.state.store.failed
+        return f is not None and all(a is not None and a.arg in (None, f[1]) for a, _t in matches)
 
     def _done(self, node: Node) -> str | None:
         """None when every trace is consumed and each rank's end agrees with the model."""
@@ -339,8 +514,8 @@ class TraceChecker:
         return None
 
     def _frontier(self, node: Node):
-        """Each rank's next record, in ``t_ns`` order, read off the ordered list of all records from
-        the node's hint on (amortised O(1) a node on the honest path, not O(|W|))."""
+        """Each rank's next record, in the guide's order (:meth:`_guide`), read off the ordered list
+        of all records from the node's hint on (amortised O(1) a node on the honest path, not O(|W|))."""
         cur = node.cursors
         pos = node.pos
         while pos < len(self.events) and cur[self.events[pos][1]] > self.events[pos][2]:
@@ -350,101 +525,110 @@ class TraceChecker:
             if cur[r] == idx:
                 yield pos, r
 
-    def _lazy_successors(self, node: Node):
-        """The successors of ``node`` one at a time, records in ``t_ns`` order first, each computed
-        only when the search asks for it: on the honest path the search takes the first one, so a
-        node costs one model step instead of one per rank (what makes 1,024-rank traces affordable).
+    @staticmethod
+    def _label(a: Action | None, r: int) -> str:
+        return str(a) if a else f"(r{r} logs the group failure again)"
 
-        Partial-order reduction as in :meth:`_eager`: when the first record in ``t_ns`` order is of
-        a purely local action and matches, it is the only successor (a persistent set of size one)."""
-        first = True
-        for pos, r in self._frontier(node):
-            matches = [(a, t) for a, t, why in self._match(node, r) if why is None]
-            for a, t in matches:
-                yield replace(t, pos=pos), str(a) if a else f"(r{r} logs the group failure again)"
-            if first and matches and self._local(node, r):
-                return
-            first = False
+    def _lazy_successors(self, node: Node):
+        """The successors of ``node``, records in the guide's order, computed as the search asks
+        for them: on the honest path the search takes the first one, so a node costs one model step
+        instead of one per rank (what makes 1,024-rank traces affordable).
+
+        Partial-order reduction: if some frontier record is *safe* (:meth:`_safe`: its step
+        commutes with every step that can still happen, and a step that disables it disables it
+        for good) and matches, its matches are the only successors (a persistent set).  Every
+        accepting path consumes that record by one of them; moving that step to the front keeps
+        the path's end, so no accepting path is lost.  Once no fault can strike any more, every
+        record of a repair or an abort is safe where it matches: the search is a single walk, and a
+        rejection costs one pass over the records, not one per interleaving."""
+        quiet = self._quiet(node)
+        frontier = self._frontier(node)
+        deferred: list[tuple[int, int]] = []
+        for pos, r in frontier:
+            if self._safe(node, r, quiet):
+                matches = [(a, t) for a, t, why in self._match(node, r) if why is None]
+                if matches and self._alone(node, r, matches):
+                    for a, t in matches:
+                        yield replace(t, pos=pos), self._label(a, r)
+                    return
+                if not matches:
+                    continue  # not a successor here
+            deferred.append((pos, r))
+            if len(deferred) >= LOOKAHEAD:
+                break
+        for pos, r in deferred:
+            for a, t, why in self._match(node, r):
+                if why is None:
+                    yield replace(t, pos=pos), self._label(a, r)
+        for pos, r in frontier:  # past the lookahead: every match, no reduction
+            for a, t, why in self._match(node, r):
+                if why is None:
+                    yield replace(t, pos=pos), self._label(a, r)
         for a, t in self._silent(node):
             yield replace(t, pos=node.pos), f"silent {a}"
 
-    def _successors(self, node: Node, reasons: dict | None = None) -> list[tuple[Node, str, int]]:
-        """(next node, edge label, t_ns of the consumed record or a large number for silent steps)."""
-        nexts = [(t, label, 0) for t, label in self._eager(node)]
-        if not nexts:
-            for r in self.world:
-                if node.cursors[r] < len(self.recs[r]):
-                    rec = self.recs[r][node.cursors[r]]
-                    for a, t, why in self._match(node, r):
-                        if why is not None:
-                            if reasons is not None:
-                                reasons.setdefault((r, node.cursors[r]), f"{a}: {why}")
-                            continue
-                        nexts.append((t, str(a) if a else f"(r{r} logs the group failure again)", rec.t_ns))
-            nexts.extend((t, f"silent {a}", 1 << 62) for a, t in self._silent(node))
-        return nexts
+    def _guided(self, start: Node) -> tuple[Node | None, dict, list[Node], str | None, bool]:
+        """Depth-first search that tries records in the guide's order first.
 
-    def _guided(self, start: Node) -> tuple[Node | None, dict]:
-        """Depth-first search that tries records in ``t_ns`` order first.
-
-        Only a heuristic for speed: the search is exhaustive (memoised), so the verdict does not
-        depend on timestamps; with honest timestamps it walks straight to the end.
-        """
+        The order is only a heuristic for speed: the search is exhaustive (memoised), so the
+        verdict does not depend on timestamps; with honest timestamps it walks straight to the end.
+        Returns (accepting node or None, parent links, the furthest nodes, why the furthest
+        complete node was not accepted, whether the node budget ran out)."""
         parent: dict[Node, tuple[Node | None, str]] = {start: (None, "")}
-        total = sum(len(v) for v in self.recs.values())
+        best: list[Node] = [start]
+        done_problem = None
         stack = [(start, self._lazy_successors(start))]
         while stack:
             node, succ = stack[-1]
-            if sum(node.cursors) == total and self._done(node) is None:
-                return node, parent
+            if node.done == self.total:
+                problem = self._done(node)
+                if problem is None:
+                    return node, parent, best, None, False
+                done_problem = done_problem or problem
             for t, label in succ:
                 if t not in parent:
                     if len(parent) >= self.max_nodes:
-                        return None, parent
+                        return None, parent, best, done_problem, True
                     parent[t] = (node, label)
+                    if t.done > best[0].done:
+                        best = [t]
+                    elif t.done == best[0].done and len(best) < 8:
+                        best.append(t)
                     stack.append((t, self._lazy_successors(t)))
                     break
             else:
                 stack.pop()
-        return None, parent
+        return None, parent, best, done_problem, False
 
     def check(self) -> Verdict:
-        start = Node(initial_state(self.cfg), tuple(0 for _ in self.world), frozenset(), 0)
-        hit, seen = self._guided(start)
+        if self.prechecks:
+            findings = precheck(self.cfg, self.traces, silent_possible=self._silent_possible)
+            if findings:
+                return self._refute(findings)
+        left = [0] * len(CLASSES)
+        for ks in self.cls.values():
+            for k in ks:
+                if k >= 0:
+                    left[k] += 1
+        start = Node(initial_state(self.cfg), tuple(0 for _ in self.world), frozenset(), 0, left=tuple(left))
+        hit, seen, best, done_problem, exhausted = self._guided(start)
         if hit is not None:
-            return Verdict(True, f"accepted: {sum(hit.cursors)} records of {len(self.world)} ranks match the model",
+            return Verdict(True, f"accepted: {hit.done} records of {len(self.world)} ranks match the model",
                            len(seen), self._path(seen, hit))
-        return self._bfs(start)
+        return self._reject(seen, best, done_problem, exhausted)
 
-    def _bfs(self, start: Node) -> Verdict:
-        """Breadth-first search: shortest model paths, and the diagnostics of a rejection."""
-        parent: dict[Node, tuple[Node | None, str]] = {start: (None, "")}
-        queue = deque([start])
-        best: list[Node] = [start]
-        best_progress = 0
-        reasons: dict[tuple[int, int], str] = {}
-        last_done_problem = None
-        while queue:
-            node = queue.popleft()
-            problem = self._done(node)
-            if problem is None:
-                return Verdict(True, f"accepted: {sum(node.cursors)} records of {len(self.world)} ranks match the model",
-                               len(parent), self._path(parent, node))
-            if all(node.cursors[r] == len(self.recs[r]) for r in self.world):
-                last_done_problem = problem
-            prog = sum(node.cursors)
-            if prog > best_progress:
-                best_progress, best = prog, [node]
-            elif prog == best_progress and len(best) < 8:
-                best.append(node)
-            for t, label, _ts in self._successors(node, reasons):
-                if t not in parent:
-                    if len(parent) >= self.max_nodes:
-                        return Verdict(False, f"rejected: search budget of {self.max_nodes} nodes exhausted "
-                                              f"(raise max_nodes; furthest progress {best_progress} records)", len(parent))
-                    parent[t] = (node, label)
-                    queue.append(t)
-        return self._reject(parent, best, reasons, last_done_problem)
+    def _refute(self, findings: list[Finding]) -> Verdict:
+        """A rejection by :func:`~accelpact.conformance.checker_precheck.precheck` (no search)."""
+        lines = ["rejected: no interleaving of the traces is a behaviour of the model (found before the search: "
+                 "a rank's records are not a path of its local steps, or what the store orders is inconsistent)"]
+        lines += [f.line(self.traces[f.rank].end) for f in findings[:16]]
+        if len(findings) > 16:
+            lines.append(f"  ... and {len(findings) - 16} more")
+        unmatched: dict[int, str] = {}
+        for f in findings:
+            if f.record is not None:
+                unmatched.setdefault(f.rank, str(f.record))
+        return Verdict(False, "\n".join(lines), 0, [], unmatched)
 
     def _path(self, parent, node) -> list[str]:
         out = []
@@ -455,29 +639,59 @@ class TraceChecker:
             node = prev
         return out[::-1]
 
-    def _reject(self, parent, best: list[Node], reasons, done_problem) -> Verdict:
-        lines = ["rejected: no interleaving of the traces is a behaviour of the model"]
+    def _reject(self, parent, best: list[Node], done_problem: str | None, exhausted: bool) -> Verdict:
+        """The diagnostics of a rejection, read off the furthest nodes of the search."""
+        node = best[0]
+        if exhausted:
+            lines = [f"rejected: search budget of {self.max_nodes} nodes exhausted (raise max_nodes; furthest progress "
+                     f"{node.done} records)"]
+        else:
+            lines = ["rejected: no interleaving of the traces is a behaviour of the model"]
         if done_problem:
             lines.append(f"  all records matched, but at the end: {done_problem}")
-        node = best[0]
+        small = len(self.world) <= 16
+        reasons: dict[tuple[int, int], str] = {}
+        for b in best if small else best[:1]:
+            for r in self.world:
+                if b.cursors[r] < len(self.recs[r]):
+                    for a, _t, why in self._match(b, r):
+                        if why is not None:
+                            reasons.setdefault((r, b.cursors[r]), f"{a}: {why}")
         unmatched = {}
-        lines.append(f"  furthest match: {sum(node.cursors)} of {sum(len(v) for v in self.recs.values())} records")
+        lines.append(f"  furthest match: {node.done} of {self.total} records")
+        rows = []
         for r in self.world:
             c = node.cursors[r]
             if c < len(self.recs[r]):
                 rec = self.recs[r][c]
                 why = reasons.get((r, c), "no model action of that name is enabled for the rank there")
                 unmatched[r] = str(rec)
-                lines.append(f"  rank {r}: first unmatched {rec}  -- {why}")
-            else:
-                lines.append(f"  rank {r}: consumed ({len(self.recs[r])} records)")
+                rows.append(((r, c) not in reasons, r, f"  rank {r}: first unmatched {rec}  -- {why}"))
+            elif small:
+                rows.append((False, r, f"  rank {r}: consumed ({len(self.recs[r])} records)"))
+        if not small:  # large worlds: at most 16 lines, the records the guide puts first
+            order = {(r, i): n for n, (_k, r, i) in enumerate(self.events)}
+            rows.sort(key=lambda row: order.get((row[1], node.cursors[row[1]]), 0))
+        lines += [row for _k, _r, row in rows[:16 if not small else None]]
+        if not small and len(rows) > 16:
+            lines.append(f"  ... and {len(rows) - 16} more ranks with unmatched records")
         lines.append("  model states it could have been in:")
-        for b in best[:4]:
-            pcs = " ".join(f"r{i}:{rk.pc}/g{rk.gen}{'/hung' if rk.hung else ''}{'/raised' if rk.raised else ''}" for i, rk in enumerate(b.state.ranks))
-            allowed = [str(a) for a, _ in successors(self.cfg, b.state, self.actions)]
-            lines.append(f"    {pcs} abort={b.state.store.abort or '-'}; model allows: {', '.join(allowed) or 'nothing'}")
+        for b in best[:4 if small else 1]:
+            if small:
+                pcs = " ".join(f"r{i}:{rk.pc}/g{rk.gen}{'/hung' if rk.hung else ''}{'/raised' if rk.raised else ''}"
+                               for i, rk in enumerate(b.state.ranks))
+            else:
+                tally: dict[str, int] = {}
+                for rk in b.state.ranks:
+                    k = f"{rk.pc}/g{rk.gen}{'/hung' if rk.hung else ''}{'/raised' if rk.raised else ''}"
+                    tally[k] = tally.get(k, 0) + 1
+                pcs = " ".join(f"{k} x{n}" for k, n in sorted(tally.items()))
+            allowed = [str(a) for a in self.actions if enabled(self.cfg, b.state, a)]
+            shown = ", ".join(allowed[:40]) + (f" and {len(allowed) - 40} more" if len(allowed) > 40 else "")
+            lines.append(f"    {pcs} abort={b.state.store.abort or '-'}; model allows: {shown or 'nothing'}")
         path = self._path(parent, node)
-        lines.append("  shortest model path to the last match: " + (" -> ".join(path) or "(initial state)"))
+        shown_path = path if len(path) <= 200 else path[:50] + [f"... {len(path) - 100} steps ..."] + path[-50:]
+        lines.append("  model path to the furthest match: " + (" -> ".join(shown_path) or "(initial state)"))
         return Verdict(False, "\n".join(lines), len(parent), path, unmatched)
 
 
@@ -497,6 +711,18 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
     logger = cfg.affected[0]  # failing="one": FaultGroupFail has no actor; "any": its representative logs it
     for i, (a, pre, post) in enumerate(path):
         r = a.rank if a.rank is not None else (logger if a.name == "FaultGroupFail" else None)
+        if a.name == "FaultGroupFail" and post.store.failed is not None:
+            # the rank that meets the failure logs it: one already training in the failure's
+            # generation (a peer may still be reading the previous release), of the failed group
+            g = post.store.failed[0]
+            group = cfg.members(cfg.group_of(r)) if r is not None else cfg.affected
+            r = next((q for q in list(group) + list(cfg.world) if pre.ranks[q].gen == g), r)
+        if r is None and a.name in JOB_WIDE:
+            # a job-wide fault (no actor) is logged by the rank that triggered it: here the first
+            # rank inside the episode (the model's precondition), else rank 0
+            f = pre.store.failed
+            r = next((q for q in cfg.world if f is not None and pre.ranks[q].gen == f[0]
+                      and pre.ranks[q].pc not in (PC_EXITED, PC_CRASHED)), 0)
         if r is None:
             continue
         rk = post.ranks[r]
@@ -548,7 +774,9 @@ def scheduled_repair(cfg: Config) -> list[tuple[Action, State, State]]:
     world, members = list(cfg.world), list(cfg.affected)
     actor = None if cfg.failing == "one" else members[0]
     do(Action("FaultGroupFail", actor, "boundary"))
-    for name, ranks in (("RankObserve", members + [r for r in world if r not in members]), ("RankGuard", world),
+    for r in members + [r for r in world if r not in members]:
+        do(Action("RankObserve", r, "boundary"))
+    for name, ranks in (("RankGuard", world),
                         ("RankArrive", world), ("RankDecideAgreement", world[-1:]), ("RankAwaitAgreement", world),
                         ("RankReplace", members), ("RankRebind", members), ("RankValidate", members),
                         ("RankReady", world), ("RankDecideRelease", world[-1:]), ("RankResume", world)):

@@ -72,7 +72,7 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     wrapper = "fsdp1-hybrid"
     # a fault of each kind at the boundary itself and in each recovery phase, on each rank role
     for at in ("boundary",) + RECOVERY_POINTS:
-        for kind in [k for k, fk in KINDS.items() if at in fk.points]:
+        for kind in [k for k, fk in KINDS.items() if at in fk.points and not fk.job_wide]:
             if kind == "collective_timeout" or (at == "boundary" and kind == "exception"):
                 continue  # these are the group failure itself (the repair scenarios)
             for rank in (3, 2):  # a member of R (not rank 0) and a rank outside R
@@ -109,6 +109,17 @@ def candidates() -> list[tuple[tuple, Scenario]]:
         t22, "fsdp1-hybrid", [both, Fault(STEP, "validate", "crash", (3,), "replicate")])
     add(("2x2", "fsdp1-hybrid", "boundary", "two-groups-corrupt", "member", 3), "2x2-fsdp1-two-groups-corrupt-state-r2",
         t22, "fsdp1-hybrid", [both, Fault(STEP, "boundary", "corrupt_state", (2,), "replicate")])
+    # where a failure is observed: R broken during the optimizer step (which uses no collective on
+    # R) is met by the boundary probe after the commit and repaired (HSDP); DDP too
+    for hsdp in ("fsdp1-hybrid", "fsdp2-hybrid", "ddp"):
+        add(("2x2", hsdp, "optimizer", "collective_timeout", "-", 1), f"2x2-{SHORT[hsdp]}-optimizer-break-repair", t22, hsdp,
+            [_trigger(t22, hsdp, "optimizer")])
+    # the store is lost during a recovery (its server process killed): every rank exits, the job
+    # restarts on a fresh store; killed by a member of R and by a rank outside it
+    for at, rank in (("agree", 0), ("validate", 3)):
+        add(("2x2", "fsdp1-hybrid", at, "store_loss", _role(t22, "fsdp1-hybrid", rank), 2),
+            f"2x2-fsdp1-{at}-store-loss-r{rank}", t22, "fsdp1-hybrid",
+            [_trigger(t22, "fsdp1-hybrid", "boundary"), Fault(STEP, at, "store_loss", (rank,), "replicate")])
     # ten faults in one job: ten successive repairs (DDP keeps the model search small)
     add(("2x2", "ddp", "boundary", "ten", "-", 10), "2x2-ddp-ten-repairs", t22, "ddp",
         [_trigger(t22, "ddp", "boundary", step=s) for s in range(1, 11)], steps=12)

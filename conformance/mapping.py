@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..impl.faults import IN_FLIGHT, KINDS
+from ..impl.wrappers import wrapper
 from ..model.protocol import Action
 from ..model.state import (
     PC_AGREED,
@@ -25,6 +26,7 @@ from ..model.state import (
     PC_REPLACED,
     PC_TRAIN,
     PC_VALIDATED,
+    STEP_ORDER,
     Config,
     State,
 )
@@ -60,10 +62,11 @@ class ScriptedFault:
     """One model fault action the script allows: its action, rank, generation and pc window."""
 
     action: str            # FaultGroupFail | FaultCrash | ...
-    rank: int | None       # None for FaultGroupFail
+    rank: int | None       # None for FaultGroupFail and job-wide faults
     arg: str | None        # the point for FaultGroupFail
     gen: int               # the episode (generation) it belongs to
     pcs: tuple[str, ...]   # the rank's pc must be one of these
+    by: int | None = None  # a job-wide fault (no actor, e.g. FaultStoreLoss): the rank that triggers it, whose pc counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,13 @@ class Script:
             if f.action == "FaultGroupFail":
                 # rank: None when one group fails per job (failing="one"), else the failing group's
                 # representative, the action's actor
-                if a.arg in surfaces(f.arg) and s.ranks[0].gen == f.gen and f.rank == a.rank:
+                # where it struck; where each rank observes it is the model's (Config.observable)
+                if a.arg == f.arg and max(rk.gen for rk in s.ranks) == f.gen and f.rank == a.rank:
+                    return i
+                continue
+            if f.by is not None:  # job-wide: the action has no actor; the triggering rank's window counts
+                rk = s.ranks[f.by]
+                if a.rank is None and rk.gen == f.gen and rk.pc in f.pcs:
                     return i
                 continue
             if f.rank is None or f.rank != a.rank:
@@ -115,7 +124,16 @@ def model_config(sc: Scenario) -> Config:
         frontier=sc.frontier,
         checkpoint=sc.checkpoint,
         profile=sc.workload.wrapper,
+        uses_r=uses_r(sc),
     )
+
+
+def uses_r(sc: Scenario) -> tuple[str, ...]:
+    """Where the scenario's job runs collectives on R: its wrapper's points, plus every point where
+    a trigger ``exception`` is raised (an exception raised there is a failure seen there, as a
+    sharded optimizer's own collective on R would be)."""
+    raised = {f.at for f in sc.faults if f.is_trigger and f.kind == "exception"}
+    return tuple(q for q in STEP_ORDER if q in wrapper(sc.workload.wrapper).uses_r or q in raised)
 
 
 def script_for(sc: Scenario) -> Script:
@@ -140,5 +158,8 @@ def script_for(sc: Scenario) -> Script:
                 pcs = KIND_WINDOWS[f.kind]
             else:
                 pcs = WINDOWS[f.at][0 if r in members else 1]
-            out.append(ScriptedFault(f.action, r, None, g, pcs))
+            if KINDS[f.kind].job_wide:
+                out.append(ScriptedFault(f.action, None, None, g, pcs, by=r))
+            else:
+                out.append(ScriptedFault(f.action, r, None, g, pcs))
     return Script(tuple(out))

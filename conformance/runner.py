@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..impl.exitcodes import ExitCode
+from ..impl.faults import KINDS
 from ..impl.rundir import RunDir
 from ..impl.trace import TraceError, load_traces
 from .checker import Abstraction, TraceChecker
@@ -149,7 +150,11 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     rep.out = str(out)
     job = sc.job(out, backend=backend, deadline_s=deadline_s, seeded_bug=seeded_bug)
     ref = launch.run_reference(job, cache_dir or DEFAULT_CACHE, timeout_s=timeout_s, launcher="local")
-    if "L2" in model.outcomes:
+    if any(KINDS[f.kind].job_wide for f in sc.faults):
+        # the store itself is lost: each attempt's store is served by a process of its own, killed
+        # from outside, and the restart rendezvouses on a fresh one (torchrun's agent hosts its store)
+        res = launch.run_restarting(job, world, timeout_s=timeout_s)
+    elif "L2" in model.outcomes:
         kw = dict(torchrun_args or {})
         res = launch.run_torchrun(job, world, max_restarts=kw.pop("max_restarts", 1), timeout_s=timeout_s, **kw)
     else:

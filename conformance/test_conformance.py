@@ -20,7 +20,8 @@ from accelpact.impl.hooks import SEEDED_BUGS as ALL_SEEDED_BUGS
 
 #: the default subset: L1 for each wrapper, each in-flight rejection class once, a crash, a hang,
 #: an exception, a frontier mismatch, a dirty guard, successive repairs in one job, two groups
-#: failing at one boundary, repairs alternating between groups, and a corrupt replica (L2 by phase 6).
+#: failing at one boundary, repairs alternating between groups, a corrupt replica (L2 by phase 6),
+#: R broken during FSDP2's optimizer step (observed at the boundary: L1), and a lost store (L2).
 FAST = (
     "2x2-fsdp1-repair",
     "2x2-fsdp2-repair",
@@ -35,6 +36,8 @@ FAST = (
     "2x2-fsdp1-two-groups-repair",
     "2x2-fsdp1-alternating-repairs",
     "2x2-fsdp1-boundary-corrupt-state-r3",
+    "2x2-fsdp2-optimizer-break-repair",
+    "2x2-fsdp1-agree-store-loss-r0",
 )
 #: R4: the oracle that must reject each seeded bug (impl/hooks.py) in the plain repair
 #: ``2x2-fsdp1-repair``, and the record the trace checker must report as first unmatched.  Each is
@@ -50,8 +53,12 @@ FAST = (
 #: ``skip-validation`` (run on the corrupt-replica scenario, BUG_SCENARIO): phase 6 records
 #: ``RankValidate`` although the replicas' digests differ, which the model never allows (it fails
 #: there: RankFail), and the run ends in L1 where the model allows only L2.
+#: ``wrong-members``: phase 4 builds each member's new group with the wrong membership (here a group
+#: of one: the rank alone); phase 6's validation all-reduce sums the wrong group size and raises, so
+#: the run ends in L2 (73, ``RankFail``) where the model allows only L1, and the checker finds the
+#: ``RankFail`` that no model run of the plain repair has.
 CAUGHT_BY_CHECKER: dict[str, str | None] = {"skip-rebind": "RankRebind", "early-release": "RankReady", "no-fence": None,
-                                            "skip-validation": "RankValidate"}
+                                            "skip-validation": "RankValidate", "wrong-members": "RankFail"}
 #: the scenario each seeded bug runs on (default: the plain repair)
 BUG_SCENARIO = {"skip-validation": "2x2-fsdp1-boundary-corrupt-state-r3"}
 #: Seeded bugs not demonstrated here, with the reason (each is demonstrated elsewhere).

@@ -149,6 +149,14 @@ class ControlPlane:
             return ""
         return _s(self.store.get(self.abort_key))
 
+    def reachable(self) -> bool:
+        """Whether the store still answers (one round trip); False once its server is gone."""
+        try:
+            self.store.check([self.abort_key])
+        except Exception:  # noqa: BLE001 - any failure to reach the store is its loss (DistNetworkError, reset, ...)
+            return False
+        return True
+
     def read_abort(self) -> str:
         """The job's abort reason, or "" (no wait)."""
         if self.store.check([self.abort_key]):

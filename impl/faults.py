@@ -14,12 +14,16 @@ The injector (:class:`FaultPlan`) is called by the engine's :class:`~accelpact.i
 at named points; every injected fault first writes its ``Fault*`` trace record (outcome ``info``:
 its effect is still to come), then takes effect with a real mechanism:
 
-* ``collective_timeout``: the named group breaks on ``ranks``: its connected sockets are shut down
-  (:func:`revoke.hard_close`), the mechanism that breaks a gloo group for real.
+* ``collective_timeout``: the named group breaks on ``ranks``: a thread of the injector shuts its
+  connected sockets down (:func:`revoke.hard_close`), the mechanism that breaks a gloo group for
+  real; the rank then meets a real failed collective (the engine is not told).
 * ``crash``: SIGKILL self.  ``hang``: the main thread sleeps forever (the watchdog still runs).
-* ``exception``: raise :class:`InjectedFault` at the point.
-* ``frontier_mismatch``: this rank reports F+1 at the control barrier.
+* ``exception``: raise :class:`InjectedFault` (an ordinary error, not a communication failure) at the point.
+* ``frontier_mismatch``: the rank's guard counts one more committed step (F+1, tau+1).
 * ``dirty_guard``: leave a ``.grad`` on a parameter and mark the wrapper busy.
+
+No effect returns anything for the engine to apply, and the engine never learns that a fault was
+scheduled: it meets what a real fault leaves behind.
 
 No torch import at module level: the schema is used by torch-free code (scenarios, the model CLI).
 """
@@ -54,8 +58,9 @@ class FaultError(ValueError):
     """A fault is malformed; the message names the field (``faults[2].at``) and what to write."""
 
 
-class InjectedFault(RuntimeError):
-    """Raised by an injected ``exception`` fault (never by real code)."""
+class InjectedFault(Exception):
+    """Raised by an injected ``exception`` fault: an ordinary error (a bug), not a communication
+    failure; the engine classifies it as it would any such error."""
 
 
 # ---------------------------------------------------------------------------------------------- kinds
@@ -73,47 +78,70 @@ class FaultKind:
     name: str
     action: str
     points: tuple[str, ...]
-    effect: Callable[["Fault", "FaultContext"], dict[str, Any]]
+    effect: Callable[["Fault", "FaultContext"], None]
     failure: bool = False
     windows: tuple[str, ...] | None = None
     members_only: bool = False
     breaks_group: bool = False
+    job_wide: bool = False   # its model action has no actor (the store's loss): the rank only triggers it
     doc: str = ""
 
 
-def _group_fail(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+def _group_fail(fault: "Fault", ctx: "FaultContext") -> None:
+    import threading
+
     from . import revoke
 
     rec = ctx.groups.get(fault.group)
     if rec is None:
         raise FaultError(f"collective_timeout: rank {ctx.rank} has no group named {fault.group!r}; known: {sorted(ctx.groups)}")
-    revoke.hard_close(rec)
-    # Shutting down our own connections fails the peers' pending operations at once, but an
-    # operation this rank posts next may still wait for its own timeout (measured under load):
-    # the injecting rank treats the group as failed without entering it.
-    return {"group_failed": fault.group}
+    # The cut comes from another thread, as a link failure comes from outside the rank's code path,
+    # and is complete before the rank goes on: its next collective on the group meets it (a peer's
+    # op fails at once; this rank's own op on its shut-down sockets usually does too, and otherwise
+    # the peers' revoke ends it within REVOKE_GRACE_S: gloo may notice a cut made while no op was
+    # pending only at its timeout, about one run in a dozen, spec/detection.md).  A cut delayed
+    # until the op is pending comes too late at the boundary: the all-reduce takes about 1 ms.
+    cut = threading.Thread(target=revoke.hard_close, args=(rec,), name="accelpact-fault-cut", daemon=True)
+    cut.start()
+    cut.join(timeout=10)
 
 
-def _crash(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+def _crash(fault: "Fault", ctx: "FaultContext") -> None:
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # not reached
-    return {}
 
 
-def _hang(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+def _stop(fault: "Fault", ctx: "FaultContext") -> None:
+    """SIGSTOP self: every thread stops (the watchdog and the heartbeat too); only a peer's failure
+    detector can notice, and only the supervisor's SIGKILL ends it."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _gil_hang(fault: "Fault", ctx: "FaultContext") -> None:
+    """Raise the harness's GIL-hang signal (impl/inject.py, installed by the worker): at the main
+    thread's next bytecode its handler holds the GIL forever, so no other Python thread (watchdog,
+    heartbeat) runs either."""
+    from .inject import GIL_HANG_SIGNAL
+
+    os.kill(os.getpid(), GIL_HANG_SIGNAL)
+
+
+def _hang(fault: "Fault", ctx: "FaultContext") -> None:
     while True:
         time.sleep(3600)
 
 
-def _raise(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+def _raise(fault: "Fault", ctx: "FaultContext") -> None:
     raise InjectedFault(f"injected exception at {fault.at} of step {fault.step} on rank {ctx.rank}")
 
 
-def _mismatch(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
-    return {"frontier_delta": 1}
+def _mismatch(fault: "Fault", ctx: "FaultContext") -> None:
+    """The rank committed one step more than its peers: its guard counts F+1 (and tau+1)."""
+    ctx.guard.tau += 1
+    ctx.guard.frontier += 1
 
 
-def _dirty_guard(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+def _dirty_guard(fault: "Fault", ctx: "FaultContext") -> None:
     import torch
 
     for p in ctx.module.parameters() if ctx.module is not None else ():
@@ -121,10 +149,9 @@ def _dirty_guard(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
         break
     if ctx.guard is not None:
         ctx.guard.mark_busy(f"injected dirty_guard at {fault.at}")
-    return {}
 
 
-def _corrupt_state(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
+def _corrupt_state(fault: "Fault", ctx: "FaultContext") -> None:
     """Flip one bit of the first element of this rank's local shard of its first parameter, in
     place (silent data corruption after the commit: its replicas now disagree)."""
     import torch
@@ -134,7 +161,18 @@ def _corrupt_state(fault: "Fault", ctx: "FaultContext") -> dict[str, Any]:
     with torch.no_grad():
         bits = local.data.view(torch.int32 if local.element_size() == 4 else torch.int16).reshape(-1)
         bits[0] ^= 1 << 10
-    return {}
+
+
+def _store_loss(fault: "Fault", ctx: "FaultContext") -> None:
+    """SIGKILL the process serving the job's store (the loss of the store's host): its pid comes
+    from the launcher (:func:`accelpact.impl.launch.run_restarting`)."""
+    from .launch import STORE_PID_ENV
+
+    pid = os.environ.get(STORE_PID_ENV)
+    if not pid:
+        raise FaultError(f"store_loss: the job's store is not served by a process of its own ({STORE_PID_ENV} unset); "
+                         "launch it with accelpact.impl.launch.run_restarting")
+    os.kill(int(pid), signal.SIGKILL)
 
 
 _RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
@@ -145,6 +183,12 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
               doc="the group's connections are shut down: its collectives fail"),
     FaultKind("crash", "FaultCrash", FAULT_POINTS, _crash, doc="SIGKILL of the rank"),
     FaultKind("hang", "FaultHang", FAULT_POINTS, _hang, doc="the rank's main thread stops making progress"),
+    # a stopped process and a held GIL are, to the protocol, a crash: the rank takes no step and its
+    # watchdog cannot run (model FaultCrash); they differ from it in that the process lives on
+    FaultKind("stop", "FaultCrash", ("boundary", "agree", "validate"), _stop,
+              doc="SIGSTOP of the rank: every thread stops; peers' detectors declare it dead"),
+    FaultKind("gil_hang", "FaultCrash", ("boundary", "agree", "validate"), _gil_hang,
+              doc="the rank's main thread holds the GIL forever: no Python thread runs"),
     FaultKind("exception", "FaultRaise", _RAISE_POINTS, _raise, failure=True,
               doc="an exception raised at the point (in flight or at the boundary: the failure of the step)"),
     FaultKind("frontier_mismatch", "FaultMismatch", ("boundary", "guard", "agree"), _mismatch,
@@ -153,6 +197,8 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
               windows=(PC_TRAIN, PC_OBSERVED), doc="a stale gradient and a busy wrapper at the guard check"),
     FaultKind("corrupt_state", "FaultCorrupt", ("boundary",), _corrupt_state, windows=(PC_TRAIN, PC_OBSERVED),
               members_only=True, doc="one bit of the rank's local parameter shard flipped after the commit: replicas disagree"),
+    FaultKind("store_loss", "FaultStoreLoss", RECOVERY_POINTS, _store_loss, job_wide=True,
+              doc="the process serving the control-plane store is killed (SIGKILL): every store operation fails"),
 )}
 FAULT_KINDS: tuple[str, ...] = tuple(KINDS)
 #: the model action each kind is recorded as (outside a trigger point)
@@ -299,17 +345,16 @@ class FaultPlan:
         """Whether any rank has a fault at ``point`` of ``step`` (the same answer on every rank)."""
         return any(f.at == point and f.step == step for f in self.faults)
 
-    def apply(self, fault: Fault, ctx: FaultContext) -> dict[str, Any]:
-        """Write the fault's trace record, then make it happen.  Returns effects the engine must
-        apply itself (``{"frontier_delta": 1}``, ``{"group_failed": name}``)."""
+    def apply(self, fault: Fault, ctx: FaultContext) -> None:
+        """Write the fault's trace record, then make it happen (nothing is left for the engine)."""
         # the record's state holds only what the model's Fault* step changes for this rank
         state: dict[str, Any] = {}
         detail: dict[str, Any] = {"point": fault.at, "kind": fault.kind, "step": fault.step}
         if fault.kind == "frontier_mismatch":
             state.update(frontier=ctx.state.get("frontier", 0) + 1, tau=ctx.state.get("tau", 0) + 1)
-        if fault.kind == "crash":
+        if KINDS[fault.kind].action == "FaultCrash":
             state["pc"] = "crashed"
         if fault.kind == "collective_timeout":
             detail["group"] = fault.group
         ctx.trace.action(fault.action, ctx.gen, "info", state, detail)
-        return KINDS[fault.kind].effect(fault, ctx)
+        KINDS[fault.kind].effect(fault, ctx)

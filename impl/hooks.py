@@ -27,15 +27,17 @@ __all__ = ["FaultInjector", "Hooks", "NO_HOOKS", "SEEDED_BUGS"]
 #: does not fail on stale references), ``early-release`` (the first release vote decides),
 #: ``no-fence`` (control-plane keys not namespaced by the generation), ``unheld-records`` (a
 #: control-plane write and its trace record are not one action), ``skip-validation`` (phase 6
-#: records its success without the collective or the replicas' digests).
-SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence", "unheld-records", "skip-validation")
+#: records its success without the collective or the replicas' digests), ``wrong-members`` (phase 4
+#: builds R's new communicator with the wrong membership: the mesh read along the wrong axis, so a
+#: rank's new group holds the ranks at its position in every failed group; phase 6 must catch it).
+SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence", "unheld-records", "skip-validation", "wrong-members")
 
 
 @dataclass(frozen=True, slots=True)
 class Hooks:
     """See the module doc.  Immutable: fixed at attach."""
 
-    injector: Callable[[str, Any], dict[str, Any]] | None = None
+    injector: Callable[[str, Any], None] | None = None
     seeded_bug: str | None = None
     write_to_record_s: float = 0.0
 
@@ -51,9 +53,12 @@ class Hooks:
             raise ValueError(f"{name!r} is not a seeded bug; one of {SEEDED_BUGS}")
         return self.seeded_bug == name
 
-    def point(self, name: str, pact: Any) -> dict[str, Any]:
-        """Run the injector at point ``name``; its effects (``{}`` when there is none)."""
-        return self.injector(name, pact) if self.injector is not None else {}
+    def point(self, name: str, pact: Any) -> None:
+        """Run the injector at point ``name`` (between two actions).  It returns nothing: what a
+        fault does, it does to the rank (a signal, a cut connection, a flipped bit), and the engine
+        meets the consequences as it would a real fault's."""
+        if self.injector is not None:
+            self.injector(name, pact)
 
     def written(self) -> None:
         """Between a control-plane write and its trace record."""
@@ -68,30 +73,35 @@ NO_HOOKS = Hooks()
 class FaultInjector:
     """Fires a :class:`~accelpact.impl.faults.FaultPlan` at the engine's points (test-only).
 
-    ``boundary``: a fault at the boundary strikes only once every rank has committed (a control-group
-    all-reduce first), so that a peer still finishing the step's last backward collective does not see
-    it in flight."""
+    ``boundary`` and ``optimizer``: a fault there strikes only once every rank has reached the point
+    (a barrier on the store, the injector's own channel: it touches none of the engine's groups), which is what the model's ``FaultGroupFail(point)`` means
+    there: a peer still finishing the step's last backward collective would otherwise see it in
+    flight (measured: DDP, a group cut by the first rank to reach its optimizer step)."""
 
     plan: Any
-    fenced_points: tuple[str, ...] = ("boundary",)
+    fenced_points: tuple[str, ...] = ("optimizer", "boundary")
     fired: list[Any] = field(default_factory=list)
 
-    def __call__(self, point: str, pact: Any) -> dict[str, Any]:
+    def __call__(self, point: str, pact: Any) -> None:
         from .faults import FaultContext
 
         step = pact.step_index
         if point in self.fenced_points and self.plan.scheduled(point, step):
-            import torch
-
-            pact.groups.control.allreduce([torch.zeros(1)]).wait()
-        faults = self.plan.at(point, step, pact.rank)
-        effects: dict[str, Any] = {}
-        for f in faults:
+            self._fence(point, step, pact)
+        for f in self.plan.at(point, step, pact.rank):
             self.fired.append(f)
             ctx = FaultContext(pact.trace, pact.rank, pact.gen, pact.model_view(), pact.group_records(), pact.guard,
                                pact.module)
-            eff = self.plan.apply(f, ctx)
-            effects["frontier_delta"] = effects.get("frontier_delta", 0) + eff.get("frontier_delta", 0)
-            if "group_failed" in eff:
-                effects["group_failed"] = eff["group_failed"]
-        return effects
+            self.plan.apply(f, ctx)
+
+    @staticmethod
+    def _fence(point: str, step: int, pact: Any, timeout_s: float = 120.0) -> None:
+        """Wait until every rank of W has reached ``point`` of ``step`` (a store counter)."""
+        store, world = pact.control.store, pact.groups.control.size()
+        key = f"{pact.control.prefix}inject/g{pact.gen}/{step}/{point}"
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while int(store.add(key, 0)) < world:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fault fence at {point} of step {step}: not every rank arrived within {timeout_s}s")
+            time.sleep(0.002)

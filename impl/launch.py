@@ -8,6 +8,10 @@
 * :func:`run_local` spawns the workers directly with the same environment variables torchrun sets
   and hosts the store itself (so it survives worker deaths).  No restarts; used by tests that need
   to SIGKILL a rank at a chosen moment.
+* :func:`run_restarting` supervises like torchrun (every worker restarted from the last checkpoint
+  after any failed worker) but serves each attempt's store from its own :class:`StoreServer`
+  process, the way a rendezvous moves to a fresh store when its host is lost: the store can then be
+  killed from outside (fault kind ``store_loss``) and the job still restarts.
 * :func:`run_reference` runs the uninterrupted reference once per (workload, topology, backend)
   and caches its final snapshots, so many scenarios compare against one run.
 
@@ -42,12 +46,14 @@ __all__ = [
     "LaunchResult",
     "PHASES",
     "ProcessSet",
+    "StoreServer",
     "free_port",
     "job_key",
     "l1_episodes",
     "l2_episodes",
     "run_local",
     "run_reference",
+    "run_restarting",
     "run_torchrun",
     "worker_env",
 ]
@@ -137,6 +143,67 @@ class ProcessSet:
         return time.monotonic() - self.t0
 
     def __enter__(self) -> "ProcessSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+# ------------------------------------------------------------------------------------- store server
+
+#: Environment variable naming the pid of the process serving the job's store (set by
+#: :func:`run_restarting`; fault kind ``store_loss`` kills that process).
+STORE_PID_ENV = "ACCELPACT_STORE_PID"
+
+_STORE_SERVER = """
+import sys, time, datetime
+import torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", 0, world_size=int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                  timeout=datetime.timedelta(seconds=float(sys.argv[2])))
+print(s.port, flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+class StoreServer:
+    """A c10d TCPStore master served by a child process of its own (loopback, free port), so the
+    store can be lost without losing the launcher: ``kill()`` (or SIGKILL of ``pid`` from anywhere)
+    is the loss of the store's host.  Use as a context manager; the process is always reaped."""
+
+    port: int
+    proc: subprocess.Popen
+    _ps: ProcessSet
+
+    @classmethod
+    def start(cls, world_size: int, timeout_s: float = 300.0, ready_s: float = 60.0) -> "StoreServer":
+        """Start the server and wait (at most ``ready_s``) for its port."""
+        self = cls.__new__(cls)
+        self._ps = ProcessSet()
+        proc = subprocess.Popen([sys.executable, "-c", _STORE_SERVER, str(world_size), str(timeout_s)],
+                                env=worker_env(), stdout=subprocess.PIPE, start_new_session=True, text=True)
+        self._ps.procs.append(proc)
+        self.proc = proc
+        import select
+
+        out = proc.stdout
+        assert out is not None  # stdout=PIPE
+        ready, _, _ = select.select([out], [], [], ready_s)
+        line = out.readline() if ready else ""
+        if not line.strip().isdigit():
+            self._ps.kill()
+            raise LaunchError(f"store server did not start within {ready_s}s (exit code {proc.poll()})")
+        self.port = int(line)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        self._ps.kill()
+
+    def __enter__(self) -> "StoreServer":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -292,12 +359,13 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
         store = dist.TCPStore("127.0.0.1", 0, world_size=n + 1, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=max(timeout_s, 1)))
     port = store.port
+    served = {STORE_PID_ENV: store.pid} if isinstance(store, StoreServer) else {}
     with open(log, "ab") as logf, ProcessSet() as ps:
         for rank in range(n):
             env = worker_env({
                 "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n,
                 "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True", **served,
             })
             ps.start([sys.executable, "-m", WORKER_MODULE, "--job", str(path)], env=env, stdout=logf)
         if on_start is not None:
@@ -310,6 +378,27 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
     rc = next((c for c in codes if c != 0), 0)
     return LaunchResult(returncode=rc, timed_out=timed_out, wall_s=ps.elapsed_s, out=run.path, log=log,
                         results=run.results(), codes=codes)
+
+
+def run_restarting(job: Job, nproc: int | None = None, max_restarts: int = 1, timeout_s: float = 300.0) -> LaunchResult:
+    """Supervise like torchrun (model ``SupervisorRestart``): once every worker of an attempt has
+    ended, if any failed, restart all of them (``TORCHELASTIC_RESTART_COUNT`` + 1; they load the
+    last committed checkpoint), at most ``max_restarts`` times.  Unlike torchrun each attempt's
+    store is served by a :class:`StoreServer` of its own (its pid in ``ACCELPACT_STORE_PID``), so
+    killing it is the loss of the store's host, and the restart rendezvouses on a fresh store.
+    Survivors are not killed when a peer fails: each must exit on its own, within its bound."""
+    n = _nproc(job, nproc)
+    t0 = time.monotonic()
+    res: LaunchResult | None = None
+    for attempt in range(max_restarts + 1):
+        left = max(1.0, timeout_s - (time.monotonic() - t0))
+        with StoreServer.start(n + 1, timeout_s=left) as server:
+            res = run_local(job, n, timeout_s=left, attempt=attempt, store=server)
+        if res.timed_out or all(c == 0 for c in res.codes):
+            break
+    assert res is not None
+    return LaunchResult(returncode=res.returncode, timed_out=res.timed_out, wall_s=time.monotonic() - t0, out=res.out,
+                        log=res.log, results=RunDir(job.out).results(), codes=res.codes)
 
 
 # --------------------------------------------------------------------------------------- reference

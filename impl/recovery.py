@@ -59,8 +59,8 @@ from accelpact.model.state import (
 from . import revoke as _revoke
 from .adapters import adapter_for
 from .controlplane import ControlPlane
+from .detector import Detector
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
-from .faults import InjectedFault
 from .guard import BoundaryGuard
 from .hooks import NO_HOOKS, Hooks
 from .replace import ReplacementStrategy, choose_strategy
@@ -76,11 +76,6 @@ class RebindError(RuntimeError):
 
 class ValidationError(RuntimeError):
     """Phase 6: the validation collective or the replica digests disagree."""
-
-
-class GroupBroken(RuntimeError):
-    """R's group was broken on this rank at the boundary before its collective was posted
-    (a hook shut down its connections): observed as a failure of R, as if the op had raised."""
 
 
 class RevokedWhilePending(RuntimeError):
@@ -209,7 +204,8 @@ class Pact:
     def __init__(self, module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
                  key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
                  strategy: ReplacementStrategy | None = None, step_deadline_s: float = DEFAULT_STEP_DEADLINE_S,
-                 hooks: Hooks | None = None) -> None:
+                 hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
+                 hang_threshold_s: float | None = None) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
@@ -227,7 +223,6 @@ class Pact:
         self.reports: list[RecoveryReport] = []
         self.last_loss: float | None = None
         self._step = frontier
-        self._frontier_delta = 0
         self._episode: _Episode | None = None  # the recovery in progress
         self._pg = groups.affected
         self._record: _revoke.SocketRecord | None = groups.record
@@ -245,7 +240,17 @@ class Pact:
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
         self.sites = self.adapter.discover(module, self._pg)  # once, at attach: rebinding reuses them
         self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point)
-        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc).start()
+        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
+        # the failure detector (heartbeats on the control plane, impl/detector.py): a dead or hung
+        # peer ends the job at once (RankSuspect) instead of at a deadline; built before any thread
+        # starts (its store connection must not race the socket records of revoke.recorded)
+        self.detector = Detector(control.store, self.rank, control.world_size, prefix=control.prefix,
+                                 on_suspect=self.watchdog.suspect, dead_after_s=dead_after_s,
+                                 hang_threshold_s=hang_threshold_s) if detect else None
+        self.watchdog.start()
+        if self.detector is not None:
+            self.detector.set_progress(frontier)
+            self.detector.start()
         self.watchdog.watch(self.gen, self.groups.key, self._record)
         self._closed = False
 
@@ -262,12 +267,12 @@ class Pact:
 
     @property
     def frontier(self) -> int:
-        """F as this rank reports it: the committed steps (plus a hook's injected offset)."""
-        return self.guard.frontier + self._frontier_delta
+        """F as this rank reports it: its committed steps."""
+        return self.guard.frontier
 
     def model_view(self) -> dict[str, Any]:
         """This rank's state in model vocabulary (``pc``, ``gen``, ``frontier``, ``tau``, ``point``)."""
-        return {"pc": self.pc, "gen": self.gen, "frontier": self.frontier, "tau": self.guard.tau + self._frontier_delta,
+        return {"pc": self.pc, "gen": self.gen, "frontier": self.frontier, "tau": self.guard.tau,
                 "point": self.guard.point}
 
     def group_records(self) -> dict[str, Any]:
@@ -282,11 +287,10 @@ class Pact:
     def _act(self, action: str, state: dict, detail: dict | None = None, outcome: str = "ok", gen: int | None = None) -> None:
         self.trace.action(action, self.gen if gen is None else gen, outcome, state, detail)
 
-    def _at(self, point: str) -> dict[str, Any]:
-        """Between actions: the hooks' point ``point``; applies the effects it reports."""
-        effects = self.hooks.point(point, self)
-        self._frontier_delta += effects.get("frontier_delta", 0)
-        return effects
+    def _at(self, point: str) -> None:
+        """Between actions: the hooks' point ``point`` (an external injector may act there; the
+        engine applies nothing it says)."""
+        self.hooks.point(point, self)
 
     def _at_point(self, point: str) -> None:
         """The guard's hooks (forward, backward, optimizer): the hooks' point, between actions."""
@@ -313,6 +317,8 @@ class Pact:
         """After the commit: the post-commit collective on R, the failure flag on W, and on a
         failure anywhere in R the six phases.  Returns the report of a repair, else None."""
         t0 = time.monotonic_ns()
+        if self.detector is not None:
+            self.detector.set_progress(self.guard.frontier)  # committed: a peer still behind is awaited
         observed, err = self._probe(loss)
         t_obs = time.monotonic_ns()
         if observed:
@@ -332,12 +338,10 @@ class Pact:
 
         t = loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1)
         try:
-            effects = self._at("boundary")
-            if effects.get("group_failed") in (self.groups.name, self.groups.key):
-                raise GroupBroken(f"{self.groups.key} was broken at the boundary of step {self._step}")
+            self._at("boundary")
             self._wait_unless_revoked(self._pg.allreduce([t]), "the boundary all-reduce")
             self.last_loss = float(t[0]) / len(self.groups.members)
-        except RuntimeError as exc:
+        except Exception as exc:  # noqa: BLE001 - any error at the post-commit collective is R's failure, observed
             return True, exc
         return False, None
 
@@ -437,7 +441,7 @@ class Pact:
                 self.control.publish_revoke(ep.g, self.groups.key)
                 self.hooks.written()
             self._act("RankObserve", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier,
-                                              tau=self.guard.tau + self._frontier_delta),
+                                              tau=self.guard.tau),
                       {"member": ep.member, "failed_groups": list(ep.failed),
                        "error": repr(ep.error)[:200] if ep.error else None})
 
@@ -476,7 +480,7 @@ class Pact:
         with self._hold():
             count, last = self.control.arrive(ep.g, ep.frontier)
             self.hooks.written()
-            self._act("RankArrive", self._st(PC_ARRIVED, frontier=ep.frontier, tau=self.guard.tau + self._frontier_delta),
+            self._act("RankArrive", self._st(PC_ARRIVED, frontier=ep.frontier, tau=self.guard.tau),
                       {"count": count, "last": last})
         ep.last_arriver = last
 
@@ -504,8 +508,13 @@ class Pact:
     def _replace(self, ep: _Episode) -> None:
         """Build R's generation-(g+1) communicator with the same members (replacement strategy)."""
         t = time.monotonic_ns()
-        ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, self.groups.members, self.rank, self.control.store,
-                                          self.deadline_s, name=self.groups.key)
+        members, key = self.groups.members, self.groups.key
+        if self.hooks.bug("wrong-members"):
+            # seeded bug: the mesh read along the wrong axis (this rank's position in every failed group)
+            p = members.index(self.rank)
+            members, key = tuple(members[p] - self.groups.index + j for j in ep.failed), f"{self.groups.name}-at{p}"
+        ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, members, self.rank, self.control.store,
+                                          self.deadline_s, name=key)
         # the record names the real group object: its c10d name (controlplane.comm_name), which the
         # checker reads the generation from
         self._act("RankReplace", self._st(PC_REPLACED, comm=_group_name(ep.new_pg)), {"duration_ns": time.monotonic_ns() - t})
@@ -583,11 +592,9 @@ class Pact:
         """RankResume: generation g+1, R's communicator swapped, the old one dropped."""
         ep.new_pg = None
         self.gen = ep.g + 1
-        self._frontier_delta = 0
         self.watchdog.watch(self.gen, self.groups.key, self._record)
         self.control.retire_revoke(ep.g, self.groups.key)
         self._act("RankResume", self._st(PC_TRAIN, gen=self.gen, point=""), {"from_gen": ep.g}, gen=ep.g)
-
 
     # ---- exits (fail-stop) ----------------------------------------------------------------------
     def _which(self) -> str:
@@ -626,12 +633,18 @@ class Pact:
         """RankFail (exception in phases 2-6), or RankTimeout if a collective outlived the deadline."""
         claim_exit()
         g, which = self.gen, self._which()
+        if not self.control.reachable():
+            # the store is gone: no decision or abort can be read or written (model RankLoseStore)
+            self.watchdog.lose_store(exc, claimed=True)
+            raise _Exited
         # Building R's communicator (phase 4, pc "agreed") and the validation collective (phase
         # 6, pc "rebound") are waits on peers (model: RankTimeout there).  A communication error
         # in them -- a peer died or never came -- is that wait failing: deadline.  Our own errors
         # (stale references, digest mismatch, an injected exception) are exceptions.
         # The boundary's control-group all-reduce (pc "train") is such a wait too.
-        own_error = isinstance(exc, (RebindError, ValidationError, InjectedFault))
+        # a communication failure (c10d raises RuntimeError subclasses, sockets OSError) is a wait
+        # on peers failing; anything else is an error of the phase itself
+        own_error = isinstance(exc, (RebindError, ValidationError)) or not isinstance(exc, (RuntimeError, OSError))
         if not own_error:
             # a wait on peers failed: if a peer already aborted the job, this is that abort
             # reaching us (RankExit with its reason), not a new failure
@@ -682,6 +695,8 @@ class Pact:
         if self._closed:
             return
         self._closed = True
+        if self.detector is not None:
+            self.detector.close(leave=True)
         self.watchdog.stop()
         self.guard.remove()
         self.trace.end("released", gen=self.gen, frontier=self.guard.frontier)
@@ -690,7 +705,8 @@ class Pact:
 def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
            key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
            strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
-           hooks: Hooks | None = None) -> Pact:
+           hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
+           hang_threshold_s: float | None = None) -> Pact:
     """Discover R's cached references once, install the guard, start the watchdog.
 
     ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
@@ -699,4 +715,5 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
     (:class:`accelpact.impl.hooks.Hooks`: fault injection at named points, seeded bugs)."""
     return Pact(module, optimizer, groups=groups, control=control, trace=trace, envelope=envelope, key=key,
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
-                step_deadline_s=step_deadline_s if step_deadline_s is not None else default_step_deadline(deadline_s))
+                step_deadline_s=step_deadline_s if step_deadline_s is not None else default_step_deadline(deadline_s),
+                detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s)

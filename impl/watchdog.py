@@ -145,6 +145,37 @@ class Watchdog:
 
         exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
 
+    # ---- failure detector ------------------------------------------------------------------
+    def suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
+        """RankSuspect (model ``_st_suspect``): the failure detector declared ``peer`` dead (its
+        heartbeat stopped: crashed, stopped, or its GIL held) or hung (alive, no progress while this
+        rank waits on it).  The job cannot resume with it, so this rank writes ``abort:deadline``
+        into its phase's decision and the job abort, now rather than at a deadline, and exits 72;
+        every survivor's watchdog follows.  As for an expired deadline, only the first to declare
+        on a decision writes it; if an abort already stands the abort watcher ends this rank."""
+        claim_exit()
+        cp = self._expire_control
+        g, pc = self.gen_of(), self.pc_of()
+        which = cp.decision_for(pc)
+        try:
+            if cp.read_abort() or not cp.first_expirer(g, which):
+                release_exit()
+                return
+            dec = cp.write_abort_decision(g, which, REASON_DEADLINE)
+        except Exception:  # noqa: BLE001 - store lost: the abort watcher exits (RankLoseStore)
+            release_exit()
+            return
+        if dec.startswith("abort:") and dec != f"abort:{REASON_DEADLINE}":
+            release_exit()  # another abort decided this phase: its job abort follows (RankExit)
+            return
+
+        def record() -> None:
+            self.trace.action("RankSuspect", g, "fail", {"pc": PC_EXITED, "reason": REASON_DEADLINE},
+                              {"pc": pc, "decision": dec, "suspect": peer, "kind": kind, "detected_at_ns": detected_at_ns})
+            cp.abort(REASON_DEADLINE)
+
+        exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
+
     # ---- revoke target ---------------------------------------------------------------------
     def watch(self, g: int, group: str, record: _revoke.SocketRecord | None) -> None:
         """Watch ``g{g}/revoke/{group}``; ``record`` is the group's socket record (None: not a member)."""
@@ -180,6 +211,17 @@ class Watchdog:
 
         exit_now(code, reason, self.trace, record=record, claimed=claimed)
 
+    def lose_store(self, exc: BaseException, *, claimed: bool = False) -> None:
+        """RankLoseStore (model ``_st_lose_store``): the store is unreachable (its server is gone),
+        so no abort can be written or read: exit 72 on our own."""
+        g = self.gen_of()
+
+        def record() -> None:
+            self.trace.action("RankLoseStore", g, "fail", {"pc": PC_EXITED, "reason": REASON_DEADLINE},
+                              {"error": f"{type(exc).__name__}: {exc}"[:300]})
+
+        exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=claimed)
+
     def _abort_loop(self) -> None:
         import torch.distributed as dist
 
@@ -193,14 +235,15 @@ class Watchdog:
                 if self._stop.is_set():
                     return
                 print(f"accelpact watchdog: control-plane store lost ({exc!r}); exiting DEADLINE", file=sys.stderr)
-                self.exit_with(REASON_DEADLINE, detail={"store_lost": repr(exc)[:200]})
+                self.lose_store(exc)
                 return
             if self._stop.is_set():
                 return
             try:
                 reason = _s(self._abort_store.get(key))
-            except Exception as exc:  # noqa: BLE001 - store lost between wait and get: deadline
-                reason, _ = REASON_DEADLINE, exc
+            except Exception as exc:  # noqa: BLE001 - store lost between wait and get
+                self.lose_store(exc)
+                return
             self.exit_with(reason)
             return
 

@@ -138,17 +138,27 @@ def _on_supervisor_stop() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _previous_frontier(store, attempt: int, rank: int) -> int | None:
-    """The committed frontier this rank reached in the previous attempt (the F an L2 restart replays to)."""
+def _previous_frontier(store, run: RunDir, attempt: int, rank: int) -> int | None:
+    """The committed frontier this rank reached in the previous attempts (the F an L2 restart
+    replays to): from the store's progress keys, or, when the store was lost with the previous
+    attempt (a fresh one serves this attempt), from the previous attempts' result files."""
     if attempt == 0:
         return None
     best = None
     for a in range(attempt):
         key = f"accelpact/progress/a{a}/r{rank}"
-        if store.check([key]):
-            v = int(store.get(key).decode())
+        v = int(store.get(key).decode()) if store.check([key]) else _result_frontier(run, a, rank)
+        if v is not None:
             best = v if best is None else max(best, v)
     return best
+
+
+def _result_frontier(run: RunDir, attempt: int, rank: int) -> int | None:
+    try:
+        f = json.loads(run.result(attempt, rank).read_text()).get("frontier")
+    except (OSError, ValueError):
+        return None
+    return f if isinstance(f, int) else None
 
 
 def build_recorded_groups(workload, topo, rank: int, backend: str, timeout):
@@ -250,7 +260,7 @@ def run_job(job: Job) -> int:
                              store=dist.PrefixStore("ckpt", astore), group=ckpt_group)
     start = 0
     c = latest_committed(run.ckpt, world=world)
-    prev_f = _previous_frontier(store, attempt, rank)
+    prev_f = _previous_frontier(store, run, attempt, rank)
     if c is not None:
         restored = ckpt.load(c, app.module, app.optimizer)
         if restored.cursor is not None:
@@ -327,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True, help="path of the job JSON")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the test harness's side of external faults (a GIL hang, a straggler's sleep) on SIGUSR2/SIGUSR1:
+    # a fault injector outside this process triggers them (impl/inject.py); the engine never sees them
+    from .inject import install_handlers
+
+    install_handlers()
     try:
         job = load_job(args.job)
     except JobError as exc:

@@ -22,7 +22,9 @@ GROUP_KINDS = ("shard", "replicate", "world")
 @dataclass(frozen=True, slots=True)
 class Wrapper:
     """One wrapper.  ``recovers``: the kind of group R is for it; ``groups``: the kinds its
-    training collectives use (a fault may break any of them)."""
+    training collectives use (a fault may break any of them); ``uses_r``: the points of a step at
+    which it runs collectives on R, so where a failure of R is observed (the model's
+    ``Config.uses_r``; the boundary probe is always one)."""
 
     name: str
     recovers: str
@@ -30,6 +32,7 @@ class Wrapper:
     adapter: str
     wrap: str
     doc: str = ""
+    uses_r: tuple[str, ...] = ("backward", "boundary")
 
     def adapter_class(self) -> Any:
         return _resolve(self.adapter)
@@ -44,12 +47,16 @@ def _resolve(path: str) -> Any:
 
 
 WRAPPERS: dict[str, Wrapper] = {w.name: w for w in (
+    # HSDP: R (the replicate group) carries backward's gradient all-reduce only; forward's all-gather
+    # and the optimizer step (no gradient clipping) use the shard group or nothing
     Wrapper("fsdp1-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp1:FSDP1Adapter",
             "accelpact.impl.workload:wrap_fsdp1", "FSDP1 FullyShardedDataParallel, HYBRID_SHARD over (shard, replicate)"),
     Wrapper("fsdp2-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp2:FSDP2Adapter",
             "accelpact.impl.workload:wrap_fsdp2", "FSDP2 fully_shard on a 2-D (replicate, shard) DeviceMesh (HSDP)"),
     Wrapper("ddp", "world", ("world",), "accelpact.impl.adapters.ddp:DDPAdapter",
-            "accelpact.impl.workload:wrap_ddp", "DistributedDataParallel over the data-parallel world group"),
+            "accelpact.impl.workload:wrap_ddp", "DistributedDataParallel over the data-parallel world group",
+            # forward too: the buffers' broadcast (broadcast_buffers=True) and step 1's bucket rebuild
+            uses_r=("forward", "backward", "boundary")),
 )}
 WRAPPER_NAMES: tuple[str, ...] = tuple(WRAPPERS)
 

@@ -6,7 +6,8 @@ BFS order, and whose edges carry the :class:`~accelpact.model.protocol.Action` t
 * every state invariant (``INVARIANTS``) on every state and every edge invariant (``EDGE_INVARIANTS``) on every step;
 * L3: no deadlock (a non-final state without successor) and no livelock (a terminal strongly
   connected component, found with ``nx.condensation``, that is not final);
-* L2 bounded exit: the subgraph of states where ``store.abort`` is set is acyclic, all its sinks
+* L2 bounded exit: the subgraph of states where ``store.abort`` is set or the store is lost
+  (``store.down``) is acyclic, all its sinks
   are final, and its longest path (in model steps) is within :func:`exit_bound_limit`;
 * L1: with no fault other than ``FaultGroupFail(boundary)``, every sink is all-resumed (every rank
   training at generation ``faults`` >= 1).  L1 explores that sub-configuration separately.
@@ -22,16 +23,14 @@ Why BFS plus networkx: BFS gives shortest counterexamples for free, and the grap
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 import networkx as nx
 
-from .invariants import EDGE_INVARIANTS, INVARIANTS
-from .protocol import Action, actions_for, all_actions, enabled, is_final, step
-from .state import PC_TRAIN, Config, State, initial_state
-from .symmetry import Symmetry
+from .engine import Search, acyclic_order, cycle_node, longest_path, sinks, terminal_cycles
+from .protocol import Action, is_final
+from .state import PC_TRAIN, Config, State
 
 __all__ = [
     "Counterexample",
@@ -43,6 +42,7 @@ __all__ = [
     "format_counterexample",
     "l1_config",
     "MANIFEST_CONFIGS",
+    "NIGHTLY_CONFIGS",
     "load_manifest",
     "manifest_drift",
     "write_manifest",
@@ -247,163 +247,34 @@ def format_counterexample(cex: Counterexample) -> str:
 # The search
 
 
-class _Search:
-    """BFS over canonical states with parent pointers; the graph is built from int edge lists."""
-
-    def __init__(self, cfg: Config, symmetry: bool) -> None:
-        self.cfg = cfg
-        self.sym = Symmetry(cfg) if symmetry else None
-        self.actions = all_actions(cfg)
-        table = actions_for(self.cfg)
-        specs = tuple((a, table[a.name]) for a in self.actions)
-        # Every fault action requires an unspent fault budget and no restart (protocol._fault_ok):
-        # skipping them wholesale when that fails is a pure speed-up, not a semantic change.
-        self.specs = tuple(x for x in specs if x[1].actor != "fault")
-        self.fault_specs = tuple(x for x in specs if x[1].actor == "fault")
-        self.states: list[State] = []
-        self.index: dict[State, int] = {}
-        self.parent: list[tuple[int, Action] | None] = []
-        self.level: list[int] = []
-        self.out: list[list[int]] = []     # successor ids per node (distinct)
-        self.labels: dict[tuple[int, int], Action] = {}
-        self.transitions = 0
-        self.checks = 0
-
-    def canon(self, s: State) -> State:
-        return s if self.sym is None else self.sym.canonical(s)
-
-    def add(self, s: State, parent: tuple[int, Action] | None, level: int) -> tuple[int, bool]:
-        i = self.index.get(s)
-        if i is not None:
-            return i, False
-        i = len(self.states)
-        self.index[s] = i
-        self.states.append(s)
-        self.parent.append(parent)
-        self.level.append(level)
-        self.out.append([])
-        return i, True
-
-    def check_state(self, s: State) -> tuple[str, str, str] | None:
-        cfg = self.cfg
-        self.checks += len(INVARIANTS)
-        for inv in INVARIANTS:
-            msg = inv.check(cfg, s)
-            if msg is not None:
-                return inv.id, inv.name, msg
-        return None
-
-    def run(self, stop: bool) -> list[tuple[tuple[str, str, str], int, Action | None, State | None]]:
-        """Explore everything reachable; returns violations as (what, node, action, concrete successor)."""
-        cfg = self.cfg
-        found: list = []
-        s0 = self.canon(initial_state(cfg))
-        i0, _ = self.add(s0, None, 0)
-        bad = self.check_state(s0)
-        if bad:
-            found.append((bad, i0, None, None))
-            if stop:
-                return found
-        queue = deque([i0])
-        while queue:
-            i = queue.popleft()
-            s = self.states[i]
-            lvl = self.level[i] + 1
-            succ = self.out[i]
-            specs = self.specs
-            if s.faults < cfg.max_faults and not s.supervisor:
-                specs = specs + self.fault_specs
-            for a, spec in specs:
-                if not spec.enabled(cfg, s, a.rank, a.arg):
-                    continue
-                t = spec.step(cfg, s, a.rank, a.arg)
-                self.transitions += 1
-                self.checks += len(EDGE_INVARIANTS)
-                for inv in EDGE_INVARIANTS:
-                    msg = inv.check(cfg, s, t)
-                    if msg is not None:
-                        found.append(((inv.id, inv.name, msg), i, a, t))
-                        if stop:
-                            return found
-                j, new = self.add(self.canon(t), (i, a), lvl)
-                if (i, j) not in self.labels:
-                    self.labels[(i, j)] = a
-                    succ.append(j)
-                if new:
-                    bad = self.check_state(self.states[j])
-                    if bad:
-                        found.append((bad, j, None, None))
-                        if stop:
-                            return found
-                    queue.append(j)
-        return found
-
-    def graph(self) -> nx.DiGraph:
-        g = nx.DiGraph()
-        g.add_nodes_from(range(len(self.states)))
-        g.add_edges_from((i, j, {"action": a}) for (i, j), a in self.labels.items())
-        return g
-
-    # -- counterexamples ------------------------------------------------------------------
-
-    def abstract_path(self, j: int) -> list[tuple[int, Action | None]]:
-        path: list[tuple[int, Action | None]] = []
-        while True:
-            p = self.parent[j]
-            if p is None:
-                path.append((j, None))
-                break
-            path.append((j, p[1]))
-            j = p[0]
-        path.reverse()
-        return path
+class _Search(Search):
+    """The engine's BFS (:class:`accelpact.model.engine.Search`), with counterexamples as
+    :class:`Counterexample`."""
 
     def concrete(self, nodes: list[int]) -> Counterexample:
         """Replay a path of graph nodes from the concrete initial state (re-derived under symmetry)."""
-        cfg = self.cfg
-        x = initial_state(cfg)
-        states, acts = [x], []
-        for j in nodes[1:]:
-            target = self.states[j]
-            for a in self.actions:
-                if enabled(cfg, x, a):
-                    y = step(cfg, x, a)
-                    if self.canon(y) == target:
-                        x = y
-                        break
-            else:  # pragma: no cover - would mean the symmetry is unsound
-                raise RuntimeError(f"cannot replay the counterexample into state #{j}: the symmetry reduction is unsound")
-            states.append(x)
-            acts.append(a)
+        states, acts = self.replay(nodes)
         return Counterexample(tuple(states), tuple(acts))
-
-    def path_to(self, j: int) -> list[int]:
-        return [n for n, _a in self.abstract_path(j)]
 
     def counterexample(self, node: int, succ: State | None = None) -> Counterexample:
         """Concrete path to ``node``; with ``succ`` (an edge violation), plus the step into it."""
         cex = self.concrete(self.path_to(node))
         if succ is None:
             return cex
-        x, target = cex.states[-1], self.canon(succ)
-        for a in self.actions:
-            if enabled(self.cfg, x, a):
-                y = step(self.cfg, x, a)
-                if self.canon(y) == target:
-                    return Counterexample(cex.states + (y,), cex.actions + (a,))
-        raise RuntimeError("cannot replay the violating step: the symmetry reduction is unsound")  # pragma: no cover
+        a, y = self.replay_step(cex.states[-1], succ)
+        return Counterexample(cex.states + (y,), cex.actions + (a,))
 
 
-def _liveness(search: _Search, g: nx.DiGraph, result: ExploreResult, *, stop: bool) -> None:
+def _liveness(search: _Search, result: ExploreResult) -> None:
     """L3 (deadlocks, livelocks) and L2 (bounded exit) on a fully explored graph."""
     cfg = search.cfg
-    states = search.states
-    sinks = [n for n in g.nodes if g.out_degree(n) == 0]
-    result.sinks = len(sinks)
-    dead = [n for n in sinks if not is_final(cfg, states[n])]
+    states, off, dst = search.states, search.off, search.dst
+    ends = sinks(off)
+    result.sinks = len(ends)
+    dead = [n for n in ends if not is_final(cfg, states[n])]
     result.deadlocks = len(dead)
     if dead:
-        n = min(dead)  # BFS numbering: the smallest id has the shortest path
+        n = dead[0]  # BFS numbering: the smallest id has the shortest path
         rk = ", ".join(f"{r}:{x.pc}{'(hung)' if x.hung else ''}" for r, x in enumerate(states[n].ranks))
         result.violations.append(Violation(
             "deadlock", "NoDeadlock",
@@ -411,14 +282,9 @@ def _liveness(search: _Search, g: nx.DiGraph, result: ExploreResult, *, stop: bo
             search.concrete(search.path_to(n)),
         ))
     # livelocks: terminal SCCs that are not a single final/sink state
-    live_bad: list[int] = []
-    if not nx.is_directed_acyclic_graph(g):
-        cond = nx.condensation(g)
-        for c in cond.nodes:
-            if cond.out_degree(c) == 0:
-                members = cond.nodes[c]["members"]
-                if len(members) > 1 or any(g.has_edge(m, m) for m in members):
-                    live_bad.append(min(members))
+    order, _indeg = acyclic_order(off, dst)
+    live_bad = [] if len(order) == len(states) else [c[0] for c in terminal_cycles(off, dst)]
+    del order
     result.livelocks = len(live_bad)
     if live_bad:
         n = min(live_bad)
@@ -429,31 +295,31 @@ def _liveness(search: _Search, g: nx.DiGraph, result: ExploreResult, *, stop: bo
         ))
     result.liveness["L3"] = not dead and not live_bad
 
-    # L2: bounded exit once an abort is written
-    aborted = [n for n in g.nodes if states[n].store.abort]
-    h = g.subgraph(aborted)
+    # L2: bounded exit once an abort is written (or the store is lost): the subgraph of those states
+    aborted = bytearray(1 if s.store.abort or s.store.down else 0 for s in states)
     limit = exit_bound_limit(cfg)
     result.exit_bound_limit = limit
     l2_ok = True
-    if not aborted:
+    order, indeg = acyclic_order(off, dst, aborted)
+    if not any(aborted):
         result.exit_bound = 0
-    elif not nx.is_directed_acyclic_graph(h):
-        cyc = nx.find_cycle(h)
+    elif len(order) != aborted.count(1):
         l2_ok = False
         result.violations.append(Violation(
             "L2", "BoundedExit", "the post-abort subgraph has a cycle: an aborted job can run forever",
-            search.concrete(search.path_to(cyc[0][0])),
+            search.concrete(search.path_to(cycle_node(off, dst, indeg, aborted))),
         ))
     else:
-        path = nx.dag_longest_path(h)
+        path = longest_path(off, dst, order, aborted)
         result.exit_bound = len(path) - 1
-        stuck = [n for n in aborted if h.out_degree(n) == 0 and not is_final(cfg, states[n])]
+        stuck = [n for n in range(len(states)) if aborted[n] and not any(aborted[v] for v in search.successors(n))
+                 and not is_final(cfg, states[n])]
         if stuck:
             l2_ok = False
             result.violations.append(Violation(
                 "L2", "BoundedExit",
                 f"{len(stuck)} aborted state(s) never reach a final state (ranks keep waiting after the abort)",
-                search.concrete(search.path_to(min(stuck))),
+                search.concrete(search.path_to(stuck[0])),
             ))
         elif result.exit_bound > limit:
             l2_ok = False
@@ -476,17 +342,16 @@ def _l1(cfg: Config, symmetry: bool, result: ExploreResult) -> None:
         result.liveness["L1"] = False
         result.violations.append(Violation("L1", "BoundaryRecovers", f"safety {pid} fails with boundary faults only: {msg}", cex))
         return
-    g = search.graph()
-    sinks = [n for n in g.nodes if g.out_degree(n) == 0]
-    bad = [n for n in sinks if not all_resumed(sub, search.states[n])]
-    cyclic = not nx.is_directed_acyclic_graph(g)
-    result.liveness["L1"] = not bad and not cyclic and bool(sinks)
+    ends = sinks(search.off)
+    bad = [n for n in ends if not all_resumed(sub, search.states[n])]
+    order, _indeg = acyclic_order(search.off, search.dst)
+    cyclic = len(order) != len(search.states)
+    result.liveness["L1"] = not bad and not cyclic and bool(ends)
     if bad:
-        n = min(bad)
         result.violations.append(Violation(
             "L1", "BoundaryRecovers",
             f"with only FaultGroupFail(boundary), {len(bad)} sink(s) are not all-resumed",
-            search.concrete(search.path_to(n)),
+            search.concrete(search.path_to(bad[0])),
         ))
     elif cyclic:
         result.violations.append(Violation("L1", "BoundaryRecovers", "the boundary-only graph has a cycle: recovery may never finish"))
@@ -499,33 +364,34 @@ def explore(
     stop_on_violation: bool = True,
     liveness: bool = True,
     keep_graph: bool = False,
+    progress: Callable[[Search], None] | None = None,
 ) -> ExploreResult:
     """Explore every reachable state of ``cfg`` and check safety, then L3, L2 and L1.
 
     By default the search stops at the first safety violation (liveness is then not checked:
     ``complete`` is False).  ``keep_graph`` keeps the :class:`networkx.DiGraph` in the result
     (nodes: state ids in BFS order with attribute ``state``; edges: attribute ``action``).
+    ``progress`` is called with the search every 65,536 expanded states.
     """
     t0 = time.perf_counter()
     search = _Search(cfg, symmetry)
-    found = search.run(stop_on_violation)
+    found = search.run(stop_on_violation, progress)
     result = ExploreResult(config=cfg, symmetry=symmetry)
     for (pid, name, msg), node, _act, succ in found:
         result.violations.append(Violation(pid, name, msg, search.counterexample(node, succ)))
     result.complete = not (found and stop_on_violation)
     result.states = len(search.states)
     result.transitions = search.transitions
-    result.edges = len(search.labels)
-    result.depth = max(search.level) if search.level else 0
+    result.edges = search.edges
+    result.depth = search.depth
     result.invariants_checked = search.checks
     if result.complete:
-        g = search.graph()
+        search.index.clear()  # the search is over: only the arrays and the states are needed now
         if liveness:
-            _liveness(search, g, result, stop=stop_on_violation)
+            _liveness(search, result)
             _l1(cfg, symmetry, result)
         if keep_graph:
-            nx.set_node_attributes(g, dict(enumerate(search.states)), "state")
-            result.graph = g
+            result.graph = search.graph(states=True)
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -550,18 +416,40 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     "2x1-ddp-f1": (_ddp(2, 1), True),
     "2x1-ddp-f2": (_ddp(2, 2), True),
     "3x1-ddp-f1": (_ddp(3, 1), True),
-    "3x2-f1": (Config(nodes=3, max_faults=1), True),
+    "3x2-f1": (Config(nodes=3, max_faults=1), False),
     "4x2-f1": (Config(nodes=4, max_faults=1), False),
     # any group may fail, several at once: boundary group failures only (the other kinds multiply it)
-    "2x2-any-f2": (Config(max_faults=2, failing="any", faults=frozenset({"group_fail"}), points=("boundary",)), True),
+    "2x2-any-f2": (Config(max_faults=2, failing="any", faults=frozenset({"group_fail"}), points=("boundary",)), False),
+    # a partial collective: each rank observes a failure anywhere it next uses R (DDP: also forward)
+    "2x2-points-f2": (Config(max_faults=2, faults=frozenset({"group_fail"})), False),
+    "2x1-ddp-points-f2": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, faults=frozenset({"group_fail"}),
+                                 uses_r=("forward", "backward", "boundary")), True),
+    # the store is lost during an episode; F and C move between episodes
+    "2x2-store-f2": (Config(max_faults=2, faults=frozenset({"group_fail", "store_loss"}), points=("boundary",),
+                            checkpoint_every=2), True),
 }
+
+#: The nightly profile (``make nightly``, :mod:`accelpact.model.engine_nightly`): millions of states
+#: each, minutes and gigabytes, so they are pinned apart (the manifest's ``nightly`` section), only with
+#: symmetry reduction (unreduced, 3x2 is up to 12 times larger), recomputed by the tests only with
+#: ``ACCELPACT_NIGHTLY=1``, and rewritten by ``write_manifest`` only when named.
+NIGHTLY_CONFIGS: dict[str, Config] = {
+    "2x2-f3": Config(max_faults=3),
+    "3x2-f2": Config(nodes=3, max_faults=2),
+}
+
+
+def manifest_modes(name: str) -> tuple[str, ...]:
+    """The pinned modes of an entry: ``symmetry`` and ``no_symmetry``; nightly ones ``symmetry`` alone."""
+    return ("symmetry",) if name in NIGHTLY_CONFIGS else ("symmetry", "no_symmetry")
 
 
 def config_summary(cfg: Config) -> dict[str, Any]:
     return {
         "nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "affected_local": cfg.affected_local,
         "group": cfg.group, "failing": cfg.failing, "max_faults": cfg.max_faults, "faults": sorted(cfg.faults) or "all",
-        "points": list(cfg.points), "mutant": cfg.mutant,
+        "points": list(cfg.points), "uses_r": list(cfg.uses_r), "advance": cfg.advance,
+        "checkpoint_every": cfg.checkpoint_every, "mutant": cfg.mutant,
     }
 
 
@@ -579,14 +467,12 @@ def manifest_numbers(result: ExploreResult) -> dict[str, Any]:
     }
 
 
-def manifest_entry(name: str) -> dict[str, Any]:
-    cfg, fast = MANIFEST_CONFIGS[name]
-    return {
-        "config": config_summary(cfg),
-        "fast": fast,
-        "symmetry": manifest_numbers(explore(cfg, symmetry=True)),
-        "no_symmetry": manifest_numbers(explore(cfg, symmetry=False)),
-    }
+def manifest_entry(name: str, progress: Callable[[Search], None] | None = None) -> dict[str, Any]:
+    cfg, fast = (NIGHTLY_CONFIGS[name], False) if name in NIGHTLY_CONFIGS else MANIFEST_CONFIGS[name]
+    entry: dict[str, Any] = {"config": config_summary(cfg), "fast": fast}
+    for mode in manifest_modes(name):
+        entry[mode] = manifest_numbers(explore(cfg, symmetry=mode == "symmetry", progress=progress))
+    return entry
 
 
 def load_manifest(path: Any = None) -> dict[str, Any]:
@@ -599,8 +485,10 @@ def load_manifest(path: Any = None) -> dict[str, Any]:
     return data
 
 
-def write_manifest(names: list[str] | None = None, path: Any = None) -> dict[str, Any]:
-    """Recompute ``names`` (default: all) and write the manifest, keeping the other entries."""
+def write_manifest(names: list[str] | None = None, path: Any = None, fresh: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Recompute ``names`` (default: every MANIFEST_CONFIGS entry; nightly ones only when named) and
+    write the manifest, keeping the other entries.  ``fresh``: entries already computed (by
+    :func:`manifest_entry`), written as they are."""
     import json
 
     target = path or MANIFEST_PATH
@@ -609,19 +497,26 @@ def write_manifest(names: list[str] | None = None, path: Any = None) -> dict[str
     except (FileNotFoundError, ValueError):
         data = {"format": MANIFEST_FORMAT, "configs": {}}
     for name in names or list(MANIFEST_CONFIGS):
-        data["configs"][name] = manifest_entry(name)
+        section = "nightly" if name in NIGHTLY_CONFIGS else "configs"
+        data.setdefault(section, {})[name] = fresh[name] if fresh and name in fresh else manifest_entry(name)
     data["configs"] = {k: data["configs"][k] for k in MANIFEST_CONFIGS if k in data["configs"]}
+    if "nightly" in data:
+        data["nightly"] = {k: data["nightly"][k] for k in NIGHTLY_CONFIGS if k in data["nightly"]}
     with open(target, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2, sort_keys=False)
         fh.write("\n")
     return data
 
 
-def manifest_drift(name: str, pinned: dict[str, Any]) -> list[str]:
-    """Differences between the pinned entry and a fresh exploration, as readable lines."""
-    fresh = manifest_entry(name)
+def manifest_drift(name: str, pinned: dict[str, Any], fresh: dict[str, Any] | None = None) -> list[str]:
+    """Differences between the pinned entry and a fresh exploration (``fresh``: one already made),
+    as readable lines."""
+    fresh = fresh if fresh is not None else manifest_entry(name)
     out = []
-    for mode in ("symmetry", "no_symmetry"):
+    for mode in manifest_modes(name):
+        if mode not in pinned:
+            out.append(f"{name} [{mode}]: not pinned")
+            continue
         for key, want in pinned[mode].items():
             got = fresh[mode].get(key)
             if got != want:

@@ -145,9 +145,16 @@ def state_preserved(cfg: Config, s: State) -> str | None:
         # a rank of a later episode (its generation failed again) may carry an injected fault
         # (FaultMismatch at that boundary): checked when it resumed, before that failure
         later_episode = s.store.failed is not None and s.store.failed[0] == rk.gen
-        if rk.pc == PC_TRAIN and rk.gen > 0 and not later_episode and (rk.tau != cfg.frontier or rk.replayed != 0):
-            return f"rank {r} resumed at tau={rk.tau} replaying {rk.replayed} steps; L1 must resume at F={cfg.frontier} with 0"
+        f = _agreed_frontier(cfg, s, rk.gen - 1)  # the frontier agreed in the generation it resumed from
+        if rk.pc == PC_TRAIN and rk.gen > 0 and not later_episode and (rk.tau != f or rk.replayed != 0):
+            return f"rank {r} resumed at tau={rk.tau} replaying {rk.replayed} steps; L1 must resume at F={f} with 0"
     return None
+
+
+def _agreed_frontier(cfg: Config, s: State, g: int) -> int:
+    """Rank 0's committed F as it reported it in generation g (F_g if it never did)."""
+    posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == 0]
+    return posted[0] if posted else cfg.frontier_at(g)
 
 
 def replicas_validated(cfg: Config, s: State) -> str | None:

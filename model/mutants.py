@@ -171,7 +171,9 @@ def _resume_on_any_release(spec: ActionSpec) -> Enabled:
 def _resume_from_checkpoint(spec: ActionSpec) -> Step:
     def step(cfg, s, r, arg):
         t = spec.step(cfg, s, r, arg)
-        return t.with_rank(r, tau=cfg.checkpoint, replayed=cfg.frontier - cfg.checkpoint)
+        f = t.ranks[r].tau
+        c = cfg.checkpoint_at(f)
+        return t.with_rank(r, tau=c, replayed=f - c)
     return step
 
 
@@ -240,9 +242,10 @@ MUTANTS: dict[str, Mutant] = {
                 "RankReject": _enabled(_contract_with(_same, _always, False))}),
         Mutant("timeout-leaves-decision-open",
                "a rank whose wait expires writes the job abort and exits 72 but leaves its phase's decision key open",
-               ("S1",), {"RankTimeout": _step(_timeout_without_decision)}),
+               ("S1",), {name: _step(_timeout_without_decision) for name in ("RankTimeout", "RankSuspect")}),
         Mutant("overwrite-decision", "an abort overwrites its phase's decision (a plain set instead of compare_set)",
-               ("S2.1", "S1"), {name: _step(_overwrite) for name in ("RankTimeout", "RankExpire", "RankFail", "RankReject")}),
+               ("S2.1", "S1"), {name: _step(_overwrite) for name in ("RankTimeout", "RankSuspect", "RankExpire", "RankFail",
+                                                                     "RankReject")}),
         Mutant("skip-validation", "members of R pass phase 6 alone: no validation collective, no digest comparison",
                ("S8",), {"RankValidate": _enabled(_validate_alone)}),
         Mutant("no-frontier-check", "the agreement decides commit without comparing every F with rank 0's", ("S2.2", "S6"),
@@ -251,8 +254,10 @@ MUTANTS: dict[str, Mutant] = {
                {"RankResume": _enabled(_resume_on_any_release)}),
         Mutant("reload-on-resume", "resuming reloads the last checkpoint in place (replays F - C) instead of keeping S_app",
                ("S6",), {"RankResume": _step(_resume_from_checkpoint)}),
-        Mutant("linger", "survivors keep waiting instead of exiting on an abort or an expired deadline", ("deadlock", "L2"),
-               {name: _disabled for name in ("RankTimeout", "RankExpire", "RankExit")}),
+        Mutant("linger", "survivors keep waiting instead of exiting on an abort, an expired deadline or a suspected peer",
+               ("deadlock", "L2"), {name: _disabled for name in ("RankTimeout", "RankSuspect", "RankExpire", "RankExit")}),
+        Mutant("wait-on-lost-store", "a rank whose store operation fails keeps retrying: nobody exits when the store is lost",
+               ("deadlock", "L2"), {"RankLoseStore": _disabled}),
         Mutant("no-step-deadline", "the watchdog has no step deadline: a hung rank exits only on the abort key",
                ("deadlock", "L2"), {"RankExpire": _disabled}),
     )

@@ -40,6 +40,7 @@ from .state import (
     REASON_MISMATCH,
     REASON_REJECTED,
     RECOVERY_PCS,
+    STEP_ORDER,
     Config,
     State,
     initial_state,
@@ -60,7 +61,8 @@ __all__ = [
 ]
 
 #: Fault kinds (spec/fault-model.md).  Config.faults selects a subset; empty means all.
-FAULT_KINDS = ("group_fail", "crash", "hang", "raise", "mismatch", "dirty_guard", "delay", "drop", "corrupt")
+FAULT_KINDS = ("group_fail", "crash", "hang", "raise", "mismatch", "dirty_guard", "delay", "drop", "corrupt",
+               "store_loss")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,28 @@ def _active(s: State, r: int) -> bool:
     return _alive(s, r) and not rk.hung and not rk.raised
 
 
+def _via_store(s: State, r: int) -> bool:
+    """Active, and the store answers: a step that reads or writes the store (every step but the
+    guard, the rebinding and the validation collective, which are local or on the new group)."""
+    return _active(s, r) and not s.store.down
+
+
+def _nominal_frontier(cfg: Config, s: State, r: int) -> int:
+    """The committed frontier rank r holds when nothing struck it: F of its generation's episode
+    once it observed that episode, F of the previous episode while it still trains toward it."""
+    rk = s.ranks[r]
+    if rk.pc == PC_TRAIN and rk.gen > 0:
+        return cfg.frontier_at(rk.gen - 1)
+    f = s.store.failed
+    return cfg.frontier_at(rk.gen) + (1 if f is not None and _committed_since(f[1], rk.point) else 0)
+
+
+def _committed_since(struck: str, seen: str) -> int:
+    """1 when a rank that observes at ``seen`` a failure that struck in flight at ``struck`` has
+    committed that step meanwhile (it observes at the boundary, after its optimizer step)."""
+    return 1 if seen == "boundary" and struck != "boundary" else 0
+
+
 def stalled(s: State) -> bool:
     """Some rank cannot make progress: the only situation in which a deadline can expire.
 
@@ -189,17 +213,33 @@ def _contract_decision(cfg: Config, s: State, r: int):
 # --------------------------------------------------------------------------------------
 # Phase 1: Observe
 
-def _en_observe(cfg: Config, s: State, r, arg) -> bool:
+def _en_observe(cfg: Config, s: State, r, point) -> bool:
+    """Rank r observes its episode's failure at ``point``: where it next uses R after the failure
+    struck (``Config.observable``).  A failure during a collective on R fails it for at least one
+    member: another member may have completed it and observe at its next use (a partial
+    collective), as long as some peer saw it fail (or still can)."""
     rk = s.ranks[r]
-    if rk.pc != PC_TRAIN or not _active(s, r) or not _in_episode(s, r):
+    if rk.pc != PC_TRAIN or not _via_store(s, r) or not _in_episode(s, r):
+        return False
+    f = s.store.failed
+    assert f is not None
+    if point not in cfg.observable(f[1]):
+        return False
+    if point != f[1] and f[1] in cfg.uses_r and _member(cfg, s, r) and not any(
+            m != r and s.ranks[m].gen == f[0] and (s.ranks[m].pc == PC_TRAIN or s.ranks[m].point == f[1])
+            for m in _failed_members(cfg, s)):
+        # past a collective that failed: only if some peer saw it fail there (or still will)
         return False
     return _member(cfg, s, r) or rk.gen in s.store.revoked
 
 
-def _st_observe(cfg: Config, s: State, r, arg) -> State:
-    rk = s.ranks[r]
-    assert s.store.failed is not None  # enabled only inside an episode
-    s = s.with_rank(r, pc=PC_OBSERVED, point=s.store.failed[1])
+def _st_observe(cfg: Config, s: State, r, point) -> State:
+    rk, f = s.ranks[r], s.store.failed
+    assert f is not None  # enabled only inside an episode
+    # it trained from the previous episode's frontier to this one's (F moves between episodes), and,
+    # observing at the boundary a failure that struck in flight, committed that step too
+    step = (cfg.advance if rk.gen > 0 else 0) + _committed_since(f[1], point)
+    s = s.with_rank(r, pc=PC_OBSERVED, point=point, frontier=rk.frontier + step, tau=rk.tau + step)
     if _member(cfg, s, r):  # members publish revoke(R, g) so every rank observes within ms
         s = s.with_store(revoked=s.store.revoked | {rk.gen})
     return s
@@ -216,7 +256,7 @@ def _st_guard(cfg, s, r, arg) -> State:
 
 
 def _en_reject(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_OBSERVED and _active(s, r) and not _contract_decision(cfg, s, r).preserve
+    return s.ranks[r].pc == PC_OBSERVED and _via_store(s, r) and not _contract_decision(cfg, s, r).preserve
 
 
 def _st_reject(cfg, s, r, arg) -> State:
@@ -228,7 +268,7 @@ def _st_reject(cfg, s, r, arg) -> State:
 # Phase 3: control barrier + frontier agreement
 
 def _en_arrive(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_GUARDED and _active(s, r)
+    return s.ranks[r].pc == PC_GUARDED and _via_store(s, r)
 
 
 def _st_arrive(cfg, s, r, arg) -> State:
@@ -246,7 +286,7 @@ def _en_decide_agreement(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     return (
         rk.pc == PC_ARRIVED
-        and _active(s, r)
+        and _via_store(s, r)
         and (rk.gen, r) in s.store.last_arriver
         and true_lookup(s.store.agree, rk.gen) is None
     )
@@ -269,7 +309,7 @@ def _st_decide_agreement(cfg, s, r, arg) -> State:
 
 def _en_await_agreement(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    return rk.pc == PC_ARRIVED and _active(s, r) and true_lookup(s.store.agree, rk.gen) == DECISION_COMMIT
+    return rk.pc == PC_ARRIVED and _via_store(s, r) and true_lookup(s.store.agree, rk.gen) == DECISION_COMMIT
 
 
 def _st_await_agreement(cfg, s, r, arg) -> State:
@@ -281,7 +321,8 @@ def _st_await_agreement(cfg, s, r, arg) -> State:
 # Phase 4: communicator replacement (members of R)
 
 def _en_replace(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_AGREED and _member(cfg, s, r) and _active(s, r)
+    # the new communicator's rendezvous goes through the store
+    return s.ranks[r].pc == PC_AGREED and _member(cfg, s, r) and _via_store(s, r)
 
 
 def _st_replace(cfg, s, r, arg) -> State:
@@ -339,7 +380,7 @@ def _st_validate(cfg, s, r, arg) -> State:
 def _en_ready(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     want = PC_VALIDATED if _member(cfg, s, r) else PC_AGREED
-    return rk.pc == want and _active(s, r)
+    return rk.pc == want and _via_store(s, r)
 
 
 def _st_ready(cfg, s, r, arg) -> State:
@@ -357,7 +398,7 @@ def _en_decide_release(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     return (
         rk.pc == PC_READY
-        and _active(s, r)
+        and _via_store(s, r)
         and (rk.gen, r) in s.store.last_ready
         and true_lookup(s.store.release, rk.gen) is None
     )
@@ -370,7 +411,7 @@ def _st_decide_release(cfg, s, r, arg) -> State:
 
 def _en_resume(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    return rk.pc == PC_READY and _active(s, r) and true_lookup(s.store.release, rk.gen) == DECISION_RELEASE
+    return rk.pc == PC_READY and _via_store(s, r) and true_lookup(s.store.release, rk.gen) == DECISION_RELEASE
 
 
 def _st_resume(cfg, s, r, arg) -> State:
@@ -386,7 +427,7 @@ def _st_resume(cfg, s, r, arg) -> State:
 
 def _en_timeout(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    if not _active(s, r) or not stalled(s) or s.store.abort:
+    if not _via_store(s, r) or not stalled(s) or s.store.abort:
         # once an abort stands, a failed wait is an exit on that abort (RankExit), not a new one
         return False
     if rk.pc == PC_TRAIN:
@@ -412,13 +453,32 @@ def _st_timeout(cfg, s, r, arg) -> State:
     return _exit(s, r, REASON_DEADLINE)
 
 
+def _en_suspect(cfg, s, r, arg) -> bool:
+    """The failure detector (heartbeats on the control plane) declares a peer dead or hung: it
+    crashed or stopped (its heartbeat ends), or its main thread hangs while this rank waits on it;
+    or, a false suspicion, it is merely slow (``delayed``).  Enabled wherever the rank is in an
+    episode, in any pc: a detector does not wait for a deadline."""
+    rk = s.ranks[r]
+    if not _via_store(s, r) or s.store.abort:
+        return False
+    if not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
+        return False
+    return any(q != r and (pk.pc == PC_CRASHED or pk.hung or pk.delayed) for q, pk in enumerate(s.ranks))
+
+
+def _st_suspect(cfg, s, r, arg) -> State:
+    """As RankTimeout: abort:deadline into its phase's decision (if still open) and the job.  A live
+    suspect (a false suspicion) exits on that abort like everyone else: all or none."""
+    return _st_timeout(cfg, s, r, arg)
+
+
 def _en_expire(cfg, s, r, arg) -> bool:
     """The watchdog's step deadline: armed when a step starts and disarmed when its boundary
     returns, it fires only if the main thread stopped (hung) inside a failure episode: in the
     step, at the boundary, or in phases 2-6.  Without it a job whose every rank hangs would
     wait forever (nobody left to time out); with it every rank exits within a bound."""
     rk = s.ranks[r]
-    if not (_alive(s, r) and rk.hung) or s.store.abort:
+    if not (_alive(s, r) and rk.hung) or s.store.abort or s.store.down:
         return False
     return rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))
 
@@ -432,6 +492,8 @@ def _en_fail(cfg, s, r, arg) -> bool:
     """An exception in phases 2-6: one propagating (FaultRaise), or phase 6's digest comparison
     finding that the replicas of R differ (once the validation collective completed)."""
     rk = s.ranks[r]
+    if s.store.down:
+        return False  # its abort cannot be written: it ends by RankLoseStore
     if rk.raised:
         return rk.pc in RECOVERY_PCS and not rk.hung
     return _validation_complete(cfg, s, r) and not _replicas_agree(cfg, s, _peers(cfg, r))
@@ -452,6 +514,16 @@ def _en_exit(cfg, s, r, arg) -> bool:
 
 def _st_exit(cfg, s, r, arg) -> State:
     return _exit(s, r, s.store.abort)
+
+
+def _en_lose_store(cfg, s, r, arg) -> bool:
+    """The store is gone: the rank's next store operation, or its watchdog's poll of the abort
+    key (which runs even when the main thread hangs), fails, and the rank exits."""
+    return s.store.down and _alive(s, r)
+
+
+def _st_lose_store(cfg, s, r, arg) -> State:
+    return _exit(s, r, REASON_DEADLINE)
 
 
 # --------------------------------------------------------------------------------------
@@ -476,13 +548,26 @@ def _failing_group(cfg: Config, r: int | None) -> int:
     return cfg.groups[0] if r is None else cfg.group_of(r)
 
 
+def _between_episodes(s: State, gen: int) -> bool:
+    """Every rank trains in generation ``gen`` or is about to: it still reads the release of
+    ``gen - 1``, already decided (episodes overlap: a peer's first step after a repair may fail
+    while this rank has not resumed yet).  Nobody hung, gone, or observing."""
+    for rk in s.ranks:
+        if rk.hung:
+            return False
+        if rk.pc == PC_TRAIN and rk.gen == gen:
+            continue
+        if rk.pc == PC_READY and rk.gen == gen - 1 and true_lookup(s.store.release, gen - 1) == DECISION_RELEASE:
+            continue
+        return False
+    return True
+
+
 def _en_group_fail(cfg, s, r, point) -> bool:
-    if not _fault_ok(cfg, s, "group_fail") or s.store.abort or point not in cfg.points:
+    if not _fault_ok(cfg, s, "group_fail") or s.store.abort or s.store.down or point not in cfg.points:
         return False
-    if any(rk.pc != PC_TRAIN or rk.hung for rk in s.ranks):
-        return False
-    gen = s.ranks[0].gen
-    if not all(rk.gen == gen for rk in s.ranks):
+    gen = max(rk.gen for rk in s.ranks)
+    if not _between_episodes(s, gen):
         return False
     f = s.store.failed
     if f is None or f[0] < gen:
@@ -492,7 +577,7 @@ def _en_group_fail(cfg, s, r, point) -> bool:
 
 
 def _st_group_fail(cfg, s, r, point) -> State:
-    gen, f = s.ranks[0].gen, s.store.failed
+    gen, f = max(rk.gen for rk in s.ranks), s.store.failed
     groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {_failing_group(cfg, r)}
     s = s.with_store(failed=(gen, point, groups))
     return replace(s, faults=s.faults + 1)
@@ -533,16 +618,17 @@ def _en_mismatch(cfg, s, r, arg) -> bool:
         _fault_ok(cfg, s, "mismatch")
         and _victim(s, r)
         and rk.pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED)  # train: struck at the boundary itself
-        and rk.frontier == cfg.frontier
+        and rk.frontier == _nominal_frontier(cfg, s, r)
         and _active(s, r)
         # a divergent rank: some other rank keeps F (if every rank committed F + 1, that is F)
-        and any(o != r and s.ranks[o].frontier == cfg.frontier for o in range(len(s.ranks)))
+        and any(o != r and s.ranks[o].frontier == _nominal_frontier(cfg, s, o) for o in range(len(s.ranks)))
     )
 
 
 def _st_mismatch(cfg, s, r, arg) -> State:
-    # the rank committed one step more than the others: its S_app is at F + 1
-    return _bump(s.with_rank(r, frontier=cfg.frontier + 1, tau=cfg.frontier + 1))
+    # the rank committed one step more than the others: its S_app is one step ahead
+    rk = s.ranks[r]
+    return _bump(s.with_rank(r, frontier=rk.frontier + 1, tau=rk.tau + 1))
 
 
 def _en_dirty(cfg, s, r, arg) -> bool:
@@ -592,6 +678,17 @@ def _st_drop(cfg, s, r, arg) -> State:
     return _bump(s.with_rank(r, drop=True))
 
 
+def _en_store_loss(cfg, s, r, arg) -> bool:
+    """The control-plane store's server dies (the process or host serving it is lost) while a
+    recovery episode is under way."""
+    return (_fault_ok(cfg, s, "store_loss") and not s.store.down
+            and any(_alive(s, q) and _in_episode(s, q) for q in range(len(s.ranks))))
+
+
+def _st_store_loss(cfg, s, r, arg) -> State:
+    return _bump(s.with_store(down=True))
+
+
 # Supervisor (torchrun): restarts every worker once all of them have exited, crashed or hung.
 # torchrun tears the whole job down after the first failed worker, killing hung survivors too;
 # without that, a crashed member of R plus hung peers with no abort written is a deadlock
@@ -605,7 +702,9 @@ def _en_restart(cfg, s, r, arg) -> bool:
 
 
 def _st_restart(cfg, s, r, arg) -> State:
-    f, c = cfg.frontier, cfg.checkpoint
+    # restart from the last checkpoint and replay to the frontier of the last episode
+    f = cfg.frontier_at(s.store.failed[0] if s.store.failed is not None else 0)
+    c = cfg.checkpoint_at(f)
     ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False, corrupt=False)
                   for rk in s.ranks)
     return replace(s, ranks=ranks, supervisor="restarted")
@@ -630,8 +729,12 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankResume", "rank", 6, _en_resume, _st_resume, doc="read release; resume at F in generation g+1"),
         ActionSpec("RankTimeout", "rank", None, _en_timeout, _st_timeout, doc="a wait's deadline expired: abort and exit"),
         ActionSpec("RankExpire", "rank", None, _en_expire, _st_expire, doc="watchdog: the step deadline of a hung rank expired: abort and exit"),
+        ActionSpec("RankSuspect", "rank", None, _en_suspect, _st_suspect,
+                   doc="the failure detector declares a peer dead or hung (or suspects a slow one): abort and exit"),
         ActionSpec("RankFail", "rank", None, _en_fail, _st_fail, doc="an exception in phases 2-6: abort and exit"),
         ActionSpec("RankExit", "rank", None, _en_exit, _st_exit, doc="watchdog: exit on the store's abort key"),
+        ActionSpec("RankLoseStore", "rank", None, _en_lose_store, _st_lose_store,
+                   doc="the store is gone: the next store operation or the watchdog's poll fails; exit"),
         ActionSpec("FaultGroupFail", "fault", None, _en_group_fail, _st_group_fail, fault_kind="group_fail", doc="R's communicator fails at a point"),
         ActionSpec("FaultCrash", "fault", None, _en_crash, _st_crash, fault_kind="crash"),
         ActionSpec("FaultHang", "fault", None, _en_hang, _st_hang, fault_kind="hang"),
@@ -642,6 +745,8 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("FaultDrop", "fault", None, _en_drop, _st_drop, fault_kind="drop"),
         ActionSpec("FaultCorrupt", "fault", None, _en_corrupt, _st_corrupt, fault_kind="corrupt",
                    doc="a member of R's S_app silently diverges from its replicas"),
+        ActionSpec("FaultStoreLoss", "fault", None, _en_store_loss, _st_store_loss, fault_kind="store_loss",
+                   doc="the control-plane store's server is lost"),
         ActionSpec("SupervisorRestart", "supervisor", None, _en_restart, _st_restart, doc="torchrun restarts all workers from C"),
     )
 }
@@ -656,7 +761,10 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
                 out.extend(Action(spec.name, None, p) for p in cfg.points)
             else:  # one instance per group, acted by its first rank (the group's representative)
                 out.extend(Action(spec.name, cfg.members(gi)[0], p) for gi in cfg.groups for p in cfg.points)
-        elif spec.actor == "supervisor":
+        elif spec.name == "RankObserve":  # one instance per point where a failure can be observed
+            seen = tuple(q for q in STEP_ORDER if any(q in cfg.observable(p) for p in cfg.points))
+            out.extend(Action(spec.name, r, q) for r in cfg.world for q in seen)
+        elif spec.actor == "supervisor" or spec.name == "FaultStoreLoss":
             out.append(Action(spec.name))
         else:
             out.extend(Action(spec.name, r) for r in cfg.world)
@@ -702,7 +810,7 @@ def is_final(cfg: Config, s: State) -> bool:
     """
     if s.supervisor:
         return True
-    if s.store.abort:
+    if s.store.abort or s.store.down:
         return False
     for rk in s.ranks:
         if rk.pc == PC_TRAIN and not rk.hung:

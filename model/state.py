@@ -10,8 +10,17 @@ Nothing here does I/O or reads a clock.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 
-from .contract import DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, Envelope, ObservationKey, default_envelope
+from .contract import (
+    DEFAULT_OBJECTIVE,
+    DEFAULT_PLATFORM,
+    DEFAULT_PROFILE,
+    FAILURE_PHASES,
+    Envelope,
+    ObservationKey,
+    default_envelope,
+)
 
 # Program counter of a rank: where it stands in the six phases.  Names match spec/protocol.md.
 PC_TRAIN = "train"          # running training; also the state after a release (resumed at F)
@@ -49,6 +58,10 @@ REASON_DEADLINE = "deadline"        # a wait on peers expired
 REASON_EXCEPTION = "exception"      # an exception inside phases 2-6
 EXIT_REASONS = (REASON_REJECTED, REASON_MISMATCH, REASON_DEADLINE, REASON_EXCEPTION)
 
+#: The points of one training step in the order a rank passes them: a failure that strikes at one
+#: point is observed at a later point where the rank next uses the failed group (Config.uses_r).
+STEP_ORDER = ("forward", "backward", "optimizer", "boundary")
+
 DECISION_COMMIT = "commit"
 DECISION_RELEASE = "release"
 
@@ -65,6 +78,19 @@ class Config:
     ``failing="any"`` each ``FaultGroupFail`` breaks one group of the world's choice, and several
     may fail at the same boundary (one action each, before anyone observes), so R is the union of
     the episode's failed groups.
+
+    Where a failure is observed: ``points`` are where a group failure can *strike*; ``uses_r`` are
+    the points of a step at which the wrapper runs collectives on R (HSDP: backward's gradient
+    all-reduce and the boundary probe; DDP also forward when it broadcasts buffers; the optimizer
+    step: none).  Each rank observes a failure that struck at p where it next uses R, or, for a
+    failure during a collective on R, possibly at the use after it (:meth:`observable`), chosen per
+    rank: a partial collective leaves one peer in backward while another already reached the
+    boundary.
+
+    F and C move: the failure of episode g strikes at the committed frontier
+    ``frontier + g * advance`` (:meth:`frontier_at`): the job trained ``advance`` steps between two
+    episodes; C is ``checkpoint`` or, with ``checkpoint_every``, the last multiple reached
+    (:meth:`checkpoint_at`).
     """
 
     nodes: int = 2
@@ -83,6 +109,9 @@ class Config:
     envelope: Envelope = field(default_factory=default_envelope, compare=False, hash=False)
     mutant: str | None = None
     failing: str = "one"     # "one": only the group of affected_local fails; "any": any groups, per episode
+    uses_r: tuple[str, ...] = ("backward", "boundary")   # points of a step with collectives on R
+    advance: int = 1         # steps trained between two episodes (F of episode g: frontier + g * advance)
+    checkpoint_every: int = 0   # 0: C stays at ``checkpoint``; k: C is the last multiple of k at or before F
     # Derived, cached at construction because the search asks for them millions of times.
     _world: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _affected: frozenset[int] = field(init=False, repr=False, compare=False, hash=False)
@@ -105,6 +134,13 @@ class Config:
             raise ValueError("Config.refs must be >= 1")
         if self.failing not in ("one", "any"):
             raise ValueError(f"Config.failing must be 'one' or 'any', got {self.failing!r}")
+        bad = [p for p in (*self.points, *self.uses_r) if p not in FAILURE_PHASES]
+        if bad:
+            raise ValueError(f"Config.points/uses_r: {bad} are not failure points {list(FAILURE_PHASES)}")
+        if "boundary" not in self.uses_r:
+            raise ValueError("Config.uses_r must contain 'boundary': the boundary probe is a collective on R")
+        if self.advance < 0 or self.checkpoint_every < 0:
+            raise ValueError("Config.advance and Config.checkpoint_every must be >= 0")
         world = tuple(range(self.nodes * self.ranks_per_node))
         if self.ranks_per_node == 1 or self.group == "world":
             affected = world
@@ -149,6 +185,24 @@ class Config:
             return (self._group_of[self._affected_t[0]],)
         return tuple(range(len(self._members)))
 
+    def observable(self, point: str) -> tuple[str, ...]:
+        """Where a rank can observe a failure that struck at ``point``: at the first point of
+        ``uses_r`` at or after it (never none: the boundary probe uses R); and, when it struck
+        during a collective on R (``point`` is in ``uses_r``), also at the next use after it: a
+        partial collective lets some members complete it while others see it fail."""
+        later = [q for q in STEP_ORDER[STEP_ORDER.index(point):] if q in self.uses_r]
+        return tuple(later[:2]) if later[0] == point else (later[0],)
+
+    def frontier_at(self, gen: int) -> int:
+        """F_g: the committed frontier at which the failure of episode (generation) ``gen`` strikes."""
+        return self.frontier + gen * self.advance
+
+    def checkpoint_at(self, f: int) -> int:
+        """C: the last durable checkpoint at or before frontier ``f``."""
+        if not self.checkpoint_every:
+            return self.checkpoint
+        return self.checkpoint + ((f - self.checkpoint) // self.checkpoint_every) * self.checkpoint_every
+
     def key(self, phase: str) -> ObservationKey:
         return ObservationKey(self.platform, self.profile, phase, self.objective)
 
@@ -167,18 +221,44 @@ class _CachedHash:
     def __hash__(self) -> int:
         h = self._h  # type: ignore[attr-defined]  # declared by every subclass
         if not h:
-            h = hash(tuple(getattr(self, f) for f in _HASHED[type(self)])) or 1
+            h = hash(_HASHED[type(self)](self)) or 1
             object.__setattr__(self, "_h", h)
         return h
 
 
-_HASHED: dict[type, tuple[str, ...]] = {}
+#: per class, a getter returning the tuple of its compared fields (``operator.attrgetter``: one C call)
+_HASHED: dict[type, attrgetter] = {}
 _MASK = (1 << 61) - 1
 
 
 def _hashed(cls: type) -> type:
-    _HASHED[cls] = tuple(f.name for f in fields(cls) if f.compare)
+    _HASHED[cls] = attrgetter(*(f.name for f in fields(cls) if f.compare))
     return cls
+
+
+# Memoised derivation (an internal cache, invisible in values): ``with_rank``/``with_store`` replace a
+# few fields of a Rank or a Store, and the exhaustive search derives the same few thousand ranks and
+# stores from each other millions of times.  A derived object is a pure function of (old object,
+# changes), so returning the equal object built the first time is the same value; sharing it also
+# makes equal parts of different states one object (cheap comparisons, less memory).  Bounded: a
+# table is cleared when it reaches _MEMO_LIMIT entries.  (Values are compared by ``==``, as the
+# dataclasses compare them; the protocol passes bools for bool fields and ints for int fields.)
+_MEMO_LIMIT = 1 << 17
+_RANK_MEMO: dict[tuple, "Rank"] = {}
+_STORE_MEMO: dict[tuple, "Store"] = {}
+
+
+def _derive(memo: dict, obj, changes: dict):
+    key = (obj, *changes.items())
+    try:
+        new = memo.get(key)
+    except TypeError:  # an unhashable value: no memo
+        return replace(obj, **changes)
+    if new is None:
+        if len(memo) >= _MEMO_LIMIT:
+            memo.clear()
+        new = memo[key] = replace(obj, **changes)
+    return new
 
 
 @_hashed
@@ -230,6 +310,7 @@ class Store(_CachedHash):
     last_ready: tuple[tuple[int, int], ...] = ()
     release: tuple[tuple[int, str], ...] = ()               # (gen, "release" | "abort:<reason>")
     abort: str = ""                                         # job-wide abort key: watchdogs exit on it
+    down: bool = False                                      # the store server is gone: every operation fails
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     __hash__ = _CachedHash.__hash__
 
@@ -262,7 +343,7 @@ class State(_CachedHash):
         position (a 1,024-rank state is then hashed without touching its 1,024 ranks)."""
         rh = self._rh
         if not rh:
-            rh = sum(hash((i, rk)) for i, rk in enumerate(self.ranks)) & _MASK or 1
+            rh = sum([hash((i, rk._h or hash(rk))) for i, rk in enumerate(self.ranks)]) & _MASK or 1
             object.__setattr__(self, "_rh", rh)
         return rh
 
@@ -270,7 +351,7 @@ class State(_CachedHash):
         h = self._h
         if not h:
             rh = self._ranks_hash()
-            h = hash(tuple(rh if f == "ranks" else getattr(self, f) for f in _HASHED[State])) or 1
+            h = hash((rh, _STATE_REST(self))) or 1
             object.__setattr__(self, "_h", h)
         return h
 
@@ -279,14 +360,41 @@ class State(_CachedHash):
 
     def with_rank(self, r: int, **changes) -> "State":
         ranks = list(self.ranks)
-        old, ranks[r] = ranks[r], replace(ranks[r], **changes)
-        t = replace(self, ranks=tuple(ranks))
-        rh = (self._ranks_hash() - hash((r, old)) + hash((r, ranks[r]))) & _MASK or 1
+        old, ranks[r] = ranks[r], _derive(_RANK_MEMO, ranks[r], changes)
+        t = _copy_ranks(self, tuple(ranks))
+        new = ranks[r]
+        rh = (self._ranks_hash() - hash((r, old._h or hash(old))) + hash((r, new._h or hash(new)))) & _MASK or 1
         object.__setattr__(t, "_rh", rh)
         return t
 
     def with_store(self, **changes) -> "State":
-        return replace(self, store=replace(self.store, **changes))
+        t = _copy_store(self, _derive(_STORE_MEMO, self.store, changes))
+        object.__setattr__(t, "_rh", self._rh)  # the ranks are the same
+        return t
+
+
+#: the compared fields of State other than ``ranks`` (hashed with the ranks' incremental hash)
+_STATE_REST = attrgetter(*(f.name for f in fields(State) if f.compare and f.name != "ranks"))
+
+
+def _copier(cls: type, *names: str):
+    """``lambda s, *v: replace(s, **dict(zip(names, v)))`` for a frozen slotted dataclass without
+    ``__post_init__``, written out field by field (the search derives millions of states, one
+    changed field each; ``replace`` costs several times more).  Fields outside ``__init__``
+    (caches) start at 0."""
+    lines = [f"def copy(s, {', '.join(f'v{k}' for k in range(len(names)))}):", "    t = new(cls)"]
+    for f in fields(cls):
+        value = f"v{names.index(f.name)}" if f.name in names else (f"s.{f.name}" if f.init else "0")
+        lines.append(f"    put(t, {f.name!r}, {value})")
+    lines.append("    return t")
+    scope = {"new": object.__new__, "put": object.__setattr__, "cls": cls}
+    exec("\n".join(lines), scope)  # generated from the dataclass's own field names
+    return scope["copy"]
+
+
+assert not hasattr(State, "__post_init__")
+_copy_ranks = _copier(State, "ranks")
+_copy_store = _copier(State, "store")
 
 
 def initial_state(config: Config) -> State:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .state import Config, Rank, State
+from .state import Config, Rank, State, _copier
 
 __all__ = ["Symmetry", "rank_classes"]
 
@@ -50,7 +50,16 @@ def _rank_key(rk: Rank) -> tuple:
 
 
 class Symmetry:
-    """Canonicalisation of states of one configuration (see the module docstring)."""
+    """Canonicalisation of states of one configuration (see the module docstring).
+
+    :meth:`canonical` is what the search calls once per transition, so it caches: the sort key of
+    each distinct Rank, and the renaming of each distinct store and history set under each
+    permutation (a state's parts are shared by many states, and renamed the same way again and
+    again).  Each cache is bounded (cleared at ``_CACHE_LIMIT`` entries); the result is always
+    equal to ``apply(s, permutation(s))``.
+    """
+
+    _CACHE_LIMIT = 1 << 17
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -58,19 +67,43 @@ class Symmetry:
         #: only classes with two or more ranks can be permuted
         self.movable = tuple(c for c in self.classes if len(c) > 1)
         self.trivial = not self.movable
+        self._keys: dict[int, tuple[Rank, tuple]] = {}
+        self._renamed: dict[tuple, object] = {}
+        self._parts: dict[tuple, tuple] = {}
+
+    def _key(self, rk: Rank) -> tuple:
+        # keyed by id (cheaper than the Rank's hash); the entry holds the Rank, so that id cannot be
+        # reused by another object while the entry exists, and the hit is checked by identity
+        e = self._keys.get(id(rk))
+        if e is None or e[0] is not rk:
+            if len(self._keys) >= self._CACHE_LIMIT:
+                self._keys.clear()
+            e = self._keys[id(rk)] = (rk, _rank_key(rk))
+        return e[1]
 
     def _signature(self, s: State, r: int) -> tuple:
-        st = s.store
+        """Rank ``r``'s variables and every store/history element naming it (id removed).  Each
+        part is cached per (part, rank): the same stores and history sets recur in many states.
+        (The store's four parts form one tuple: same order as the flat tuple, as their length is fixed.)"""
+        part = self._part
         return (
-            _rank_key(s.ranks[r]),
-            tuple(sorted((a[0], a[2], a[3]) for a in st.arrivals if a[1] == r)),
-            tuple(i for i, (_g, x) in enumerate(st.last_arriver) if x == r),
-            tuple(sorted(g for g, x in st.ready if x == r)),
-            tuple(i for i, (_g, x) in enumerate(st.last_ready) if x == r),
-            tuple(sorted((e[0], *e[2:]) for e in s.resumed if e[1] == r)),
-            tuple(sorted((e[0], e[2]) for e in s.agreed if e[1] == r)),
-            tuple(sorted((e[0], *e[2:]) for e in s.exits if e[1] == r)),
+            self._key(s.ranks[r]),
+            part(0, s.store, r, _store_signature),
+            part(1, s.resumed, r, _set_signature),
+            part(2, s.agreed, r, _set_signature),
+            part(3, s.exits, r, _set_signature),
         )
+
+    def _part(self, tag: int, x, r: int, fn) -> tuple:
+        if not x:
+            return ()
+        k = (tag, x, r)  # by value: a fresh history set equal to a seen one hits
+        y = self._parts.get(k)
+        if y is None:
+            if len(self._parts) >= self._CACHE_LIMIT:
+                self._parts.clear()
+            y = self._parts[k] = fn(x, r)
+        return y
 
     def permutation(self, s: State) -> dict[int, int] | None:
         """old id -> new id that canonicalises ``s``, or None when ``s`` is already canonical."""
@@ -79,8 +112,17 @@ class Symmetry:
         perm: dict[int, int] = {}
         moved = False
         ranks = s.ranks
+        key = self._key
         for cls in self.movable:
-            keys = [_rank_key(ranks[r]) for r in cls]
+            if len(cls) == 2:
+                ra, rb = ranks[cls[0]], ranks[cls[1]]
+                if ra is not rb and key(ra) < key(rb):
+                    continue  # distinct keys, already in order: nothing moves
+                keys = [key(ra), key(rb)]
+            else:
+                keys = [key(ranks[r]) for r in cls]
+                if all(a < b for a, b in zip(keys, keys[1:], strict=False)):
+                    continue  # strictly increasing: distinct keys, already in order, nothing moves
             if len(set(keys)) == len(keys):
                 # the signature starts with the rank key: distinct keys already fix the order
                 order = [r for _k, r in sorted(zip(keys, cls, strict=True))]
@@ -89,12 +131,76 @@ class Symmetry:
             for new, old in zip(cls, order, strict=True):
                 perm[old] = new
                 moved = moved or new != old
-        return perm if moved else None
+        if not moved:
+            return None
+        for cls in self.movable:  # the classes skipped above stay in place
+            for r in cls:
+                perm.setdefault(r, r)
+        return perm
 
     def canonical(self, s: State) -> State:
         """The canonical representative of ``s``'s orbit (``s`` itself when already canonical)."""
         perm = self.permutation(s)
-        return s if perm is None else apply(s, perm)
+        return s if perm is None else self._apply(s, perm)
+
+    def _rename(self, what: str, x, pk: tuple, fn):
+        """``fn(x)``, cached by (what, x, permutation)."""
+        if not x:
+            return x  # an empty set or tuple names nobody
+        k = (what, x, pk)
+        y = self._renamed.get(k)
+        if y is None:
+            if len(self._renamed) >= self._CACHE_LIMIT:
+                self._renamed.clear()
+            y = self._renamed[k] = fn(x)
+        return y
+
+    def _apply(self, s: State, perm: dict[int, int]) -> State:
+        """``apply(s, perm)`` with the renamed parts cached (equal result)."""
+        pk = tuple(perm.items())
+        ranks = list(s.ranks)
+        for old, new in perm.items():
+            ranks[new] = s.ranks[old]
+        p = perm.get
+        return _renamed(
+            s,
+            tuple(ranks),
+            self._rename("store", s.store, pk, lambda st: _rename_store(st, p)),
+            self._rename("resumed", s.resumed, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+            self._rename("exits", s.exits, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+            self._rename("agreed", s.agreed, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+        )
+
+
+#: ``replace(s, ranks=.., store=.., resumed=.., exits=.., agreed=..)``, written out
+_renamed = _copier(State, "ranks", "store", "resumed", "exits", "agreed")
+
+
+def _store_signature(st, r: int) -> tuple:
+    return (
+        tuple(sorted((a[0], a[2], a[3]) for a in st.arrivals if a[1] == r)),
+        tuple(i for i, (_g, x) in enumerate(st.last_arriver) if x == r),
+        tuple(sorted(g for g, x in st.ready if x == r)),
+        tuple(i for i, (_g, x) in enumerate(st.last_ready) if x == r),
+    )
+
+
+def _set_signature(x: frozenset, r: int) -> tuple:
+    """The elements of a history set that name rank ``r`` (its id, the second item, removed), sorted."""
+    return tuple(sorted((e[0], *e[2:]) for e in x if e[1] == r))
+
+
+def _rename_store(st, p):
+    """The store with every rank id renamed by ``p`` (a ``dict.get``; ids not in it are fixed)."""
+    if not (st.arrivals or st.last_arriver or st.ready or st.last_ready):
+        return st
+    return replace(
+        st,
+        arrivals=frozenset((g, p(r, r), f, gg) for g, r, f, gg in st.arrivals),
+        last_arriver=tuple((g, p(r, r)) for g, r in st.last_arriver),
+        ready=frozenset((g, p(r, r)) for g, r in st.ready),
+        last_ready=tuple((g, p(r, r)) for g, r in st.last_ready),
+    )
 
 
 def apply(s: State, perm: dict[int, int]) -> State:

@@ -1,6 +1,9 @@
 """Trace checker teeth (spec/trace-checking.md T1-T4): model-generated traces are accepted,
 mutated ones (reordered, dropped, renamed, wrong decision, wrong state, truncated, extended)
-are rejected, and a rejection explains itself.  Pure Python: no processes, no torch."""
+are rejected, and a rejection explains itself.  Each tampering is rejected by the checks before the
+search and by the search alone (``prechecks=False``), in small worlds and in a 64-rank one (8x8,
+``conformance/checker_tamper.py``).  No timing is asserted (``accelpact bench check`` measures).
+Pure Python: no processes, no torch."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from accelpact.conformance.checker import Abstraction, check_traces, project, write_dir
+from accelpact.conformance.checker_tamper import TAMPERINGS
 from accelpact.impl.rundir import RunDir
 from accelpact.impl.trace import RankTrace, TraceError
 from accelpact.impl.trace import load_traces as load_dir
@@ -90,6 +94,20 @@ def test_l1_and_l2_runs_both_covered():
     assert kinds == {True, False}
 
 
+@pytest.fixture(params=[True, False], ids=["prechecked", "search-only"])
+def prechecks(request) -> bool:
+    """Every tampering must be rejected by the checks before the search and by the search alone."""
+    return request.param
+
+
+def _check(cfg, traces, prechecks: bool):
+    """check_traces, with or without the checks before the search; a rejection must be the
+    search's own verdict, not its node budget running out."""
+    v = check_traces(cfg, traces, prechecks=prechecks)
+    assert "budget" not in v.message, v.message
+    return v
+
+
 def _rank_with(tr, pred):
     for r, t in sorted(tr.items()):
         idx = [i for i, rec in enumerate(t.records) if pred(rec)]
@@ -99,7 +117,7 @@ def _rank_with(tr, pred):
 
 
 @pytest.mark.timeout(120)
-def test_reordered_records_rejected():
+def test_reordered_records_rejected(prechecks):
     """T2: swapping two adjacent protocol records of one rank is not a model behaviour."""
     tried = 0
     for cfg, p in runs(30, seed=1):
@@ -111,7 +129,7 @@ def test_reordered_records_rejected():
                 if a.action.startswith("Fault") or b.action.startswith("Fault") or a.action == b.action:
                     continue
                 mutated = _with(tr, r, recs[:i] + [b, a] + recs[i + 2:])
-                v = check_traces(cfg, mutated)
+                v = _check(cfg, mutated, prechecks)
                 assert not v.accepted, f"reordered {a} / {b} accepted"
                 tried += 1
                 break
@@ -119,7 +137,7 @@ def test_reordered_records_rejected():
 
 
 @pytest.mark.timeout(120)
-def test_dropped_record_rejected():
+def test_dropped_record_rejected(prechecks):
     """Dropping a protocol record of a released run (where every step is needed) is caught.
     (In an aborted run a dropped record can leave a genuine model behaviour: the watchdog may
     end a rank at any point, so only released runs are used here.)"""
@@ -129,14 +147,14 @@ def test_dropped_record_rejected():
         r, idx = _rank_with(tr, lambda rec: not rec.action.startswith("Fault"))
         i = idx[len(idx) // 2]
         recs = tr[r].records
-        v = check_traces(cfg, _with(tr, r, recs[:i] + recs[i + 1:]))
+        v = _check(cfg, _with(tr, r, recs[:i] + recs[i + 1:]), prechecks)
         assert not v.accepted, f"dropping {recs[i]} accepted"
         tried += 1
     assert tried == 15
 
 
 @pytest.mark.timeout(120)
-def test_renamed_action_rejected():
+def test_renamed_action_rejected(prechecks):
     swap = {"RankGuard": "RankReject", "RankReject": "RankGuard", "RankArrive": "RankReady", "RankAwaitAgreement": "RankResume",
             "RankReplace": "RankRebind", "RankRebind": "RankValidate", "RankValidate": "RankReady", "RankReady": "RankArrive",
             "RankResume": "RankAwaitAgreement", "RankObserve": "RankGuard"}
@@ -149,14 +167,14 @@ def test_renamed_action_rejected():
         i = idx[0]
         recs = list(tr[r].records)
         recs[i] = replace(recs[i], action=swap[recs[i].action])
-        v = check_traces(cfg, _with(tr, r, recs))
+        v = _check(cfg, _with(tr, r, recs), prechecks)
         assert not v.accepted, f"renaming {tr[r].records[i]} to {recs[i].action} accepted"
         tried += 1
     assert tried == 15
 
 
 @pytest.mark.timeout(120)
-def test_wrong_decision_rejected():
+def test_wrong_decision_rejected(prechecks):
     """A decide record claiming the other decision, or an arrive claiming the wrong 'last'."""
     tried = 0
     for cfg, p in runs(40, seed=4) + runs(40, seed=4, l1_only=True):
@@ -171,14 +189,14 @@ def test_wrong_decision_rejected():
             recs[idx[0]] = replace(rec, detail={**rec.detail, "decision": d})
         else:
             recs[idx[0]] = replace(rec, detail={**rec.detail, "last": not rec.detail["last"]})
-        v = check_traces(cfg, _with(tr, r, recs))
+        v = _check(cfg, _with(tr, r, recs), prechecks)
         assert not v.accepted, f"wrong decision in {recs[idx[0]]} accepted"
         tried += 1
     assert tried >= 10
 
 
 @pytest.mark.timeout(120)
-def test_wrong_state_field_rejected():
+def test_wrong_state_field_rejected(prechecks):
     """The abstraction function has teeth: a frontier one step off, stale refs claimed clean."""
     tried = 0
     for cfg, p in runs(30, seed=5):
@@ -187,33 +205,33 @@ def test_wrong_state_field_rejected():
         recs = list(tr[r].records)
         rec = recs[idx[0]]
         recs[idx[0]] = replace(rec, state={**rec.state, "frontier": rec.state["frontier"] + 7})
-        assert not check_traces(cfg, _with(tr, r, recs)).accepted
+        assert not _check(cfg, _with(tr, r, recs), prechecks).accepted
         tried += 1
     assert tried == 30
 
 
 @pytest.mark.timeout(120)
-def test_truncated_rank_rejected():
+def test_truncated_rank_rejected(prechecks):
     """etcd TraceMatched: a rank whose trace stops early (no end record) in a released run is rejected."""
     for cfg, p in [x for x in runs(12, seed=6, l1_only=True) if len(x[0].world) == 4]:
         tr = project(cfg, p)
         r = max(tr, key=lambda k: len(tr[k].records))
         recs = tr[r].records
-        v = check_traces(cfg, _with(tr, r, recs[: len(recs) // 2], end=None))
+        v = _check(cfg, _with(tr, r, recs[: len(recs) // 2], end=None), prechecks)
         assert not v.accepted
         # dropping only the end record is caught too
-        assert not check_traces(cfg, _with(tr, r, recs, end=None)).accepted
+        assert not _check(cfg, _with(tr, r, recs, end=None), prechecks).accepted
 
 
 @pytest.mark.timeout(120)
-def test_extra_record_rejected():
+def test_extra_record_rejected(prechecks):
     """A record after the model's run ended cannot be consumed: the checker must not ignore it."""
     for cfg, p in [x for x in runs(12, seed=7, l1_only=True) if len(x[0].world) == 4]:
         tr = project(cfg, p)
         r = 0
         recs = tr[r].records
         extra = replace(recs[-1], seq=len(recs))
-        assert not check_traces(cfg, _with(tr, r, recs + [extra])).accepted
+        assert not _check(cfg, _with(tr, r, recs + [extra]), prechecks).accepted
 
 
 @pytest.mark.timeout(60)
@@ -222,9 +240,18 @@ def test_rejection_explains():
     tr = project(cfg, p)
     recs = tr[1].records
     i = next(i for i, rec in enumerate(recs) if rec.action == "RankRebind")
-    v = check_traces(cfg, _with(tr, 1, recs[:i] + recs[i + 1:]))
+    bad = _with(tr, 1, recs[:i] + recs[i + 1:])
+    # before the search: rank 1's own records are no path of its local steps, and the rejection
+    # says which record, and what the model needed there
+    v = check_traces(cfg, bad)
+    assert not v.accepted and v.nodes == 0
+    for needle in (f"first unmatched r1#{i} RankValidate", "needs the rank rebound", "after r1#"):
+        assert needle in v.message, v.message
+    assert 1 in v.unmatched
+    # the search alone rejects it too, with the model's view of where it got stuck
+    v = check_traces(cfg, bad, prechecks=False)
     assert not v.accepted
-    for needle in ("first unmatched", "RankValidate", "model allows", "shortest model path"):
+    for needle in ("first unmatched", "RankValidate", "model allows", "model path to the furthest match"):
         assert needle in v.message, v.message
     assert 1 in v.unmatched
 
@@ -281,7 +308,7 @@ def test_check_trace_cli(tmp_path, capsys):
 
 
 @pytest.mark.timeout(120)
-def test_observation_point_abstraction():
+def test_observation_point_abstraction(prechecks):
     """T2: in-flight points are one class (a peer observes an optimizer-time failure while still in
     backward: accepted), but an in-flight failure observed as a boundary one is rejected."""
     tried = 0
@@ -295,15 +322,15 @@ def test_observation_point_abstraction():
         recs = list(tr[r].records)
         other = {"forward": "backward", "backward": "optimizer", "optimizer": "backward"}[recs[i].state["point"]]
         recs[i] = replace(recs[i], state={**recs[i].state, "point": other})
-        assert check_traces(cfg, _with(tr, r, recs)).accepted
+        assert _check(cfg, _with(tr, r, recs), prechecks).accepted
         recs[i] = replace(recs[i], state={**recs[i].state, "point": "boundary"})
-        assert not check_traces(cfg, _with(tr, r, recs)).accepted
+        assert not _check(cfg, _with(tr, r, recs), prechecks).accepted
         tried += 1
     assert tried >= 5
 
 
 @pytest.mark.timeout(120)
-def test_comm_must_name_the_real_group():
+def test_comm_must_name_the_real_group(prechecks):
     """RankReplace's ``comm`` names the new communicator (its c10d name, read back by
     ``controlplane.comm_generation``): a bare counter, or the name of another generation's group,
     is rejected."""
@@ -319,13 +346,13 @@ def test_comm_must_name_the_real_group():
         assert rec.state["comm"] == comm_name("accelpact/", gen, cfg.group)
         for bad in (gen, comm_name("accelpact/", gen + 1, cfg.group), "original"):
             recs[idx[0]] = replace(rec, state={**rec.state, "comm": bad})
-            assert not check_traces(cfg, _with(tr, r, recs)).accepted, f"comm={bad!r} accepted"
+            assert not _check(cfg, _with(tr, r, recs), prechecks).accepted, f"comm={bad!r} accepted"
         tried += 1
     assert tried == 9
 
 
 @pytest.mark.timeout(120)
-def test_counts_must_equal_the_models():
+def test_counts_must_equal_the_models(prechecks):
     """A store add and its record are one action: the reported counter is exactly the model's."""
     tried = 0
     for cfg, p in runs(12, seed=12, l1_only=True):
@@ -336,13 +363,13 @@ def test_counts_must_equal_the_models():
         recs = list(tr[r].records)
         rec = recs[idx[0]]
         recs[idx[0]] = replace(rec, detail={**rec.detail, "count": rec.detail["count"] + 1})
-        assert not check_traces(cfg, _with(tr, r, recs)).accepted, f"count+1 in {rec} accepted"
+        assert not _check(cfg, _with(tr, r, recs), prechecks).accepted, f"count+1 in {rec} accepted"
         tried += 1
     assert tried >= 6
 
 
 @pytest.mark.timeout(120)
-def test_missing_end_only_for_a_rank_killed_by_a_signal():
+def test_missing_end_only_for_a_rank_killed_by_a_signal(prechecks):
     """Every exit path writes an end record; only a SIGKILLed (crashed) rank, or a worker torchrun
     killed for its restart, may lack one.  An exited rank without one is rejected."""
     tried = 0
@@ -353,8 +380,8 @@ def test_missing_end_only_for_a_rank_killed_by_a_signal():
         if not exited:
             continue
         r = exited[0]
-        assert check_traces(cfg, tr).accepted
-        assert not check_traces(cfg, _with(tr, r, tr[r].records, end=None)).accepted
+        assert _check(cfg, tr, prechecks).accepted
+        assert not _check(cfg, _with(tr, r, tr[r].records, end=None), prechecks).accepted
         tried += 1
     assert tried >= 3
 
@@ -380,7 +407,8 @@ def test_a_corrupt_line_is_a_rejection_not_a_truncation(tmp_path):
 @pytest.mark.timeout(240)
 def test_checker_scales_with_the_world_not_its_interleavings(tmp_path):
     """A one-repair run of 1,024 ranks (32 nodes x 32) is accepted, searching one node per record:
-    the search follows the records' t_ns order and takes purely local steps alone.  (Its time is
+    the search follows the records' t_ns order (repaired by the store's order) and takes every step
+    that commutes with the rest alone; a tampered one is rejected in one walk too.  (Times are
     measured by ``accelpact bench check``, never asserted here.)"""
     from accelpact.conformance.checker import scheduled_repair
 
@@ -391,8 +419,97 @@ def test_checker_scales_with_the_world_not_its_interleavings(tmp_path):
         records = sum(len(t.records) for t in tr.values())
         assert v.accepted, v.message
         assert v.nodes == records + 1
-    # and the benchmark runs end to end (tiny worlds)
+    v = check_traces(cfg, TAMPERINGS["frontier"].apply(cfg, tr), prechecks=False)
+    assert not v.accepted and v.nodes <= records + 1, v.message
+    # and the benchmark runs end to end (tiny worlds), timing the rejection of every tampering
+    import json
+
     from accelpact.cli import main as cli_main
 
     assert cli_main(["bench", "check", "--worlds", "2x2,4x2", "--repeat", "1", "--json", str(tmp_path / "c.json")]) == 0
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert [r["world"] for r in doc["results"]] == ["2x2", "4x2"]
+    assert {(r["world"], r["tampering"]) for r in doc["rejections"] if r["prechecks"]} == \
+        {(w, t) for w in ("2x2", "4x2") for t in TAMPERINGS}
+    assert all(r["rejected_by"] in ("prechecks", "search", "search only") and r["max_s"] >= 0 for r in doc["rejections"])
     assert cli_main(["bench", "check", "--worlds", "4by4"]) == 2
+    assert cli_main(["bench", "check", "--worlds", "2x2", "--tamper", "no-such-tampering"]) == 2
+
+
+# --------------------------------------------------------------------------------------
+# The same teeth at scale: a 64-rank world (8 nodes x 8), model runs of one repair and of one abort
+# (conformance/checker_tamper.py), each tampering rejected with its reason, before the search and
+# by the search alone.  (Rejection time versus ranks: ``accelpact bench check``, never asserted.)
+
+LARGE = (8, 8)
+
+
+@pytest.fixture(scope="module")
+def large():
+    """(config, traces) of each base run of the large world, built once."""
+    out = {}
+    for t in TAMPERINGS.values():
+        if t.on not in out:
+            out[t.on] = t.base(*LARGE)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_large_model_runs_are_accepted(large):
+    for cfg, tr in large.values():
+        records = sum(len(t.records) for t in tr.values())
+        v = check_traces(cfg, tr)
+        assert v.accepted, v.message
+        assert v.nodes == records + 1  # one search node per record: no interleaving explored
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(TAMPERINGS))
+def test_tampering_rejected_at_scale(name, large, prechecks):
+    """Each kind of tampering the small-world tests reject, on a 64-rank trace: rejected, saying why;
+    the search alone rejects it too, within its budget (a walk, not a search of interleavings)."""
+    t = TAMPERINGS[name]
+    cfg, tr = large[t.on]
+    bad = t.apply(cfg, tr)
+    v = _check(cfg, bad, prechecks)
+    assert not v.accepted, f"{name} ({t.doc}) accepted"
+    assert "budget" not in v.message, v.message
+    if prechecks:
+        assert t.expect in v.message, v.message
+    assert v.nodes <= 2 * sum(len(x.records) for x in tr.values()) + 2, f"{name}: {v.nodes} search nodes"
+    changed = [r for r in tr if bad[r].records != tr[r].records or bad[r].end != tr[r].end
+               or [x.state for x in bad[r].records] != [x.state for x in tr[r].records]
+               or [x.detail for x in bad[r].records] != [x.detail for x in tr[r].records]]
+    assert len(changed) == 1
+    r = changed[0]
+    if prechecks and t.names_rank:
+        assert f"rank {r}:" in v.message, v.message
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_line_rejected_at_scale(tmp_path, large):
+    """A line that is not JSON in one of 64 files rejects the run folder (T0)."""
+    cfg, tr = large["repair"]
+    write_dir(tr, tmp_path)
+    f = RunDir(tmp_path).trace(0, 37)
+    lines = f.read_text().splitlines()
+    f.write_text("\n".join(lines[:3] + ['{"type": "action", "seq"'] + lines[3:]) + "\n")
+    with pytest.raises(TraceError, match="not JSON"):
+        load_dir(tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_clock_skew_only_costs_no_verdict(large):
+    """``t_ns`` is each host's monotonic clock: ranks of different hosts are not comparable.  With
+    every node's clock shifted at random (hours apart), the honest run is still accepted in one walk
+    (the store's order repairs the guide: checker.TraceChecker._guide), and a tampered one rejected."""
+    cfg, tr = large["repair"]
+    rng = random.Random(5)
+    shift = {n: rng.randrange(-10**13, 10**13) for n in range(cfg.nodes)}
+    skewed = {r: RankTrace(r, [replace(rec, t_ns=rec.t_ns + shift[r // cfg.ranks_per_node]) for rec in t.records], t.header, t.end)
+              for r, t in tr.items()}
+    v = check_traces(cfg, skewed)
+    assert v.accepted, v.message
+    assert v.nodes == sum(len(t.records) for t in tr.values()) + 1
+    bad = TAMPERINGS["frontier"].apply(cfg, skewed)
+    assert not check_traces(cfg, bad).accepted

@@ -74,11 +74,31 @@ def test_exception_fault_is_recorded_before_it_raises(tmp_path):
 
 
 def test_frontier_mismatch_reports_f_plus_one(tmp_path):
+    """The fault acts on the rank's own counters (its guard commits one step more); it hands the
+    engine nothing to apply."""
+    m, opt = model_and_opt()
+    guard = BoundaryGuard(m, opt, frontier=5)
     plan = FaultPlan.from_list([{"step": 0, "at": "agree", "kind": "frontier_mismatch"}])
-    ctx, path = _ctx(tmp_path)
-    assert plan.apply(plan.at("agree", 0, 1)[0], ctx) == {"frontier_delta": 1}
+    ctx, path = _ctx(tmp_path, guard=guard)
+    assert plan.apply(plan.at("agree", 0, 1)[0], ctx) is None
+    assert (guard.frontier, guard.tau) == (6, 6)
     (rec,) = _records(path)
     assert rec["action"] == "FaultMismatch" and rec["state"]["frontier"] == 6 and rec["state"]["tau"] == 6
+
+
+def test_no_fault_kind_hands_the_engine_an_effect():
+    """Issue 10: the engine never learns that a fault was scheduled: no effect returns anything, the
+    injector's hook returns nothing, and the engine's source never names the injector's classes."""
+    import inspect
+
+    from accelpact.impl import faults, hooks, recovery
+
+    for kind in faults.KINDS.values():
+        assert inspect.signature(kind.effect).return_annotation in (None, "None"), kind.name
+    assert inspect.signature(hooks.Hooks.point).return_annotation in (None, "None")
+    src = inspect.getsource(recovery)
+    for name in ("InjectedFault", "FaultPlan", "FaultInjector", "group_failed", "frontier_delta"):
+        assert name not in src, f"impl/recovery.py names {name}: the engine must not know about injected faults"
 
 
 def test_collective_timeout_needs_a_known_group(tmp_path):

@@ -37,7 +37,7 @@ def test_correct_protocol_2x2_one_fault_holds_everything():
     r = explore(SMALL, symmetry=False)
     assert r.ok, [v.format() for v in r.violations]
     assert r.complete and r.liveness == {"L1": True, "L2": True, "L3": True}
-    assert (r.states, r.transitions, r.depth) == (1893, 5396, 33)
+    assert (r.states, r.transitions, r.depth) == (5413, 16428, 33)
     assert r.deadlocks == 0 and r.livelocks == 0 and r.sinks > 0
     assert r.invariants_checked == r.states * len(INVARIANTS) + r.transitions * len(EDGE_INVARIANTS)
     assert 0 < r.exit_bound <= r.exit_bound_limit == exit_bound_limit(SMALL)
@@ -106,7 +106,7 @@ def test_several_groups_fail_in_one_episode_and_each_episode_chooses():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("cfg,perms", [
     (Config(max_faults=1), ({1: 3, 3: 1},)),
-    (Config(nodes=3, max_faults=1, failing="any"), ({1: 3, 3: 1}, {2: 4, 4: 2}, {1: 5, 5: 3, 3: 1})),
+    (Config(nodes=3, max_faults=1, failing="any", points=("boundary",)), ({1: 3, 3: 1}, {2: 4, 4: 2}, {1: 5, 5: 3, 3: 1})),
     (Config(nodes=4, ranks_per_node=1, affected_local=0, group="world", max_faults=1),
      ({1: 2, 2: 1}, {1: 3, 3: 2, 2: 1}, {1: 2, 2: 3, 3: 1})),
 ], ids=["2x2", "3x2-any", "4x1-ddp"])

@@ -6,7 +6,7 @@ state machine (ci profile) must fail on the same configuration.  The correct pro
 both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
 S2.3 (no-fence), S5 (partial-rebind), S3 (admit-inflight, ignore-guard), S1 (timeout-leaves-decision-open),
 S2.1 (overwrite-decision), S8 (skip-validation), S2.2 (no-frontier-check), S4.2 (stale-release),
-S6 (reload-on-resume), L2/L3 (linger, no-step-deadline).
+S6 (reload-on-resume), L2/L3 (linger, no-step-deadline, wait-on-lost-store).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ SMALLEST: dict[str, Config] = {
     "stale-release": Config(**_DDP2, max_faults=2, **_with()),
     "reload-on-resume": Config(**_DDP2, max_faults=1),
     "linger": Config(**_DDP2, max_faults=2, faults=frozenset({"group_fail", "crash"})),
+    "wait-on-lost-store": Config(**_DDP2, max_faults=2, **_with("store_loss")),
     # every rank hung needs a group failure plus one hang per rank: 3 faults on 2 ranks
     "no-step-deadline": Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3,
                                faults=frozenset({"group_fail", "hang"})),

@@ -26,6 +26,8 @@ HSDP = Config(max_faults=3)
 
 
 def A(name, rank=None, arg=None):
+    if name == "RankObserve" and arg is None:
+        arg = "boundary"  # where the rank observes the failure (Config.observable)
     return Action(name, rank, arg)
 
 
@@ -63,7 +65,9 @@ def test_p1_members_observe_and_revoke_non_members_follow_the_revoke():
 def test_p2_contract_rejects_in_flight_failures():
     """P2/C3: a failure in forward is L2: RankGuard is disabled, RankReject aborts with 'rejected'."""
     cfg = DDP
-    s = run(cfg, A("FaultGroupFail", None, "forward"), A("RankObserve", 0))
+    s = run(cfg, A("FaultGroupFail", None, "forward"))
+    assert not enabled(cfg, s, A("RankObserve", 0, "forward")), "forward uses no collective on R by default"
+    s = run(cfg, A("RankObserve", 0, "backward"), s=s)
     assert not enabled(cfg, s, A("RankGuard", 0))
     s = run(cfg, A("RankReject", 0), s=s)
     assert s.ranks[0].pc == PC_EXITED and s.ranks[0].reason == REASON_REJECTED
@@ -202,3 +206,96 @@ def test_non_member_times_out_when_every_member_of_r_died_before_revoking():
 def test_all_actions_is_deterministic():
     assert all_actions(HSDP) == all_actions(Config(max_faults=3))
     assert len(set(all_actions(HSDP))) == len(all_actions(HSDP))
+
+
+# ---- where a failure is observed (issue 9, item 5) -----------------------------------------------
+
+def test_a_failure_during_the_optimizer_step_is_observed_at_the_boundary_and_repaired():
+    """The optimizer step uses no collective on R (HSDP): a failure that strikes there is met by the
+    boundary probe, after the commit, so the contract may keep the state (L1)."""
+    cfg = HSDP
+    s = run(cfg, A("FaultGroupFail", None, "optimizer"))
+    assert cfg.observable("optimizer") == ("boundary",)
+    assert not enabled(cfg, s, A("RankObserve", 1, "optimizer"))
+    s = run(cfg, A("RankObserve", 1, "boundary"), s=s)
+    assert enabled(cfg, s, A("RankGuard", 1))
+
+
+def test_a_partial_collective_leaves_peers_at_different_points_and_the_job_goes_to_l2():
+    """A failure in backward: one member is still in backward (in flight: reject), its peer already
+    reached the boundary (it would repair).  The rejection's abort ends both: all or none."""
+    cfg = HSDP  # R = {1, 3}
+    s = run(cfg, A("FaultGroupFail", None, "backward"), A("RankObserve", 1, "backward"), A("RankObserve", 3, "boundary"))
+    assert s.ranks[1].point == "backward" and s.ranks[3].point == "boundary"
+    assert enabled(cfg, s, A("RankGuard", 3)) and not enabled(cfg, s, A("RankGuard", 1))
+    s = run(cfg, A("RankGuard", 3), A("RankReject", 1), s=s)
+    assert s.store.abort == REASON_REJECTED and s.store.agree == ((0, "abort:rejected"),)
+
+
+def test_ddp_observes_a_forward_failure_in_forward_when_it_broadcasts_buffers():
+    cfg = DDP.with_(uses_r=("forward", "backward", "boundary"))
+    s = run(cfg, A("FaultGroupFail", None, "forward"), A("RankObserve", 0, "forward"))
+    assert s.ranks[0].point == "forward"
+
+
+def test_config_refuses_a_wrapper_that_never_uses_r_at_the_boundary():
+    with pytest.raises(ValueError, match="boundary"):
+        Config(uses_r=("backward",))
+    with pytest.raises(ValueError, match="not failure points"):
+        Config(uses_r=("boundary", "sideways"))
+
+
+# ---- F and C move, episodes overlap, the store can be lost (issue 9, item 6) ---------------------
+
+def _repair(cfg, s, point="boundary"):
+    ranks = list(cfg.world)
+    members = [r for r in ranks if cfg.is_member(r)]
+    last = ranks[-1]
+    acts = [A("FaultGroupFail", None, point)]
+    acts += [A("RankObserve", r) for r in members + [r for r in ranks if r not in members]]
+    acts += [A(n, r) for n in ("RankGuard", "RankArrive") for r in ranks]
+    acts += [A("RankDecideAgreement", last)] + [A("RankAwaitAgreement", r) for r in ranks]
+    acts += [A(n, r) for n in ("RankReplace", "RankRebind", "RankValidate") for r in members]
+    acts += [A("RankReady", r) for r in ranks] + [A("RankDecideRelease", last)]
+    return run(cfg, *acts, s=s)
+
+
+def test_the_frontier_moves_between_episodes():
+    """Episode g strikes at F + g * advance: the second repair agrees on the later frontier."""
+    cfg = HSDP.with_(advance=2)
+    s = _repair(cfg, initial_state(cfg))
+    s = run(cfg, *[A("RankResume", r) for r in cfg.world], s=s)
+    assert {rk.tau for rk in s.ranks} == {cfg.frontier}
+    s = _repair(cfg, s)
+    assert {a[2] for a in s.store.arrivals if a[0] == 1} == {cfg.frontier_at(1)} == {cfg.frontier + 2}
+
+
+def test_an_episode_may_start_while_a_peer_has_not_resumed_yet():
+    """Overlapping episodes: the release of g is decided, rank 0 has not read it, rank 1 resumed and
+    its group fails again; rank 0 resumes into the failed generation and observes it there."""
+    cfg = HSDP
+    s = _repair(cfg, initial_state(cfg))
+    s = run(cfg, *[A("RankResume", r) for r in (1, 2, 3)], s=s)
+    s = run(cfg, A("FaultGroupFail", None, "boundary"), A("RankObserve", 1), s=s)
+    assert s.ranks[0].gen == 0 and s.store.failed[0] == 1
+    s = run(cfg, A("RankResume", 0), A("RankObserve", 0), s=s)
+    assert s.ranks[0].gen == 1 and s.ranks[0].frontier == cfg.frontier_at(1)
+
+
+def test_a_lost_store_ends_every_rank_and_nobody_resumes():
+    cfg = HSDP.with_(faults=frozenset({"group_fail", "store_loss"}))
+    s = run(cfg, A("FaultGroupFail", None, "boundary"), A("RankObserve", 1), A("FaultStoreLoss"))
+    assert not enabled(cfg, s, A("RankObserve", 3)), "no protocol step reaches a lost store"
+    s = run(cfg, *[A("RankLoseStore", r) for r in cfg.world], s=s)
+    assert all(rk.pc == PC_EXITED and rk.reason == REASON_DEADLINE for rk in s.ranks)
+    assert not is_final(cfg, s) and enabled(cfg, s, A("SupervisorRestart"))
+
+
+def test_the_restart_replays_from_the_checkpoint_that_moved():
+    cfg = HSDP.with_(frontier=3, checkpoint=0, checkpoint_every=2, faults=frozenset({"group_fail", "store_loss"}))
+    s = _repair(cfg, initial_state(cfg))
+    s = run(cfg, *[A("RankResume", r) for r in cfg.world], s=s)
+    s = run(cfg, A("FaultGroupFail", None, "boundary"), A("FaultStoreLoss"), *[A("RankLoseStore", r) for r in cfg.world],
+            A("SupervisorRestart"), s=s)
+    # episode 1 strikes at F = 4; the last checkpoint at or before it is 4: nothing to replay
+    assert {(rk.tau, rk.replayed) for rk in s.ranks} == {(4, 0)}

@@ -248,16 +248,28 @@ def test_cli_modules_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_in_flight_failure_may_surface_later():
-    """A group broken in forward is noticed by the backward all-reduce: the script allows it."""
-    from accelpact.model.protocol import Action
+def test_in_flight_failure_is_observed_where_r_is_next_used():
+    """A group broken in forward (HSDP: forward uses no collective on R) is noticed by backward's
+    all-reduce: the script fires the failure where it struck, the model observes it where R is used."""
+    from accelpact.model.protocol import Action, enabled, step
     from accelpact.model.state import initial_state
 
     sc = scenario_from_mapping(mk(faults=[{"step": 5, "at": "forward", "kind": "collective_timeout", "ranks": [1, 3]}]))
-    script = script_for(sc)
-    s = initial_state(model_config(sc))
-    assert script.allowed(s, Action("FaultGroupFail", None, "backward"), frozenset()) == 0
-    assert script.allowed(s, Action("FaultGroupFail", None, "boundary"), frozenset()) is None
+    script, cfg = script_for(sc), model_config(sc)
+    s = initial_state(cfg)
+    assert script.allowed(s, Action("FaultGroupFail", None, "forward"), frozenset()) == 0
+    assert script.allowed(s, Action("FaultGroupFail", None, "backward"), frozenset()) is None
+    s = step(cfg, s, Action("FaultGroupFail", None, "forward"))
+    assert enabled(cfg, s, Action("RankObserve", 1, "backward"))
+    assert not enabled(cfg, s, Action("RankObserve", 1, "forward")) and not enabled(cfg, s, Action("RankObserve", 1, "boundary"))
+
+
+def test_fsdp2_failure_during_the_optimizer_step_is_repaired():
+    """Issue 9: R broken while FSDP2's optimizer step runs (which uses no collective on R) is met by
+    the boundary probe after the commit: the model allows L1 only."""
+    sc = scenario_from_mapping(mk(workload={**BASE["workload"], "wrapper": "fsdp2-hybrid"},
+                                  faults=[{"step": 5, "at": "optimizer", "kind": "collective_timeout", "ranks": [1, 3]}]))
+    assert model_outcomes(sc).outcome_class == "L1"
 
 
 @pytest.mark.timeout(120)

@@ -166,7 +166,10 @@ def _parse_action(token: str):
     assert name in ACTIONS, f"spec/protocol.md model-run: unknown action {name!r}"
     if name == "FaultGroupFail":
         return Action(name, None, arg)
-    return Action(name, int(arg)) if arg else Action(name)
+    if not arg:
+        return Action(name)
+    rank, _, point = (x.strip() for x in arg.partition(","))
+    return Action(name, int(rank), point or None)
 
 
 def _model_runs() -> list[tuple[list[str], list[str]]]:

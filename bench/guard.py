@@ -1,0 +1,172 @@
+"""``accelpact bench guard``: the engine's fault-free cost per step, paired in the same processes.
+
+Each rank builds its groups as the worker does and two identical copies of the workload's model on
+them: ``on`` is attached to the engine (guard hooks, ``with pact.step(...)``, ``pact.boundary``:
+the post-commit collective on R and the failure flag over W, the watchdog's step deadline), ``off``
+trains with the plain loop (forward, backward, ``optimizer.step()``, ``zero_grad``).  Blocks of
+``--block-steps`` steps alternate ``on``/``off`` inside the same processes (the order flips every
+block, after a warm-up of each), so drift of the shared machine hits both arms alike.
+
+Reported: per-step medians (p90, p99, max) of both arms, the overhead = median(on) - median(off)
+in ms and in % of median(off), with a 95% bootstrap confidence interval that resamples whole
+blocks (each block holds one run of each arm: the pairing), and the per-block differences.  The default model makes a step take about 100 ms or more here
+(``--dim 192 --layers 4 --seq 64 --batch 8``); ``--quick`` uses a tiny one (steps of a few ms: the
+percentage then says little).
+
+Why two model copies: the engine has no detach or pause (``Pact.close`` ends the job's trace and
+cannot be undone), so the same module cannot run with and without it in alternation; a
+``Pact.pause()``/``resume()`` that removes and reinstalls the guard hooks and skips the boundary
+would let the benchmark pair the very same module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+from . import common
+
+__all__ = ["add_arguments", "run", "guard_rank"]
+
+LAYOUT = {"ddp": (1, 2), "fsdp1-hybrid": (2, 2), "fsdp2-hybrid": (2, 2)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common.add_common(p, "guard")
+    p.add_argument("--wrapper", default="ddp", choices=list(LAYOUT),
+                   help="ddp runs 1x2 (two processes on the two cores; default), the hybrid wrappers 2x2")
+    p.add_argument("--dim", type=int, default=None, help="model width (default 192; quick 64)")
+    p.add_argument("--layers", type=int, default=None, help="layers (default 4; quick 2)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default 64; quick 32)")
+    p.add_argument("--batch", type=int, default=None, help="batch per rank (default 8; quick 4)")
+    p.add_argument("--blocks", type=int, default=None, help="blocks per arm (default 20; quick 4)")
+    p.add_argument("--block-steps", type=int, default=None, help="steps per block (default 10; quick 4)")
+    p.add_argument("--timeout", type=float, default=1200.0, help="bound on the launch, seconds")
+
+
+def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, seq: int, batch: int, blocks: int,
+               block_steps: int, warmup: int = 3) -> dict:
+    """Rank function (``init_group=True``): per-step seconds of both arms, with their block index."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from accelpact.impl import workload
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.job import Topology
+    from accelpact.impl.recovery import attach
+    from accelpact.impl.worker import build_recorded_groups, pact_groups
+
+    topo = Topology(nodes, rpn)
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+    groups, records = build_recorded_groups(workload, topo, ctx.rank, "gloo", datetime.timedelta(seconds=120))
+    spec = workload.WorkloadSpec(wrapper=wrapper, layers=layers, dim=dim, heads=4 if dim % 4 == 0 else 2, seq=seq, batch=batch)
+    on = workload.build_job(spec, topo, groups)
+    off = workload.build_job(spec, topo, groups)
+    pact = attach(on.module, on.optimizer, groups=pact_groups(topo, ctx.rank, wrapper, control, groups, records),
+                  control=ControlPlane(ctx.store, ctx.rank, ctx.world, prefix="bench/guard/"), deadline_s=30.0)
+    steps = {"on": 0, "off": 0}
+
+    def one(arm: str) -> float:
+        s = steps[arm]
+        t = time.perf_counter()
+        if arm == "on":
+            with pact.step(s):
+                loss = workload.train_step(on, s)
+            pact.boundary(loss)
+        else:
+            workload.train_step(off, s)
+        steps[arm] = s + 1
+        return time.perf_counter() - t
+
+    for _ in range(warmup):
+        one("on")
+        one("off")
+    times: dict[str, list[tuple[int, float]]] = {"on": [], "off": []}
+    for b in range(blocks):
+        for arm in (("on", "off") if b % 2 == 0 else ("off", "on")):
+            for _ in range(block_steps):
+                times[arm].append((b, one(arm)))
+    control.allreduce([__import__("torch").zeros(1)]).wait()
+    pact.close()
+    return {"rank": ctx.rank, "times": times, "repairs": len(pact.reports)}
+
+
+def _block_bootstrap(on_by: dict[int, list[float]], off_by: dict[int, list[float]], n_boot: int = 2000,
+                     seed: int = 0) -> tuple[float, float]:
+    """95% CI of median(on) - median(off), resampling whole blocks (each block holds both arms)."""
+    rng = random.Random(seed)
+    keys = list(on_by)
+    out = []
+    for _ in range(n_boot):
+        pick = [keys[rng.randrange(len(keys))] for _ in keys]
+        out.append(statistics.median([t for b in pick for t in on_by[b]]) - statistics.median([t for b in pick for t in off_by[b]]))
+    out.sort()
+    return out[int(0.025 * (n_boot - 1))], out[int(0.975 * (n_boot - 1))]
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    q = args.quick
+    dim = args.dim or (64 if q else 192)
+    layers = args.layers or (2 if q else 4)
+    seq = args.seq or (32 if q else 64)
+    batch = args.batch or (4 if q else 8)
+    blocks = args.blocks or (4 if q else 20)
+    block_steps = args.block_steps or (4 if q else 10)
+    if min(dim, layers, seq, batch, blocks, block_steps) < 1 or seq < 2 or blocks < 2:
+        print("accelpact bench guard: error: sizes >= 1, --seq >= 2, --blocks >= 2", file=sys.stderr)
+        return 2
+    n, m = LAYOUT[args.wrapper]
+    print(f"guard: {args.wrapper} {n}x{m}, model dim {dim} x {layers} layers, seq {seq}, batch {batch}; "
+          f"{blocks} blocks x {block_steps} steps per arm, alternating", flush=True)
+    try:
+        res = common.rank_values(guard_rank, n * m, args.out, timeout_s=args.timeout, wrapper=args.wrapper, nodes=n, rpn=m,
+                                 dim=dim, layers=layers, seq=seq, batch=batch, blocks=blocks, block_steps=block_steps)
+    except common.BenchError as exc:
+        print(f"accelpact bench guard: {exc}", file=sys.stderr)
+        return 1
+    # the slowest rank per step (the ranks are in lockstep: every step ends with collectives)
+    arms = {}
+    for arm in ("on", "off"):
+        per_step = list(zip(*[r["times"][arm] for r in res], strict=True))
+        arms[arm] = [(xs[0][0], max(t for _, t in xs)) for xs in per_step]
+    on_all = [t for _, t in arms["on"]]
+    off_all = [t for _, t in arms["off"]]
+    on_by = {b: [t for bb, t in arms["on"] if bb == b] for b in range(blocks)}
+    off_by = {b: [t for bb, t in arms["off"] if bb == b] for b in range(blocks)}
+    diffs = [statistics.median(on_by[b]) - statistics.median(off_by[b]) for b in range(blocks)]
+    med_on, med_off = statistics.median(on_all), statistics.median(off_all)
+    lo, hi = _block_bootstrap(on_by, off_by)
+    result = {
+        "on_ms": common.stats(on_all, 1e3), "off_ms": common.stats(off_all, 1e3),
+        "overhead_ms": (med_on - med_off) * 1e3, "overhead_pct": (med_on - med_off) / med_off * 100,
+        # the blocks are the pairs: resampling blocks keeps each on-block with its off-block
+        "overhead_ci95_ms": [lo * 1e3, hi * 1e3], "overhead_ci95_pct": [lo / med_off * 100, hi / med_off * 100],
+        "block_diffs_ms": [d * 1e3 for d in diffs], "block_diff_median_ms": statistics.median(diffs) * 1e3,
+        "repairs": [r["repairs"] for r in res], "step_ms_target_met": med_off >= 0.1,
+    }
+    common.print_table(f"engine on versus off, fault-free ({args.wrapper} {n}x{m}, slowest rank per step): milliseconds",
+                       ["arm", "steps", "median", "p90", "p99", "max"],
+                       [[a, result[f"{a}_ms"]["n"], common.fmt(result[f"{a}_ms"]["median"]), common.fmt(result[f"{a}_ms"]["p90"]),
+                         common.fmt(result[f"{a}_ms"]["p99"]), common.fmt(result[f"{a}_ms"]["max"])] for a in ("on", "off")])
+    ci = result["overhead_ci95_pct"]
+    print(f"overhead: median(on) - median(off) = {result['overhead_ms']:+.3f} ms per step = {result['overhead_pct']:+.2f}% "
+          f"(95% block-bootstrap CI {ci[0]:+.2f}% .. {ci[1]:+.2f}%); median of the per-block differences "
+          f"{result['block_diff_median_ms']:+.3f} ms"
+          + ("" if result["step_ms_target_met"] else f"; note: the off step is {med_off * 1e3:.1f} ms (< 100 ms)"), flush=True)
+    if getattr(args, "plot", None):
+        common.line_plot(args.plot, "paired per-block difference on - off (ms); 0 = no overhead", "block",
+                         "milliseconds", {"median(on) - median(off) per block": (list(range(blocks)), result["block_diffs_ms"])})
+    headline: dict[str, Any] = {"guard_overhead_pct": result["overhead_pct"], "guard_overhead_ci95_pct": ci,
+                                "guard_off_step_ms": med_off * 1e3}
+    reasons = {} if result["step_ms_target_met"] else {
+        "guard_overhead_pct": f"measured on a {med_off * 1e3:.1f} ms step (the issue asks for >= 100 ms; a quick run?)"}
+    common.write_result(args, "guard", {"wrapper": args.wrapper, "topology": f"{n}x{m}", "dim": dim, "layers": layers,
+                                        "seq": seq, "batch": batch, "blocks": blocks, "block_steps": block_steps},
+                        result, headline, reasons, t0)
+    return 0

@@ -1,0 +1,418 @@
+"""Failure detector over the control plane: heartbeats through the c10d store (spec/detection.md).
+
+Each rank runs one daemon thread (:class:`Detector`) that, every ``interval_s``:
+
+1. publishes ``{prefix}hb/a{attempt}/{rank}`` = ``"{incarnation}:{counter}:{progress}"`` (``set``:
+   not acknowledged, no round trip), ``counter`` incremented on every publish, ``progress`` the
+   value the training loop or engine last gave :meth:`Detector.set_progress` / :meth:`Detector.tick`;
+2. reads every watched peer's heartbeat with one ``multi_get`` (one round trip);
+3. judges each peer:
+
+* **DEAD** (:data:`DEAD`) when its heartbeat has not changed for ``dead_after_s`` of observed time,
+  or it never published within ``startup_grace_s`` of the detector's start.  A crashed process
+  (SIGKILL) stops publishing; so does a SIGSTOPped one and one whose main thread holds the GIL
+  (every Python thread is stuck behind it): those are *dead or stopped*, and both lead to the
+  same outcome: the job must not wait for them.
+* **HUNG** (:data:`HUNG`) when its heartbeat still changes (the process is alive) but its progress
+  counter has not changed for the hang threshold while this rank waits on it: explicitly
+  (``with detector.awaiting([peer])``) or, by default, because this rank's own progress is ahead of
+  the peer's (in lock-step data parallelism the rank ahead is the one waiting).  The threshold is
+  ``hang_threshold_s`` if given, else ``$ACCELPACT_HANG_THRESHOLD_S``, else
+  ``max(HANG_FLOOR_S, HANG_K x median own step time)`` (median of the last ``STEP_WINDOW`` step
+  times; ``HANG_UNTIL_OBSERVED_S`` until ``MIN_STEP_SAMPLES`` are known: the first steps include
+  warm-up).
+* A straggler (slow, but its progress advances within the threshold) is never declared.
+
+"Observed time": a poll adds to a peer's silence (or stall) at most ``2 x interval_s``, however long
+the gap since the previous poll.  So when the monitor itself was descheduled or stopped, or the
+store answered late, the time it did not watch is not counted against its peers: a stopped monitor
+resumes without declaring everyone dead.  The cost: detection takes longer by the time not watched.
+
+Time to detect a crash at the defaults (interval 0.1 s, dead_after 0.8 s): the last heartbeat was
+published at most one interval before the crash and seen at most one interval after it was
+published; the silence reaches ``dead_after_s`` within one more interval: TTD <= dead_after +
+2 x interval = 1.0 s (measured in tests/test_detector.py).
+
+Each suspect is declared once: ``on_suspect(rank, kind, detected_at_ns)`` is called from the
+detector's thread (``detected_at_ns`` is ``time.monotonic_ns()``, comparable across processes of
+one machine) and the :class:`Suspect` is kept in :attr:`Detector.suspects`.  The detector never
+kills or aborts anything itself: the callback decides (spec/detection.md, "Integration").  A
+callback's exception is caught and printed; the detector goes on.
+
+Fencing: keys are namespaced by ``attempt`` (and the store's own prefix); a value counts as alive
+only when it *changes* after the detector first read it, and each detector publishes under a fresh
+random incarnation, so a heartbeat left by a previous attempt or a previous process is never read
+as fresh.
+
+Cost: one ``set`` and one ``multi_get`` of the watched peers' keys per interval per rank: at
+world W watching all peers, ``2 W / interval_s`` store requests per second and ``W (W - 1)`` values
+read per interval (see spec/detection.md for the scaling to 1,024 ranks: ``peers=`` a ring
+neighbourhood, or per-node aggregation).
+
+The thread has its own store connection (``store.clone()``, made in the constructor, before any
+thread starts: it never races :func:`accelpact.impl.revoke.recorded`) with the operation timeout
+``op_timeout_s``.  Measured on torch 2.13: a TCPStore call to a server that does not answer (the
+store host SIGSTOPped, or this rank partitioned from it) blocks until the server answers, whatever
+the timeout (the timeout only logs a warning); a dead server fails the call at once.  So
+:meth:`Detector.close` joins for a bounded time and returns False if the thread is still inside
+such a call (a daemon thread: it never holds the process up).  A blocked poll declares nothing,
+and when it returns the time it was blocked is not observed time (above).  A store error is
+counted (:attr:`Detector.store_errors`) and the poll skipped: losing the store is the watchdog's to
+act on (it exits the rank).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import os
+import secrets
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+__all__ = [
+    "DEAD", "HUNG", "Detector", "Suspect", "heartbeat_key", "resolve_hang_threshold",
+    "INTERVAL_S", "DEAD_AFTER_S", "HANG_FLOOR_S", "HANG_K", "HANG_UNTIL_OBSERVED_S", "MIN_STEP_SAMPLES",
+    "STEP_WINDOW", "STARTUP_GRACE_S", "OP_TIMEOUT_S", "ENV_HANG_THRESHOLD", "ENV_INTERVAL", "ENV_DEAD_AFTER",
+]
+
+DEAD = "dead"
+HUNG = "hung"
+
+#: heartbeat period (s)
+INTERVAL_S = 0.1
+#: observed heartbeat silence after which a peer is DEAD (s); TTD <= DEAD_AFTER_S + 2 x INTERVAL_S = 1.0 s
+DEAD_AFTER_S = 0.8
+#: the derived hang threshold is max(HANG_FLOOR_S, HANG_K x median step time)
+HANG_FLOOR_S = 5.0
+HANG_K = 10.0
+#: the hang threshold until MIN_STEP_SAMPLES own step times are known (warm-up steps are slow)
+HANG_UNTIL_OBSERVED_S = 30.0
+MIN_STEP_SAMPLES = 3
+#: how many recent step times the median is taken over
+STEP_WINDOW = 32
+#: a peer that never published within this time of the detector's start is DEAD (s)
+STARTUP_GRACE_S = 30.0
+#: timeout set on the detector's own store connection (s); the default join bound of close() builds on it
+OP_TIMEOUT_S = 2.0
+
+ENV_HANG_THRESHOLD = "ACCELPACT_HANG_THRESHOLD_S"
+ENV_INTERVAL = "ACCELPACT_HB_INTERVAL_S"
+ENV_DEAD_AFTER = "ACCELPACT_DEAD_AFTER_S"
+
+
+#: the counter field of a last heartbeat published by a rank that ended normally (close(leave=True))
+DONE = "done"
+
+
+def heartbeat_key(rank: int, attempt: int = 0, prefix: str = "accelpact/") -> str:
+    """The store key of ``rank``'s heartbeat in ``attempt``: ``{prefix}hb/a{attempt}/{rank}``."""
+    return f"{prefix}hb/a{attempt}/{rank}"
+
+
+def _positive(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return v
+
+
+def _setting(name: str, arg: float | None, env: str, default: float) -> float:
+    """``arg`` if given, else ``$env`` if set, else ``default``; validated (the error names the source)."""
+    if arg is not None:
+        return _positive(name, arg)
+    raw = os.environ.get(env)
+    if raw not in (None, ""):
+        return _positive(f"${env}", raw)
+    return default
+
+
+def resolve_hang_threshold(step_times: Iterable[float], *, override: float | None = None, floor_s: float = HANG_FLOOR_S,
+                           k: float = HANG_K, until_observed_s: float = HANG_UNTIL_OBSERVED_S,
+                           min_samples: int = MIN_STEP_SAMPLES) -> float:
+    """The hang threshold: ``override`` if given, else ``max(floor_s, k x median(step_times))``, or
+    ``max(floor_s, until_observed_s)`` while fewer than ``min_samples`` step times are known."""
+    if override is not None:
+        return override
+    times = list(step_times)
+    if len(times) < min_samples:
+        return max(floor_s, until_observed_s)
+    return max(floor_s, k * statistics.median(times))
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """A declared peer: ``kind`` :data:`DEAD` or :data:`HUNG`; ``observed_s``: the heartbeat silence
+    (DEAD) or progress stall (HUNG) that decided it; ``threshold_s``: the bound it passed;
+    ``progress``: the peer's last published progress (None: never seen)."""
+
+    rank: int
+    kind: str
+    detected_at_ns: int
+    observed_s: float
+    threshold_s: float
+    progress: int | None
+
+
+@dataclass(slots=True)
+class _Peer:
+    value: bytes | None = None  # last heartbeat read (raw)
+    progress: int | None = None
+    silent_s: float = 0.0  # observed time since the heartbeat last changed
+    stalled_s: float = 0.0  # observed time awaited since the progress last changed
+
+
+class Detector:
+    """Heartbeat failure detector of one rank (see the module doc).
+
+    ``store``: a c10d store (TCPStore or PrefixStore); the thread uses a clone of it.  ``peers``:
+    the ranks to watch (default every other rank of ``world``).  ``interval_s``/``dead_after_s``:
+    argument, else ``$ACCELPACT_HB_INTERVAL_S``/``$ACCELPACT_DEAD_AFTER_S``, else the defaults.
+    ``hang_threshold_s``: fixed threshold (else ``$ACCELPACT_HANG_THRESHOLD_S``, else derived).
+    ``auto_await``: a peer whose progress is behind this rank's counts as awaited.
+    ``clock``: monotonic seconds (tests pass a fake one and call :meth:`poll` themselves).
+    """
+
+    def __init__(self, store: Any, rank: int, world: int, *, attempt: int = 0, prefix: str = "accelpact/",
+                 on_suspect: Callable[[int, str, int], None] | None = None, peers: Iterable[int] | None = None,
+                 interval_s: float | None = None, dead_after_s: float | None = None,
+                 hang_threshold_s: float | None = None, hang_floor_s: float = HANG_FLOOR_S, hang_k: float = HANG_K,
+                 hang_until_observed_s: float = HANG_UNTIL_OBSERVED_S, startup_grace_s: float = STARTUP_GRACE_S,
+                 op_timeout_s: float = OP_TIMEOUT_S, auto_await: bool = True,
+                 clock: Callable[[], float] = time.monotonic, clone: bool = True) -> None:
+        if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise ValueError(f"world must be a positive integer, got {world!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+            raise ValueError(f"rank must be an integer in [0, {world - 1}], got {rank!r}")
+        watched = sorted(set(range(world)) - {rank}) if peers is None else sorted(set(peers))
+        bad = [p for p in watched if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < world or p == rank]
+        if bad:
+            raise ValueError(f"peers must be other ranks in [0, {world - 1}] (not {rank} itself), got {bad}")
+        self.rank, self.world, self.attempt, self.prefix = rank, world, attempt, prefix
+        self.peers: tuple[int, ...] = tuple(watched)
+        self.interval_s = _setting("interval_s", interval_s, ENV_INTERVAL, INTERVAL_S)
+        self.dead_after_s = _setting("dead_after_s", dead_after_s, ENV_DEAD_AFTER, DEAD_AFTER_S)
+        env_hang = os.environ.get(ENV_HANG_THRESHOLD)
+        self._hang_override = (_positive("hang_threshold_s", hang_threshold_s) if hang_threshold_s is not None
+                               else _positive(f"${ENV_HANG_THRESHOLD}", env_hang) if env_hang not in (None, "") else None)
+        self.hang_floor_s = _positive("hang_floor_s", hang_floor_s)
+        self.hang_k = _positive("hang_k", hang_k)
+        self.hang_until_observed_s = _positive("hang_until_observed_s", hang_until_observed_s)
+        self.startup_grace_s = _positive("startup_grace_s", startup_grace_s)
+        self.op_timeout_s = _positive("op_timeout_s", op_timeout_s)
+        self.auto_await = auto_await
+        self.on_suspect = on_suspect
+        self.clock = clock
+        self.incarnation = secrets.token_hex(4)
+        self.key = heartbeat_key(rank, attempt, prefix)
+        self._keys = {p: heartbeat_key(p, attempt, prefix) for p in self.peers}
+        self.store = self._own_store(store) if clone else store
+
+        self._lock = threading.Lock()
+        self._progress = 0
+        self._progress_t: float | None = None
+        self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
+        self._awaiting: frozenset[int] | None = None  # explicit (awaiting()); None: auto
+        self._counter = 0
+        self._state = {p: _Peer() for p in self.peers}
+        self._started: float | None = None
+        self._last_poll: float | None = None
+        self.suspects: dict[int, Suspect] = {}
+        self.left: set[int] = set()  # peers that ended normally (their last heartbeat says "done")
+        self.store_errors = 0
+        self.last_store_error: str | None = None
+        self.callback_errors: list[str] = []
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _own_store(self, store: Any) -> Any:
+        own = store.clone() if hasattr(store, "clone") else store
+        if hasattr(own, "set_timeout"):
+            own.set_timeout(datetime.timedelta(seconds=self.op_timeout_s))
+        return own
+
+    # ---- training loop / engine side ----------------------------------------------------------------
+    def set_progress(self, n: int) -> None:
+        """This rank's progress counter (e.g. the committed step).  Each increase is also a step time
+        sample for the derived hang threshold."""
+        now = self.clock()
+        with self._lock:
+            prev, t_prev = self._progress, self._progress_t
+            if n != prev:
+                if t_prev is not None and n > prev:
+                    self._step_times.append((now - t_prev) / (n - prev))
+                self._progress, self._progress_t = int(n), now
+            elif t_prev is None:
+                self._progress_t = now
+
+    def tick(self) -> None:
+        """One more unit of progress (``set_progress(progress + 1)``)."""
+        self.set_progress(self.progress + 1)
+
+    @property
+    def progress(self) -> int:
+        return self._progress
+
+    @contextlib.contextmanager
+    def awaiting(self, ranks: Iterable[int] | None = None) -> Iterator["Detector"]:
+        """While inside, this rank waits on ``ranks`` (None: every watched peer): only they can be
+        declared HUNG (auto-await is off meanwhile)."""
+        prev = self._awaiting
+        self._awaiting = frozenset(self.peers if ranks is None else ranks)
+        try:
+            yield self
+        finally:
+            self._awaiting = prev
+
+    def hang_threshold_s(self) -> float:
+        """The hang threshold in force now (see the module doc)."""
+        with self._lock:
+            times = list(self._step_times)
+        return resolve_hang_threshold(times, override=self._hang_override, floor_s=self.hang_floor_s, k=self.hang_k,
+                                      until_observed_s=self.hang_until_observed_s)
+
+    # ---- the thread ---------------------------------------------------------------------------------
+    def start(self) -> "Detector":
+        if self._thread is not None:
+            raise RuntimeError("Detector.start: already started")
+        self._started = self.clock()
+        self._thread = threading.Thread(target=self._run, name=f"accelpact-detector-r{self.rank}", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float | None = None, *, leave: bool = False) -> bool:
+        """Stop the thread and join it (at most ``timeout_s``, default ``op_timeout_s + 2 x
+        interval_s + 1``); True when it ended, False when it is still blocked in a store call to an
+        unresponsive store (see the module doc).  ``leave=True`` (a normal end of the job) first
+        publishes a last heartbeat saying ``done``, so peers still finishing never suspect this
+        rank.  Idempotent."""
+        if leave and not self._stop.is_set():
+            try:
+                self.store.set(self.key, f"{self.incarnation}:{DONE}:{self._progress}")
+            except Exception:  # noqa: BLE001 - store gone at the end: nobody is left to suspect us
+                pass
+        self._stop.set()
+        t = self._thread
+        if t is None:
+            return True
+        t.join(self.op_timeout_s + 2 * self.interval_s + 1.0 if timeout_s is None else timeout_s)
+        return not t.is_alive()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> "Detector":
+        return self if self._thread is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - a lost or slow store: counted; the watchdog acts on a lost store
+                self.store_errors += 1
+                self.last_store_error = repr(exc)[:300]
+                self._last_poll = None  # the time until the next good poll is not observed time
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    # ---- one poll -------------------------------------------------------------------------------------
+    def poll(self, now: float | None = None) -> list[Suspect]:
+        """Publish this rank's heartbeat, read the peers', judge them; the suspects declared by this
+        poll.  Called by the thread every interval (tests call it directly with a fake clock)."""
+        if self._started is None:
+            self._started = self.clock()
+        self._counter += 1
+        self.store.set(self.key, f"{self.incarnation}:{self._counter}:{self._progress}")
+        values = self._read()
+        now = self.clock() if now is None else now
+        credit = 0.0 if self._last_poll is None else min(max(now - self._last_poll, 0.0), 2 * self.interval_s)
+        self._last_poll = now
+        self.polls += 1
+        threshold = self.hang_threshold_s()
+        declared: list[Suspect] = []
+        own = self._progress
+        awaited = self._awaiting
+        for p in self.peers:
+            if p in self.suspects or p in self.left:
+                continue
+            st, raw = self._state[p], values.get(p)
+            if raw is not None and raw.split(b":")[1:2] == [DONE.encode()]:
+                self.left.add(p)  # ended normally
+                continue
+            if raw is None:  # never published
+                if now - self._started >= self.startup_grace_s:
+                    declared.append(self._declare(p, DEAD, now - self._started, self.startup_grace_s))
+                continue
+            if raw != st.value:
+                first = st.value is None
+                st.value, st.silent_s = raw, 0.0
+                prog = _progress_of(raw)
+                if prog != st.progress:
+                    st.progress, st.stalled_s = prog, 0.0
+                elif not first:
+                    st.stalled_s = self._stall(st, p, own, awaited, credit)
+            else:
+                st.silent_s += credit
+                if st.silent_s >= self.dead_after_s:
+                    declared.append(self._declare(p, DEAD, st.silent_s, self.dead_after_s))
+                    continue
+                st.stalled_s = self._stall(st, p, own, awaited, credit)
+            if st.stalled_s >= threshold:
+                declared.append(self._declare(p, HUNG, st.stalled_s, threshold))
+        return declared
+
+    def _stall(self, st: _Peer, p: int, own: int, awaited: frozenset[int] | None, credit: float) -> float:
+        waiting = (p in awaited) if awaited is not None else (self.auto_await and st.progress is not None and own > st.progress)
+        return st.stalled_s + credit if waiting else 0.0
+
+    def _read(self) -> dict[int, bytes]:
+        """The watched peers' heartbeats: one ``multi_get`` of those already seen (a missing key would
+        block it), plus a ``check`` of the unseen ones (startup only)."""
+        gone = self.suspects.keys() | self.left
+        seen = [p for p in self.peers if self._state[p].value is not None and p not in gone]
+        unseen = [p for p in self.peers if self._state[p].value is None and p not in gone]
+        if unseen:
+            if self.store.check([self._keys[p] for p in unseen]):
+                seen += unseen
+            else:
+                seen += [p for p in unseen if self.store.check([self._keys[p]])]
+        if not seen:
+            return {}
+        got = self.store.multi_get([self._keys[p] for p in seen])
+        return {p: bytes(v) for p, v in zip(seen, got, strict=True)}
+
+    def _declare(self, p: int, kind: str, observed: float, threshold: float) -> Suspect:
+        s = Suspect(p, kind, time.monotonic_ns(), observed, threshold, self._state[p].progress)
+        self.suspects[p] = s
+        if self.on_suspect is not None:
+            try:
+                self.on_suspect(p, kind, s.detected_at_ns)
+            except Exception as exc:  # noqa: BLE001 - a failing callback must not stop the detector
+                self.callback_errors.append(repr(exc)[:300])
+                print(f"accelpact detector: on_suspect({p}, {kind!r}) raised {exc!r}", file=sys.stderr)
+        return s
+
+    def status(self) -> dict[int, dict[str, Any]]:
+        """Per watched peer: last progress, observed silence and stall, and whether declared (debugging)."""
+        return {p: {"progress": st.progress, "silent_s": round(st.silent_s, 3), "stalled_s": round(st.stalled_s, 3),
+                    "suspect": self.suspects[p].kind if p in self.suspects else None} for p, st in self._state.items()}
+
+
+def _progress_of(raw: bytes) -> int | None:
+    try:
+        return int(raw.decode().rsplit(":", 1)[1])
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,137 @@
+"""The nightly profile: the large exhaustive explorations, measured, against their pinned numbers.
+
+``make nightly`` (``python -m accelpact.model.engine_nightly``) explores each configuration of
+:data:`accelpact.model.explore.NIGHTLY_CONFIGS` (2x2 with three faults, 3x2 with two; every fault
+kind, every point; symmetry reduction on) with every check of ``accelpact explore``: every invariant
+on every state and step, L1, L2, L3.  Each runs in its own process, so that its peak memory is its
+own.  It prints states, transitions, time, states/s and peak RSS, and fails (exit 1) when a property
+is violated, when a count drifted from the manifest's ``nightly`` section, or when one configuration
+took longer than ``--budget`` seconds (600 by default: the goal is ten minutes each on a two-core
+machine).  ``--update`` re-pins the counts instead of comparing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import sys
+import time
+from typing import Any
+
+from .explore import NIGHTLY_CONFIGS, config_summary, explore, load_manifest, manifest_drift, manifest_numbers, write_manifest
+
+__all__ = ["main", "measure"]
+
+
+def _rss_mib() -> float:
+    """This process's peak resident set size, MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(name: str, verbose: bool = True) -> dict[str, Any]:
+    """Explore one nightly configuration here and return its numbers and measurements."""
+    cfg = NIGHTLY_CONFIGS[name]
+    t0, c0 = time.perf_counter(), time.process_time()
+
+    def progress(search) -> None:
+        if verbose:
+            dt = time.perf_counter() - t0
+            n = len(search.states)
+            print(f"  {name}: {n:,} states, {search.transitions:,} transitions, level {search.level[-1]}, "
+                  f"{dt:.0f} s, {n / dt:,.0f} states/s, peak {_rss_mib():,.0f} MiB", file=sys.stderr, flush=True)
+
+    result = explore(cfg, symmetry=True, progress=progress)
+    seconds = time.perf_counter() - t0
+    return {
+        "name": name,
+        "numbers": manifest_numbers(result),
+        "liveness": result.liveness,
+        "violations": [v.format() for v in result.violations],
+        "seconds": seconds,
+        "cpu_seconds": time.process_time() - c0,
+        "states_per_s": result.states / seconds if seconds > 0 else 0.0,
+        "peak_rss_mib": _rss_mib(),
+    }
+
+
+def _child(name: str, verbose: bool, conn) -> None:
+    try:
+        conn.send(measure(name, verbose))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails
+        conn.send({"name": name, "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        conn.close()
+
+
+def _run_isolated(name: str, verbose: bool) -> dict[str, Any]:
+    """:func:`measure` in a forked child process: its peak RSS is this configuration's alone."""
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(name, verbose, child))
+    proc.start()
+    child.close()
+    try:
+        row = parent.recv()
+    except EOFError:
+        row = {"name": name, "error": f"the exploration process died (exit code {proc.exitcode}; out of memory?)"}
+    proc.join()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m accelpact.model.engine_nightly", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default=",".join(NIGHTLY_CONFIGS), help=f"comma-separated, of: {', '.join(NIGHTLY_CONFIGS)}")
+    parser.add_argument("--budget", type=float, default=600.0, help="seconds allowed per configuration (0: no limit; default 600)")
+    parser.add_argument("--update", action="store_true", help="re-pin the counts in model/manifest.json instead of comparing")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the measurements as JSON to PATH")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    names = [x.strip() for x in args.configs.split(",") if x.strip()]
+    bad = [n for n in names if n not in NIGHTLY_CONFIGS]
+    if bad:
+        print(f"--configs: unknown {', '.join(bad)}; allowed: {', '.join(NIGHTLY_CONFIGS)}", file=sys.stderr)
+        return 2
+    pinned = load_manifest().get("nightly", {})
+    rows, failed, fresh = [], False, {}
+    for name in names:
+        row = _run_isolated(name, not args.quiet)
+        rows.append(row)
+        if "error" in row:
+            print(f"{name}: FAILED: {row['error']}")
+            failed = True
+            continue
+        n = row["numbers"]
+        print(f"{name}: {n['states']:,} states, {n['transitions']:,} transitions, {n['edges']:,} edges, depth {n['depth']}, "
+              f"{row['seconds']:.1f} s ({row['cpu_seconds']:.1f} s CPU), {row['states_per_s']:,.0f} states/s, "
+              f"peak RSS {row['peak_rss_mib']:,.0f} MiB, exit bound {n['exit_bound']} (limit {n['exit_bound_limit']})")
+        for v in row["violations"]:
+            print(v)
+        failed |= not n["ok"]
+        entry = {"symmetry": n}
+        if args.update:
+            fresh[name] = {"config": config_summary(NIGHTLY_CONFIGS[name]), "fast": False, **entry}
+        elif name not in pinned:
+            print(f"{name}: not pinned in the manifest (run with --update)")
+            failed = True
+        else:
+            drift = manifest_drift(name, pinned[name], entry)
+            row["drift"] = drift
+            for line in drift:
+                print(f"DRIFT {line}")
+            failed |= bool(drift)
+        if args.budget and row["seconds"] > args.budget:
+            print(f"{name}: took {row['seconds']:.0f} s, over the budget of {args.budget:.0f} s")
+            failed = True
+    if fresh:
+        write_manifest(list(fresh), fresh=fresh)
+        print(f"pinned {', '.join(fresh)} in the manifest")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"budget_s": args.budget, "results": rows}, fh, indent=2)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
