@@ -7,9 +7,10 @@ Adding a backend is one entry in :data:`BACKENDS`.  Torch is imported only by :m
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "Backend", "backend"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "Backend", "backend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,40 @@ class Backend:
         if have < world:
             return f"backend {self.name} needs one CUDA device per rank ({world}); this machine has {have}"
         return None
+
+    def prepare_process(self, local_rank: int):
+        """Before any process group of this process is built: the environment the backend's
+        error handling needs and this rank's device.  Returns the ``torch.device`` the job's model,
+        batches and collectives use.  Gloo: the CPU.  NCCL: ``cuda:{local_rank}`` made current, and
+        the error-handling variables of :data:`NCCL_ENV` set (spec/torch-facts.md, "NCCL")."""
+        import torch
+
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        for k, v in NCCL_ENV.items():
+            os.environ[k] = v  # overrides torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (see NCCL_ENV)
+        device = torch.device(self.device_type, local_rank)
+        torch.cuda.set_device(device)
+        return device
+
+    def init_kwargs(self, device) -> dict:
+        """Extra keyword arguments of ``init_process_group``/``new_group`` on this backend: NCCL binds
+        the device (eager connect, so a missing member shows up when the group is built)."""
+        return {} if self.device_type == "cpu" else {"device_id": device}
+
+
+#: NCCL error handling the protocol needs, set before any NCCL group is built (torch 2.13 reads them
+#: when a group is created; spec/torch-facts.md "NCCL"):
+#: * ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``: abort the failed communicator but do not kill the process
+#:   (3, the default, and 1, torchrun's, kill the process before Observe can run);
+#: * ``TORCH_NCCL_DUMP_ON_TIMEOUT=0`` and ``TORCH_NCCL_ENABLE_MONITORING=0``: one rank's timeout must
+#:   not make the heartbeat monitor of healthy ranks kill them (the ``exception_dump`` store key
+#:   escapes every PrefixStore, so it would also reach a later attempt).
+NCCL_ENV: dict[str, str] = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
+}
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
