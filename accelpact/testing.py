@@ -307,6 +307,10 @@ def _child_main() -> None:
 
         torch.set_num_threads(1)
         world, out = spec["world"], Path(spec["out"])
+        # torchrun's variables, so a rank function can build its job with ``accelpact.init`` (one node)
+        for k, v in (("RANK", rank), ("WORLD_SIZE", world), ("LOCAL_RANK", rank), ("LOCAL_WORLD_SIZE", world),
+                     ("MASTER_ADDR", HOST), ("MASTER_PORT", spec["port"])):
+            os.environ.setdefault(k, str(v))
         store = client_store(spec["port"])
         ctx = Ctx(rank, world, spec["port"], out, store)
         if spec["init_group"]:

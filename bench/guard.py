@@ -50,25 +50,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, seq: int, batch: int, blocks: int,
                block_steps: int, warmup: int = 3) -> dict:
-    """Rank function (``init_group=True``): per-step seconds of both arms, with their block index."""
-    import datetime
+    """Rank function (``init_group=False``: it builds its job with ``accelpact.init``): per-step seconds of both arms, with their block index."""
 
-    import torch.distributed as dist
 
+    import accelpact
     from accelpact.impl import workload
-    from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.job import Topology
-    from accelpact.impl.recovery import attach
-    from accelpact.impl.worker import build_recorded_groups, pact_groups
 
-    topo = Topology(nodes, rpn)
-    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
-    groups, records = build_recorded_groups(workload, topo, ctx.rank, "gloo", datetime.timedelta(seconds=120))
+    job = accelpact.init("gloo", replicas=nodes, deadline_s=30.0, collective_timeout_s=120.0)
+    topo = job.topology
+    assert topo.ranks_per_node == rpn, (topo, rpn)
+    groups = workload.groups_of(job)
     spec = workload.WorkloadSpec(wrapper=wrapper, layers=layers, dim=dim, heads=4 if dim % 4 == 0 else 2, seq=seq, batch=batch)
     on = workload.build_job(spec, topo, groups)
     off = workload.build_job(spec, topo, groups)
-    pact = attach(on.module, on.optimizer, groups=pact_groups(topo, ctx.rank, wrapper, control, groups, records),
-                  control=ControlPlane(ctx.store, ctx.rank, ctx.world, prefix="bench/guard/"), deadline_s=30.0)
+    pact = job.attach(on.module, on.optimizer).pact
     steps = {"on": 0, "off": 0}
 
     def one(arm: str) -> float:
@@ -91,8 +86,7 @@ def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, s
         for arm in (("on", "off") if b % 2 == 0 else ("off", "on")):
             for _ in range(block_steps):
                 times[arm].append((b, one(arm)))
-    control.allreduce([__import__("torch").zeros(1)]).wait()
-    pact.close()
+    job.close()
     return {"rank": ctx.rank, "times": times, "repairs": len(pact.reports)}
 
 
@@ -125,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"guard: {args.wrapper} {n}x{m}, model dim {dim} x {layers} layers, seq {seq}, batch {batch}; "
           f"{blocks} blocks x {block_steps} steps per arm, alternating", flush=True)
     try:
-        res = common.rank_values(guard_rank, n * m, args.out, timeout_s=args.timeout, wrapper=args.wrapper, nodes=n, rpn=m,
+        res = common.rank_values(guard_rank, n * m, args.out, timeout_s=args.timeout, init_group=False, wrapper=args.wrapper, nodes=n, rpn=m,
                                  dim=dim, layers=layers, seq=seq, batch=batch, blocks=blocks, block_steps=block_steps)
     except common.BenchError as exc:
         print(f"accelpact bench guard: {exc}", file=sys.stderr)

@@ -48,35 +48,25 @@ def _measure(tag: Any) -> dict[str, Any]:
 
 
 def leaks_rank(ctx, wrapper: str, nodes: int, ranks_per_node: int, repairs: int, deadline_s: float = 15.0) -> dict:
-    """Rank function (``init_group=True``): the measurements after attach and after each repair."""
-    import datetime
+    """Rank function (``init_group=False``: it builds its job with ``accelpact.init``): the measurements after attach and after each repair."""
 
-    import torch.distributed as dist
 
+    import accelpact
     from accelpact.impl import workload
-    from accelpact.impl.controlplane import ControlPlane
     from accelpact.impl.faults import FaultPlan
     from accelpact.impl.hooks import FaultInjector, Hooks
-    from accelpact.impl.job import Topology
-    from accelpact.impl.recovery import attach
-    from accelpact.impl.worker import build_recorded_groups, pact_groups
     from accelpact.impl.wrappers import wrapper as wrapper_of
 
-    rank = ctx.rank
-    topo = Topology(nodes, ranks_per_node)
-    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=deadline_s))
-    groups, records = build_recorded_groups(workload, topo, rank, "gloo", datetime.timedelta(seconds=60))
+    job = accelpact.init("gloo", replicas=nodes, deadline_s=deadline_s, collective_timeout_s=60.0)
+    topo = job.topology
     spec = workload.WorkloadSpec(wrapper=wrapper, layers=2, dim=16, heads=2, seq=8, batch=2)
-    app = workload.build_job(spec, topo, groups)
+    app = workload.build_job(spec, topo, workload.groups_of(job))
     kind = wrapper_of(wrapper).recovers
     members = topo.group(kind, ranks_per_node - 1 if kind == "replicate" else 0)
     faults = [{"step": s, "at": "boundary", "kind": "collective_timeout", "ranks": [members[s % len(members)]], "group": kind}
               for s in range(1, repairs + 1)]
     hooks = Hooks(injector=FaultInjector(FaultPlan.from_list(faults), fenced_points=("boundary",)))
-    pg = pact_groups(topo, rank, wrapper, control, groups, records)
-    del groups, records  # the worker keeps them only through the workload job (app.groups), as here
-    cp = ControlPlane(ctx.store, rank, ctx.world, prefix="bench/leaks/")
-    pact = attach(app.module, app.optimizer, groups=pg, control=cp, deadline_s=deadline_s, hooks=hooks)
+    pact = job.attach(app.module, app.optimizer, hooks=hooks).pact
     rows = []
     for step in range(repairs + 2):
         with pact.step(step):
@@ -86,9 +76,8 @@ def leaks_rank(ctx, wrapper: str, nodes: int, ranks_per_node: int, repairs: int,
             rows.append(_measure("attach"))
         elif rep is not None:
             rows.append({**_measure(len(pact.reports)), "total_ms": rep.total_ns / 1e6})
-    control.allreduce([__import__("torch").zeros(1)]).wait()  # nobody leaves before everyone is done
-    pact.close()
-    return {"rank": rank, "gen": pact.gen, "rows": rows}
+    job.close()  # nobody leaves before everyone is done
+    return {"rank": job.rank, "gen": pact.gen, "rows": rows}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         n, m = LAYOUT[w]
         print(f"leaks: {w} {n}x{m}, {args.repairs} repairs", flush=True)
         try:
-            res = common.rank_values(leaks_rank, n * m, f"{args.out}/{w}", timeout_s=args.timeout, wrapper=w, nodes=n,
+            res = common.rank_values(leaks_rank, n * m, f"{args.out}/{w}", timeout_s=args.timeout, init_group=False, wrapper=w, nodes=n,
                                      ranks_per_node=m, repairs=args.repairs)
         except common.BenchError as exc:
             print(f"accelpact bench leaks: {exc}", file=sys.stderr)

@@ -59,7 +59,7 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
     from accelpact.impl.recovery import _Episode, attach
     from accelpact.impl.replace import ReplaceAndRebind
     from accelpact.impl.trace import Trace
-    from accelpact.impl.worker import build_recorded_groups, pact_groups
+    from accelpact.impl.api import build_recorded_groups, pact_groups
 
     rows: list[dict] = []
     topo = W.Topology(1, ctx.world)

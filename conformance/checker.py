@@ -85,7 +85,7 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
     h = next(iter(traces.values())).header
     nodes, rpn = int(h["nodes"]), int(h["ranks_per_node"])
     group = h.get("group", "replicate")
-    affected = list(h.get("affected") or [])
+    affected = list(h.get("affected") or []) or _first_rebuilder(traces)
     local = affected[0] % rpn if affected and group == "replicate" and rpn > 1 else 0
     if frontier is None:
         obs = [x for tr in traces.values() for rec in tr.records if rec.action == "RankObserve"
@@ -96,6 +96,14 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
                  frontier=frontier, checkpoint=min(checkpoint, frontier))
     return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
+
+
+def _first_rebuilder(traces: Mapping[int, RankTrace]) -> list[int]:
+    """R when the headers do not name it (a user's job does not know in advance which group will
+    fail): the rank of the first ``RankReplace`` record (only members of the failed group rebuild);
+    empty when nothing was rebuilt."""
+    recs = [(rec.t_ns, rank) for rank, tr in traces.items() for rec in tr.records if rec.action == "RankReplace"]
+    return [min(recs)[1]] if recs else []
 
 
 def count_fault_records(traces: Mapping[int, RankTrace]) -> int:

@@ -266,6 +266,30 @@ class Fault:
         attempt = _int(f"{where}.attempt", raw.get("attempt", 0), 0)
         return cls(step, at, kind, tuple(sorted(ranks)), group, attempt)
 
+    @classmethod
+    def parse_flag(cls, text: str, where: str = "--fault") -> "Fault":
+        """A fault written as a command-line flag: ``KIND@POINT:STEP[:RANKS[:GROUP]]``, RANKS a
+        comma-separated list (empty: every rank); e.g. ``collective_timeout@boundary:3:0,2`` (R's
+        sockets cut on ranks 0 and 2 at step 3's boundary) or ``crash@backward:4:1``.  Validated by
+        :meth:`parse`; errors name the flag and show the format."""
+        form = "KIND@POINT:STEP[:RANKS[:GROUP]], e.g. collective_timeout@boundary:3:0,2"
+        if not isinstance(text, str):
+            raise FaultError(f"{where}: must be a string {form}, got {text!r}")
+        kind, at_sign, rest = text.strip().partition("@")
+        parts = rest.split(":")
+        if not at_sign or not kind or len(parts) < 2 or len(parts) > 4:
+            raise FaultError(f"{where}: {text!r} is not {form}")
+        raw: dict[str, Any] = {"kind": kind, "at": parts[0]}
+        try:
+            raw["step"] = int(parts[1])
+            if len(parts) > 2 and parts[2].strip():
+                raw["ranks"] = [int(r) for r in parts[2].split(",")]
+        except ValueError:
+            raise FaultError(f"{where}: {text!r}: STEP and RANKS must be integers ({form})") from None
+        if len(parts) > 3:
+            raw["group"] = parts[3]
+        return cls.parse(raw, f"{where} {text!r}")
+
     def to_json(self) -> dict[str, Any]:
         """The fault dict (the scenario format's and the job's): fixed field order; ``attempt``
         only when not 0."""

@@ -33,9 +33,9 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["ResultFile", "build_recorded_groups", "main", "pact_groups", "run_job"]
+__all__ = ["ResultFile", "main", "run_job"]
 
-from .job import Job, JobError, Topology, load_job  # torch-free
+from .job import Job, JobError, load_job  # torch-free
 from .rundir import RunDir
 from .wrappers import wrapper
 
@@ -138,18 +138,16 @@ def _on_supervisor_stop() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _previous_frontier(store, run: RunDir, attempt: int, rank: int) -> int | None:
+def _previous_frontier(job, run: RunDir) -> int | None:
     """The committed frontier this rank reached in the previous attempts (the F an L2 restart
     replays to): from the store's progress keys, or, when the store was lost with the previous
     attempt (a fresh one serves this attempt), from the previous attempts' result files."""
-    if attempt == 0:
+    if job.attempt == 0:
         return None
-    best = None
-    for a in range(attempt):
-        key = f"accelpact/progress/a{a}/r{rank}"
-        v = int(store.get(key).decode()) if store.check([key]) else _result_frontier(run, a, rank)
-        if v is not None:
-            best = v if best is None else max(best, v)
+    best = job.previous_frontier()
+    if best is None:
+        found = [v for a in range(job.attempt) if (v := _result_frontier(run, a, job.rank)) is not None]
+        best = max(found) if found else None
     return best
 
 
@@ -161,61 +159,18 @@ def _result_frontier(run: RunDir, attempt: int, rank: int) -> int | None:
     return f if isinstance(f, int) else None
 
 
-def build_recorded_groups(workload, topo, rank: int, backend: str, timeout):
-    """``workload.build_groups`` plus the socket record of every group this rank belongs to.
-
-    The engine revokes a gloo group by shutting down the sockets recorded when it was built
-    (:func:`accelpact.impl.revoke.recorded`).  Returns ``(groups, records)`` with records keyed
-    "shard", "replicate", "world".
-    """
-    import torch.distributed as dist
-
-    from . import revoke
-
-    records = {}
-
-    def new_group(kind: str, ranks: list[int]):
-        g, rec = revoke.recorded(lambda: dist.new_group(ranks, backend=backend, timeout=timeout), backend)
-        if rank in ranks:
-            records[kind] = rec
-        return g
-
-    groups = workload.build_groups(topo, rank, backend, timeout, new_group=new_group)
-    return groups, records
-
-
-def pact_groups(topo: Topology, rank: int, wrapper_name: str, control_group, groups, records: dict):
-    """The engine's :class:`~accelpact.impl.recovery.PactGroups` of this rank: R is its group of the
-    wrapper's kind (``Wrapper.recovers``); the others are kept (by name) for fault injection."""
-    from .recovery import PactGroups
-
-    kind = wrapper(wrapper_name).recovers
-    return PactGroups(control=control_group, affected=getattr(groups, kind), members=topo.group(kind, rank),
-                      record=records[kind], name=kind, index=topo.group_index(kind, rank),
-                      count=len(topo.groups_of_kind(kind)), others={k: v for k, v in records.items() if k != kind})
-
-
 def run_job(job: Job) -> int:
     """Run one rank of ``job`` to the end; return the exit code (0 when training finished).
 
-    Ordering: store -> default group -> control/checkpoint groups -> workload groups (all ranks,
-    same order) -> workload -> checkpoint restore -> attach (starts the watchdog) -> steps.
+    A user of the public API like any other (:func:`accelpact.init` -> workload -> ``attach`` ->
+    steps); what it adds is the conformance suite's bookkeeping: the result file, the trace header's
+    scenario fields, the job's faults and seeded bug.
     """
-    from datetime import timedelta
-
     import torch
-    import torch.distributed as dist
 
-    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
-
-    from . import workload
-    from .backends import backend
-    from .checkpoint import CheckpointManager, latest_committed
-    from .controlplane import ControlPlane
+    from . import api, workload
     from .faults import FaultPlan
     from .hooks import FaultInjector, Hooks
-    from .recovery import attach
-    from .trace import NullTrace, Trace
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -238,71 +193,43 @@ def run_job(job: Job) -> int:
     result.update()
     _record_exits(result)
 
-    # Long timeout for setup and checkpoints; the training groups get collective_timeout_s: it is
-    # what turns a hung peer into an error on the others (torchrun has no hang detection).
-    timeout = timedelta(seconds=job.pg_timeout_s)
-    coll_timeout = timedelta(seconds=job.collective_timeout_s)
-    deadline_s = job.deadline_s
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-    astore = dist.PrefixStore(f"attempt{attempt}", store)
-    dist.init_process_group(job.backend, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
-                            timeout=timeout)
-    # Out-of-band gloo groups over W, created in the same order on every rank: the engine's control
-    # group (failure flag, validation) and DCP's group (never a communicator that may fail).
-    control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(deadline_s, 1.0)))
-    ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
-
-    groups, records = build_recorded_groups(workload, topo, rank, job.backend, coll_timeout)
+    # Every setting comes from the job file, none from ACCELPACT_* variables: a conformance run is
+    # what its scenario says.  The training groups get collective_timeout_s (what turns a hung peer
+    # into an error on the others when the detector has not acted); setup and checkpoints pg_timeout_s.
+    aj = api.init(job.backend, replicas=topo.nodes, deadline_s=job.deadline_s,
+                  collective_timeout_s=job.collective_timeout_s, pg_timeout_s=job.pg_timeout_s,
+                  step_deadline_s=job.step_deadline_s, trace_dir=str(out) if job.trace else None,
+                  envelope=job.envelope, env={k: v for k, v in os.environ.items() if not k.startswith("ACCELPACT_")})
     spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed)
-    app = workload.build_job(spec, topo, groups)
+    app = workload.build_job(spec, topo, workload.groups_of(aj))
 
-    ckpt = CheckpointManager(run.ckpt, every=wl.checkpoint_every, rank=rank, world=world,
-                             store=dist.PrefixStore("ckpt", astore), group=ckpt_group)
-    start = 0
-    c = latest_committed(run.ckpt, world=world)
-    prev_f = _previous_frontier(store, run, attempt, rank)
-    if c is not None:
-        restored = ckpt.load(c, app.module, app.optimizer)
-        if restored.cursor is not None:
-            app.cursor = restored.cursor
-        app.step = start = c
-    replayed = max(0, (prev_f or 0) - start) if attempt > 0 else 0
-    t_fault_ns = run.fault_time_ns(attempt - 1) if attempt > 0 else None
-    result.update(start_step=start, resumed_from=c, replayed_steps=replayed, frontier=start,
-                  t_fault=None if t_fault_ns is None else t_fault_ns / 1e9)
-
-    pg = pact_groups(topo, rank, spec.wrapper, control_group, groups, records)
-    trace = (Trace(run.trace(attempt, rank), rank, dict(
-        world=world, nodes=topo.nodes, ranks_per_node=topo.ranks_per_node, group=pg.name,
-        affected=_failing_group(job, pg.name, pg.members), own_group=list(pg.members), attempt=attempt,
-        scenario=job.scenario, seed=wl.seed, backend=job.backend, frontier_at_start=start, wrapper=spec.wrapper))
-        if job.trace else NullTrace())
-    control = ControlPlane(astore, rank, world, prefix="accelpact/")
-    # K = (platform, profile, phase, objective): the profile is the wrapper, so an envelope written by
-    # `accelpact qualify` (one cell per wrapper) applies; without an envelope file, the default one.
-    key = ObservationKey(backend(job.backend).platform, spec.wrapper, "boundary", DEFAULT_OBJECTIVE)
-    envelope = load_envelope(job.envelope) if job.envelope else default_envelope()
     faults = job.faults_for_attempt(attempt)
     hooks = Hooks(injector=FaultInjector(FaultPlan(faults)) if faults else None, seeded_bug=job.seeded_bug)
-    pact = attach(app.module, app.optimizer, groups=pg, control=control, trace=trace, deadline_s=deadline_s,
-                  step_deadline_s=job.step_deadline_s, frontier=start, key=key, envelope=envelope, hooks=hooks)
-    result.update(t_ready=time.monotonic())
+    kind = wrapper(spec.wrapper).recovers
+    header = dict(affected=_failing_group(job, kind, topo.group(kind, rank)), scenario=job.scenario, seed=wl.seed)
+    training = aj.attach(app.module, app.optimizer, checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
+                         extra_state=lambda: app.cursor, trace_header=header, hooks=hooks)
+    pact = training.pact
+    start = training.start_step
+    if training.restored_extra is not None:
+        app.cursor = training.restored_extra
+    app.step = start
+    prev_f = _previous_frontier(aj, run)
+    replayed = max(0, (prev_f or 0) - start) if attempt > 0 else 0
+    t_fault_ns = run.fault_time_ns(attempt - 1) if attempt > 0 else None
+    result.update(start_step=start, resumed_from=training.resumed_from, replayed_steps=replayed, frontier=start,
+                  t_fault=None if t_fault_ns is None else t_fault_ns / 1e9, t_ready=time.monotonic())
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # under torchrun (see _on_supervisor_stop)
         _on_supervisor_stop()
-    # The committed frontier F is published at the commit itself (after the guard's hook), not after
-    # the boundary: a peer's abort can end this rank between its commit and the end of the step,
-    # and an L2 restart replays up to the F the failure interrupted.  No peer can be a step ahead
-    # before this runs: the boundary's control-group all-reduce follows every rank's commit.
-    progress_key = f"accelpact/progress/a{attempt}/r{rank}"
-    app.optimizer.register_step_post_hook(lambda *_: store.set(progress_key, str(pact.guard.frontier)))
     result.at_exit["frontier"] = lambda: pact.guard.frontier
 
     losses: dict[int, float] = {}
     t_steps: dict[int, float] = {}
-    for step in range(start, wl.steps):
-        with pact.step(step):
+    for step in training.steps(wl.steps):
+        with training.step(step):
             loss = workload.train_step(app, step)
-        report = pact.boundary(loss)
+        saved = len(training.saved)
+        report = training.boundary(loss)
         frontier = step + 1
         now = time.monotonic()
         losses[step] = float(pact.last_loss) if pact.last_loss is not None else float(loss)
@@ -315,9 +242,9 @@ def run_job(job: Job) -> int:
             changes["t_fault"] = None if t_f is None else t_f / 1e9
         if prev_f is not None and frontier == prev_f:
             changes["t_frontier"] = now  # L2: back at the frontier the failure interrupted
-        if ckpt.due(frontier):
-            took = ckpt.save(frontier, app.module, app.optimizer, cursor=app.cursor)
-            changes["checkpoints"] = result.data["checkpoints"] + [{"step": frontier, "seconds": took}]
+        if len(training.saved) > saved:
+            changes["checkpoints"] = result.data["checkpoints"] + [
+                {"step": at, "seconds": took} for at, took in training.saved[saved:]]
         result.update(**changes)
 
     snap = workload.snapshot(app)
@@ -325,9 +252,7 @@ def run_job(job: Job) -> int:
     tmp = final.with_name(f".{final.name}.tmp")
     torch.save(snap, tmp)
     os.replace(tmp, final)
-    # Nobody leaves before everyone saved: a rank exiting early closes sockets under its peers.
-    dist.barrier(group=ckpt_group)
-    pact.close()
+    aj.close()  # nobody leaves before everyone saved: a rank exiting early closes sockets under its peers
     result.update(outcome="finished", exit_code=0, t_end=time.monotonic(), generation=pact.gen)
     return 0
 

@@ -28,7 +28,7 @@ from .backends import backend as _backend
 from .job import Topology
 from .wrappers import GROUP_KINDS, WRAPPER_NAMES, wrapper
 
-__all__ = ["DataCursor", "Groups", "Job", "Topology", "WorkloadSpec", "build_groups", "build_job", "compare_snapshots",
+__all__ = ["DataCursor", "Groups", "Job", "Topology", "WorkloadSpec", "build_groups", "build_job", "groups_of", "compare_snapshots",
            "compare_runs", "local_params", "r_group", "r_ranks", "snapshot", "train_step"]
 
 
@@ -47,10 +47,21 @@ class Groups:
     mesh: Any = None
     replicate_ranks: tuple[int, ...] = ()
     shard_ranks: tuple[int, ...] = ()
+    #: where this rank's model, batches and collectives live (the backend's device: CPU for gloo,
+    #: ``cuda:LOCAL_RANK`` for NCCL; :meth:`accelpact.impl.backends.Backend.prepare_process`)
+    device: Any = None
+
+
+def groups_of(job: Any) -> Groups:
+    """The workload's :class:`Groups` from a job built by :func:`accelpact.init` (its training groups)."""
+    topo, rank = job.topology, job.rank
+    return Groups(topo=topo, rank=rank, replicate=job.replicate_group, shard=job.shard_group, world=job.world_group,
+                  mesh=job.mesh, replicate_ranks=topo.group("replicate", rank), shard_ranks=topo.group("shard", rank),
+                  device=job.device)
 
 
 def build_groups(topo: Topology, rank: int, backend: str = "gloo", timeout: timedelta = timedelta(seconds=60),
-                 new_group: Callable[[str, list[int]], Any] | None = None) -> Groups:
+                 new_group: Callable[[str, list[int]], Any] | None = None, device: Any = None) -> Groups:
     """Create shard, replicate and data-parallel world groups (collective over the default group).
 
     Every rank creates every group in the fixed order: shard groups by node, replicate groups by
@@ -79,6 +90,7 @@ def build_groups(topo: Topology, rank: int, backend: str = "gloo", timeout: time
     return Groups(
         topo=topo, rank=rank, replicate=replicate, shard=shard, world=world, mesh=mesh,
         replicate_ranks=topo.group("replicate", rank), shard_ranks=topo.group("shard", rank),
+        device=device if device is not None else torch.device(_backend(backend).device_type),
     )
 
 
@@ -240,7 +252,7 @@ def wrap_fsdp1(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Modul
         sharding_strategy=ShardingStrategy.HYBRID_SHARD,
         auto_wrap_policy=ModuleWrapPolicy({Block}),
         use_orig_params=False,
-        device_id=torch.device("cpu"),  # CPU/gloo; cpu_offload stays off (spec/torch-facts.md)
+        device_id=groups.device,  # the backend's device; cpu_offload stays off (spec/torch-facts.md)
     )
 
 
@@ -248,6 +260,7 @@ def wrap_fsdp2(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Modul
     """FSDP2 ``fully_shard`` on the 2-D (replicate, shard) mesh: HSDP, one unit per block."""
     from torch.distributed.fsdp import fully_shard
 
+    model.to(groups.device)
     for blk in model.layers:  # type: ignore[union-attr]  # CharLM.layers is a ModuleList
         fully_shard(blk, mesh=groups.mesh)
     return fully_shard(model, mesh=groups.mesh)  # type: ignore[return-value]  # FSDPModule is an nn.Module at run time
@@ -257,7 +270,8 @@ def wrap_ddp(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
     """DDP over the data-parallel world group."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    module = DDP(model, process_group=groups.world)
+    on_cuda = groups.device is not None and groups.device.type == "cuda"
+    module = DDP(model.to(groups.device), process_group=groups.world, device_ids=[groups.device] if on_cuda else None)
     # Deterministic reduction order: DDP rebuilds its buckets after the first iteration, so a
     # job restarted from a checkpoint (L2) would otherwise sum gradients in another order than
     # the uninterrupted run (measured: differences of 2-4e-9).  Reducing every gradient on its
@@ -287,6 +301,8 @@ def train_step(job: Job, step: int) -> torch.Tensor:
             "consecutive (zero replay); restore a snapshot/checkpoint taken at that step instead"
         )
     x, y = job.cursor.batch(step)
+    if job.groups.device is not None and job.groups.device.type != "cpu":
+        x, y = x.to(job.groups.device), y.to(job.groups.device)
     logits = job.module(x)
     loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     loss.backward()

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GROUP_KINDS", "WRAPPERS", "WRAPPER_NAMES", "Wrapper", "wrapper"]
+__all__ = ["GROUP_KINDS", "WRAPPERS", "WRAPPER_NAMES", "Wrapper", "wrapper", "wrapper_of"]
 
 #: The groups a job builds, by kind (``workload.build_groups``): a node's shard group, the replicate
 #: group of one local index, and a dedicated all-ranks data-parallel group.
@@ -67,3 +67,16 @@ def wrapper(name: str) -> Wrapper:
         return WRAPPERS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown wrapper {name!r}; use one of {list(WRAPPER_NAMES)}") from None
+
+
+def wrapper_of(module: Any) -> Wrapper:
+    """The wrapper a user's wrapped ``module`` uses (by the adapter it needs); a ValueError that
+    names the supported wrappers otherwise."""
+    from .adapters import adapter_for
+
+    kind = type(adapter_for(module))
+    for w in WRAPPERS.values():
+        if w.adapter_class() is kind:
+            return w
+    raise ValueError(f"{type(module).__name__} is not wrapped by a supported wrapper; wrap it with one of "
+                     + "; ".join(f"{w.name} ({w.doc})" for w in WRAPPERS.values()))

@@ -146,7 +146,7 @@ def hsdp_worker(ctx, wrapper: str, steps: int = 3, faults=(), deadline_s: float 
     from accelpact.impl.job import Topology
     from accelpact.impl.recovery import attach
     from accelpact.impl.trace import Trace, trace_path
-    from accelpact.impl.worker import build_recorded_groups, pact_groups
+    from accelpact.impl.api import build_recorded_groups, pact_groups
 
     rank, world = ctx.rank, ctx.world
     timeout = datetime.timedelta(seconds=60)

@@ -1,0 +1,471 @@
+"""The public API: adopt AccelPact in your own training script (``accelpact.init``).
+
+Under torchrun (or anything that sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
+and ``MASTER_PORT``)::
+
+    import accelpact
+    job = accelpact.init(backend="gloo", replicas=2)     # store, groups, control plane, trace folder
+    model = FSDP(model, process_group=(job.shard_group, job.replicate_group),
+                 sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_id=job.device)
+    # or FSDP2:  fully_shard(block, mesh=job.mesh) ... ; or DDP(model, process_group=job.world_group)
+    optim = torch.optim.AdamW(model.parameters())
+    run = job.attach(model, optim, checkpoint_dir="ckpt", checkpoint_every=50)  # resumes from the last commit
+    for step in run.steps(total):                       # from run.start_step (0, or C after a restart)
+        with run.step(step):
+            loss = train_step(step)                     # forward, backward, optimizer.step(), zero_grad
+        run.boundary(loss)                              # the committed boundary: repairs happen here
+    job.close()
+
+What each call owns (and what :mod:`accelpact.impl.worker` used to wire by hand):
+
+* :func:`init` reads the launcher's environment, makes the backend's decisions before any group
+  exists (:meth:`accelpact.impl.backends.Backend.prepare_process`: the device, NCCL's error
+  handling), connects to the launcher's store under the restart's namespace
+  (``attempt{TORCHELASTIC_RESTART_COUNT}/``: torchrun's store keeps the previous attempt's keys),
+  initialises the default group (unless you did), and builds, collectively and in one fixed order,
+  the control group, the checkpoint group and the training groups: ``shard_group`` (the ranks of one
+  replica), ``replicate_group`` (the ranks holding the same shard in every replica), ``world_group``
+  (every rank, for DDP) and ``mesh`` (a 2-D ``DeviceMesh`` ("replicate", "shard") over the same
+  groups, for FSDP2).  It is collective: every rank calls it.
+* :meth:`TrainingJob.attach` finds the wrapper (FSDP1, FSDP2, DDP) and so R (the replicate group for
+  HSDP, the world group for DDP), restores the latest *committed* DCP checkpoint if there is one
+  (an L2 restart resumes there), and attaches the recovery engine (:class:`accelpact.impl.recovery.Pact`).
+* :meth:`Training.boundary` runs the engine's boundary and then, when due, the checkpoint (through
+  the dedicated gloo checkpoint group, never a communicator that may fail).
+
+Your code and AccelPact (documented behaviour, spec/implementation.md "Public API"):
+
+* An exception raised by your code inside ``with run.step(step):`` is an in-flight failure: the
+  contract decides it (L2 by default): every rank exits 70 and torchrun restarts all of them from the
+  last committed checkpoint.  An exception outside ``run.step`` is yours: AccelPact does not catch it
+  (torchrun sees the rank fail and restarts everyone).
+* Your own collectives: on groups AccelPact built for you (``shard_group``...) or your own.  Only R
+  is repaired in place; a failure of any other group surfaces in your code as the backend's error.
+  Collectives on R inside ``run.step`` are observed as failures of R at the next boundary.
+* Settings come from arguments, else ``ACCELPACT_*`` environment variables, else defaults
+  (:class:`Settings`); a malformed value is an error naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Mapping
+
+from .backends import backend as _backend
+
+__all__ = ["ApiError", "Settings", "Training", "TrainingJob", "build_recorded_groups", "init", "pact_groups"]
+
+
+class ApiError(RuntimeError):
+    """The public API was used in a way it cannot work; the message says what to do instead."""
+
+
+# ------------------------------------------------------------------------------------- settings
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every knob of :func:`init`, each settable by argument or by ``ACCELPACT_<NAME>`` (an
+    argument wins).  Times are seconds.
+
+    ``backend``: ``gloo`` or ``nccl`` (default: nccl when CUDA is available, else gloo);
+    ``replicas``: how many replicas of the model the world holds (HSDP's replicate degree;
+    default ``WORLD_SIZE // LOCAL_WORLD_SIZE``: one replica per node); ``deadline_s``: each phase's
+    wait on peers; ``collective_timeout_s``: the training groups' collective timeout (what turns a
+    peer that stops answering into an error, when the detector has not already acted);
+    ``pg_timeout_s``: setup and checkpoint groups; ``trace_dir``: write the recovery trace there
+    (``trace-a{attempt}-r{rank}.ndjson``; None: no trace); ``envelope``: an envelope file written by
+    ``accelpact qualify`` (None: the default envelope); ``detect``: the heartbeat failure detector;
+    ``dead_after_s`` / ``hang_threshold_s``: its thresholds (None: its defaults, spec/detection.md)."""
+
+    backend: str | None = None
+    replicas: int | None = None
+    deadline_s: float = 20.0
+    collective_timeout_s: float = 60.0
+    pg_timeout_s: float = 120.0
+    step_deadline_s: float | None = None
+    trace_dir: str | None = None
+    envelope: str | None = None
+    detect: bool = True
+    dead_after_s: float | None = None
+    hang_threshold_s: float | None = None
+
+    @classmethod
+    def resolve(cls, env: Mapping[str, str] | None = None, **given: Any) -> "Settings":
+        """Arguments (``given``, None meaning unset) over ``ACCELPACT_*`` variables over defaults."""
+        env = os.environ if env is None else env
+        unknown = set(given) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"accelpact.init: unknown setting(s) {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            var = f"ACCELPACT_{f.name.upper()}"
+            if given.get(f.name) is not None:
+                values[f.name] = _check(f.name, given[f.name], f.name)
+            elif env.get(var, "") != "":
+                values[f.name] = _check(f.name, env[var], var)
+        return cls(**values)
+
+
+def _check(name: str, value: Any, where: str) -> Any:
+    """One setting, converted from its environment string when it is one; errors name ``where``."""
+    try:
+        if name in ("backend", "trace_dir", "envelope"):
+            value = str(value)
+            if name == "backend":
+                _backend(value)
+            return value
+        if name == "detect":
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                return str(value).lower() in ("1", "true", "yes", "on")
+            raise ValueError("must be true or false (1/0)")
+        if name == "replicas":
+            n = int(value)
+            if n < 1 or isinstance(value, bool):
+                raise ValueError("must be an integer >= 1")
+            return n
+        x = float(value)
+        if not x > 0 or isinstance(value, bool):
+            raise ValueError("must be a number of seconds > 0")
+        return x
+    except (TypeError, ValueError) as exc:
+        raise ApiError(f"{where}={value!r}: {exc}") from None
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ApiError(f"{name} is not set: run under torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, "
+                           "MASTER_ADDR, MASTER_PORT), or set them yourself")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(f"{name}={raw!r}: must be an integer") from None
+
+
+# ------------------------------------------------------------------------------------- the job
+@dataclass(eq=False)
+class TrainingJob:
+    """This rank's side of the job: what :func:`init` built.  Attach a model with :meth:`attach`;
+    end with :meth:`close`.  ``shard_group``/``replicate_group``/``world_group``/``mesh``: the
+    training groups to wrap your model with; ``device``: where its tensors belong."""
+
+    settings: Settings
+    rank: int
+    world: int
+    local_rank: int
+    attempt: int
+    replicas: int
+    device: Any
+    store: Any                       # the launcher's store (client)
+    attempt_store: Any               # namespaced by the attempt
+    control_group: Any
+    checkpoint_group: Any
+    topology: Any
+    groups: dict = field(default_factory=dict, repr=False)   # kind -> this rank's group at init
+    records: dict = field(default_factory=dict, repr=False)
+    faults: tuple = ()
+    training: "Training | None" = None
+    _mesh: Any = field(default=None, repr=False)
+
+    @property
+    def backend(self) -> str:
+        assert self.settings.backend is not None
+        return self.settings.backend
+
+    def _group(self, kind: str) -> Any:
+        """This rank's group of ``kind``: R's current communicator once attached (a repair replaces it)."""
+        t = self.training
+        if t is not None and t.pact.groups.name == kind:
+            return t.pact.process_group
+        return self.groups[kind]
+
+    @property
+    def shard_group(self) -> Any:
+        """The ranks of this rank's replica (FSDP's shard group)."""
+        return self._group("shard")
+
+    @property
+    def replicate_group(self) -> Any:
+        """The ranks holding this rank's shard in every replica (HSDP's R)."""
+        return self._group("replicate")
+
+    @property
+    def world_group(self) -> Any:
+        """Every rank, as a training group of its own (DDP's R; the default group stays free)."""
+        return self._group("world")
+
+    @property
+    def mesh(self) -> Any:
+        """The 2-D ``DeviceMesh`` ("replicate", "shard") over the same groups, for FSDP2 (built on first
+        use; no collective).  A repair rebinds it through the FSDP2 adapter when the model uses it."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            self._mesh = DeviceMesh.from_group([self.replicate_group, self.shard_group], self.device.type,
+                                               mesh=self.topology.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
+        return self._mesh
+
+    def attach(self, model, optimizer, *, checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
+               extra_state: Callable[[], Any] | None = None, trace_header: Mapping[str, Any] | None = None,
+               hooks: Any = None) -> "Training":
+        """Attach the recovery engine to a wrapped ``model`` and its ``optimizer``.
+
+        Restores the latest committed checkpoint under ``checkpoint_dir`` first (model, optimizer,
+        RNG; ``Training.start_step`` is its step C, ``Training.restored_extra`` what ``extra_state``
+        returned when it was saved).  ``checkpoint_every``: commit a DCP checkpoint every that many
+        committed steps (0: never; an L2 restart then starts from step 0).  ``extra_state()``: any
+        picklable per-rank state to save with each checkpoint (your data loader's position).
+        ``trace_header``: extra fields for the trace's header.  ``hooks``: test-only
+        (:class:`accelpact.impl.hooks.Hooks`); faults given to :func:`init` are injected through them.
+        """
+        from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
+
+        from .checkpoint import CheckpointManager, latest_committed
+        from .controlplane import ControlPlane
+        from .faults import FaultPlan
+        from .hooks import FaultInjector, Hooks
+        from .recovery import attach as _attach
+        from .rundir import RunDir
+        from .trace import NullTrace, Trace
+        from .wrappers import wrapper_of
+
+        if self.training is not None:
+            raise ApiError("attach: this job already has an attached model; one model per job")
+        wrap = wrapper_of(model)
+        start, restored_extra, resumed_from = 0, None, None
+        ckpt = None
+        if checkpoint_dir is not None or checkpoint_every:
+            if checkpoint_dir is None:
+                raise ApiError("attach: checkpoint_every needs checkpoint_dir (where the DCP checkpoints go)")
+            import torch.distributed as dist
+
+            ckpt = CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
+                                     store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
+            c = latest_committed(checkpoint_dir, world=self.world)
+            if c is not None:
+                restored = ckpt.load(c, model, optimizer)
+                start, restored_extra, resumed_from = c, restored.cursor, c
+        pg = pact_groups(self.topology, self.rank, wrap.name, self.control_group, _Groups(self.groups), self.records)
+        trace: Any = NullTrace()
+        if self.settings.trace_dir is not None:
+            header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
+                          group=pg.name, own_group=list(pg.members), attempt=self.attempt,
+                          scenario="job", seed=0, backend=self.backend, frontier_at_start=start, wrapper=wrap.name)
+            header.update(trace_header or {})
+            trace = Trace(RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
+        control = ControlPlane(self.attempt_store, self.rank, self.world, prefix="accelpact/")
+        key = ObservationKey(_backend(self.backend).platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
+        envelope = load_envelope(self.settings.envelope) if self.settings.envelope else default_envelope()
+        if hooks is None:
+            faults = tuple(f for f in self.faults if f.attempt == self.attempt)
+            hooks = Hooks(injector=FaultInjector(FaultPlan(faults))) if faults else None
+        s = self.settings
+        pact = _attach(model, optimizer, groups=pg, control=control, trace=trace, deadline_s=s.deadline_s,
+                       step_deadline_s=s.step_deadline_s, frontier=start, key=key, envelope=envelope, hooks=hooks,
+                       detect=s.detect, dead_after_s=s.dead_after_s, hang_threshold_s=s.hang_threshold_s)
+        # F is published at the commit itself (the optimizer's post hook, after the guard's), not after
+        # the boundary: a peer's abort can end this rank between its commit and the boundary, and an L2
+        # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
+        # (the hook holds the store and the pact, never this job: the job holds the training groups,
+        # and phase 5's check would find them, through the module's hooks, as stale references)
+        optimizer.register_step_post_hook(_progress_hook(self.store, f"accelpact/progress/a{self.attempt}/r{self.rank}", pact))
+        self.training = Training(job=self, pact=pact, checkpoints=ckpt, start_step=start, resumed_from=resumed_from,
+                                 restored_extra=restored_extra, extra_state=extra_state, wrapper=wrap.name)
+        return self.training
+
+    def previous_frontier(self) -> int | None:
+        """The committed frontier this rank reached in earlier attempts (what an L2 restart replays
+        to), from the store's progress keys; None in attempt 0 or when the store lost them."""
+        best = None
+        for a in range(self.attempt):
+            key = f"accelpact/progress/a{a}/r{self.rank}"
+            if self.store.check([key]):
+                v = int(self.store.get(key).decode())
+                best = v if best is None else max(best, v)
+        return best
+
+    def close(self) -> None:
+        """End of training on every rank: wait until every rank got here (a rank leaving early closes
+        sockets under its peers), stop the engine.  Collective."""
+        import torch.distributed as dist
+
+        dist.barrier(group=self.checkpoint_group)
+        if self.training is not None:
+            self.training.pact.close()
+        dist.destroy_process_group()  # every group, in order, before the interpreter's teardown
+
+
+def _progress_hook(store: Any, key: str, pact: Any) -> Callable[..., None]:
+    def publish(*_: Any) -> None:
+        store.set(key, str(pact.guard.frontier))
+
+    return publish
+
+
+class _Groups:
+    """The training groups by kind, as :func:`accelpact.impl.worker.pact_groups` reads them."""
+
+    def __init__(self, groups: dict) -> None:
+        self.__dict__.update(groups)
+
+
+# ------------------------------------------------------------------------------------- training
+@dataclass(eq=False)
+class Training:
+    """The attached engine and the step loop around it.  ``pact``: the engine
+    (:class:`accelpact.impl.recovery.Pact`: ``reports``, ``gen``, ``frontier``)."""
+
+    job: TrainingJob
+    pact: Any
+    checkpoints: Any
+    start_step: int
+    resumed_from: int | None
+    restored_extra: Any
+    extra_state: Callable[[], Any] | None
+    wrapper: str
+    #: steps whose checkpoint this rank saved: (step, seconds)
+    saved: list = field(default_factory=list)
+
+    def steps(self, total: int) -> Iterator[int]:
+        """The steps still to run: ``start_step .. total - 1``."""
+        return iter(range(self.start_step, total))
+
+    def step(self, step: int):
+        """Context manager around forward, backward and ``optimizer.step()`` (see :meth:`Pact.step`)."""
+        return self.pact.step(step)
+
+    def boundary(self, loss: Any = None):
+        """After the commit: the engine's boundary (a repair, if any, happens here and its
+        :class:`~accelpact.impl.recovery.RecoveryReport` is returned), then the checkpoint when due."""
+        report = self.pact.boundary(loss)
+        frontier = self.pact.frontier
+        if self.checkpoints is not None and self.checkpoints.due(frontier):
+            cursor = self.extra_state() if self.extra_state is not None else None
+            took = self.checkpoints.save(frontier, self.pact.module, self.pact.optimizer, cursor=cursor)
+            self.saved.append((frontier, took))
+        return report
+
+    @property
+    def frontier(self) -> int:
+        return self.pact.frontier
+
+    @property
+    def reports(self) -> list:
+        return self.pact.reports
+
+
+# ------------------------------------------------------------------------------------- groups
+def build_recorded_groups(workload, topo, rank: int, backend: str, timeout, device: Any = None):
+    """``workload.build_groups`` plus the socket record of every group this rank belongs to.
+
+    The engine revokes a gloo group by shutting down the sockets recorded when it was built
+    (:func:`accelpact.impl.revoke.recorded`).  Returns ``(groups, records)`` with records keyed
+    "shard", "replicate", "world".
+    """
+    import torch.distributed as dist
+
+    from . import revoke
+
+    records = {}
+    extra = _backend(backend).init_kwargs(device) if device is not None else {}
+
+    def new_group(kind: str, ranks: list[int]):
+        g, rec = revoke.recorded(lambda: dist.new_group(ranks, backend=backend, timeout=timeout, **extra), backend)
+        if rank in ranks:
+            records[kind] = rec
+        return g
+
+    groups = workload.build_groups(topo, rank, backend, timeout, new_group=new_group, device=device)
+    return groups, records
+
+
+def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups, records: dict):
+    """The engine's :class:`~accelpact.impl.recovery.PactGroups` of this rank: R is its group of the
+    wrapper's kind (``Wrapper.recovers``); the others are kept (by name) for fault injection."""
+    from .recovery import PactGroups
+    from .wrappers import wrapper
+
+    kind = wrapper(wrapper_name).recovers
+    return PactGroups(control=control_group, affected=getattr(groups, kind), members=topo.group(kind, rank),
+                      record=records[kind], name=kind, index=topo.group_index(kind, rank),
+                      count=len(topo.groups_of_kind(kind)), others={k: v for k, v in records.items() if k != kind})
+
+
+
+# ------------------------------------------------------------------------------------- init
+def init(backend: str | None = None, *, replicas: int | None = None, faults: Any = None,
+         env: Mapping[str, str] | None = None, **settings: Any) -> TrainingJob:
+    """Build this rank's job (collective: every rank calls it, before building its model).
+
+    ``backend``/``replicas`` and the keyword ``settings`` are :class:`Settings` fields.  ``faults``:
+    test faults to inject (a flag string such as ``"collective_timeout@boundary:3:0,2"``, see
+    :meth:`accelpact.impl.faults.Fault.parse_flag`, or scenario fault objects); never set in production.
+
+    If the default process group exists already (your own ``init_process_group``), it is used as
+    is; under torchrun restarts it must then have been created on a store namespaced by the restart
+    count (spec/implementation.md, "Public API").
+    """
+    import torch
+    import torch.distributed as dist
+
+    from . import workload
+    from .faults import Fault, parse_faults
+    from .job import Topology
+
+    env = os.environ if env is None else env
+    s = Settings.resolve(env, backend=backend, replicas=replicas, **settings)
+    if s.backend is None:
+        s = replace(s, backend="nccl" if torch.cuda.is_available() else "gloo")
+    assert s.backend is not None
+    be = _backend(s.backend)
+    rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
+    local_rank = _env_int(env, "LOCAL_RANK", rank)
+    local_world = _env_int(env, "LOCAL_WORLD_SIZE", world)
+    attempt = _env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
+    n = s.replicas if s.replicas is not None else max(1, world // max(1, local_world))
+    if world % n:
+        raise ApiError(f"replicas={n} does not divide WORLD_SIZE={world}: each replica must hold the same number of "
+                       "shards (set replicas= or ACCELPACT_REPLICAS)")
+    why = be.unavailable(local_world)
+    if why:
+        raise ApiError(f"backend {be.name}: {why}; use backend='gloo' on CPU-only machines")
+    device = be.prepare_process(local_rank)
+    topo = Topology(n, world // n)
+    fault_list: tuple[Fault, ...] = ()
+    if faults:
+        raw = [Fault.parse_flag(faults)] if isinstance(faults, str) else list(faults)
+        fault_list = parse_faults([f.to_json() if isinstance(f, Fault) else f for f in raw], "faults", world=world,
+                                  steps=None, groups=("shard", "replicate", "world"))
+
+    timeout = timedelta(seconds=s.pg_timeout_s)
+    store = dist.TCPStore(_env(env, "MASTER_ADDR"), _env_int(env, "MASTER_PORT"), is_master=False, timeout=timeout)
+    astore = dist.PrefixStore(f"attempt{attempt}", store)
+    if not dist.is_initialized():
+        dist.init_process_group(be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
+                                timeout=timeout, **be.init_kwargs(device))
+    elif dist.get_world_size() != world or dist.get_rank() != rank:
+        raise ApiError(f"the default process group (rank {dist.get_rank()} of {dist.get_world_size()}) does not match "
+                       f"RANK={rank} WORLD_SIZE={world}")
+    # out-of-band gloo groups over W, in the same order on every rank: the engine's control group
+    # (failure flag, validation) and DCP's (never a communicator that may fail)
+    control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0)))
+    checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
+    groups, records = build_recorded_groups(workload, topo, rank, be.name, timedelta(seconds=s.collective_timeout_s),
+                                            device=device)
+    return TrainingJob(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
+                       device=device, store=store, attempt_store=astore, control_group=control_group,
+                       checkpoint_group=checkpoint_group, topology=topo, records=records, faults=fault_list,
+                       groups={"shard": groups.shard, "replicate": groups.replicate, "world": groups.world})
+
+
+def _env(env: Mapping[str, str], name: str) -> str:
+    v = env.get(name)
+    if not v:
+        raise ApiError(f"{name} is not set: run under torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+                       "MASTER_PORT), or set them yourself")
+    return v
