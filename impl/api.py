@@ -398,7 +398,7 @@ def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups, recor
 
 
 # ------------------------------------------------------------------------------------- init
-def init(backend: str | None = None, *, replicas: int | None = None, faults: Any = None,
+def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any = None, faults: Any = None,
          env: Mapping[str, str] | None = None, **settings: Any) -> TrainingJob:
     """Build this rank's job (collective: every rank calls it, before building its model).
 
@@ -408,7 +408,9 @@ def init(backend: str | None = None, *, replicas: int | None = None, faults: Any
 
     If the default process group exists already (your own ``init_process_group``), it is used as
     is; under torchrun restarts it must then have been created on a store namespaced by the restart
-    count (spec/implementation.md, "Public API").
+    count (spec/implementation.md, "Public API").  ``mesh``: your own 2-D ``DeviceMesh``
+    (``init_device_mesh(device, (replicas, shards), mesh_dim_names=("replicate", "shard"))``) whose
+    groups become the job's shard and replicate groups (NCCL only: see :func:`_check_user_mesh`).
     """
     import torch
     import torch.distributed as dist
@@ -434,6 +436,8 @@ def init(backend: str | None = None, *, replicas: int | None = None, faults: Any
     why = be.unavailable(local_world)
     if why:
         raise ApiError(f"backend {be.name}: {why}; use backend='gloo' on CPU-only machines")
+    if mesh is not None:
+        n = _check_user_mesh(mesh, be, world)
     device = be.prepare_process(local_rank)
     topo = Topology(n, world // n)
     fault_list: tuple[Fault, ...] = ()
@@ -455,12 +459,42 @@ def init(backend: str | None = None, *, replicas: int | None = None, faults: Any
     # (failure flag, validation) and DCP's (never a communicator that may fail)
     control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0)))
     checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
-    groups, records = build_recorded_groups(workload, topo, rank, be.name, timedelta(seconds=s.collective_timeout_s),
-                                            device=device)
+    if mesh is None:
+        groups, records = build_recorded_groups(workload, topo, rank, be.name, timedelta(seconds=s.collective_timeout_s),
+                                                device=device)
+        mine = {"shard": groups.shard, "replicate": groups.replicate, "world": groups.world}
+    else:
+        from . import revoke
+
+        if mesh.mesh.tolist() != topo.mesh_ranks():
+            raise ApiError(f"mesh: its ranks {mesh.mesh.tolist()} are not laid out as {topo.mesh_ranks()} (row r = replica "
+                           "r's ranks, rank = replica * shards + shard index): build it with init_device_mesh")
+        world_group = dist.new_group(list(range(world)), backend=be.name,
+                                     timeout=timedelta(seconds=s.collective_timeout_s), **be.init_kwargs(device))
+        mine = {"shard": mesh.get_group("shard"), "replicate": mesh.get_group("replicate"), "world": world_group}
+        records = {k: revoke.record_group(g, be.name) for k, g in mine.items()}
     return TrainingJob(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                        device=device, store=store, attempt_store=astore, control_group=control_group,
                        checkpoint_group=checkpoint_group, topology=topo, records=records, faults=fault_list,
-                       groups={"shard": groups.shard, "replicate": groups.replicate, "world": groups.world})
+                       groups=mine, _mesh=mesh)
+
+
+def _check_user_mesh(mesh: Any, be: Any, world: int) -> int:
+    """A user's own ``DeviceMesh`` is usable when AccelPact can revoke its groups: on NCCL a group is
+    revoked by aborting its communicator, which works on any group; on gloo it is revoked by
+    shutting down the sockets recorded while the group was built, which only groups built by
+    :func:`init` have.  Returns the number of replicas (the mesh's first dimension)."""
+    if be.revoke == "sockets":
+        raise ApiError(f"mesh: a DeviceMesh you built cannot be repaired on {be.name}: AccelPact revokes a {be.name} group "
+                       "by shutting down the sockets it recorded while building the group. Let accelpact.init build the "
+                       "groups and use job.mesh, the same ('replicate', 'shard') mesh")
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    if names != ("replicate", "shard"):
+        raise ApiError(f"mesh: needs a 2-D DeviceMesh with mesh_dim_names=('replicate', 'shard'), got {names or None}: "
+                       "init_device_mesh(device, (replicas, shards), mesh_dim_names=('replicate', 'shard'))")
+    if mesh.size() != world:
+        raise ApiError(f"mesh: it spans {mesh.size()} ranks, WORLD_SIZE is {world}")
+    return int(mesh.size(0))
 
 
 def _env(env: Mapping[str, str], name: str) -> str:
