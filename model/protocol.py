@@ -406,6 +406,8 @@ def _en_decide_release(cfg, s, r, arg) -> bool:
 
 def _st_decide_release(cfg, s, r, arg) -> State:
     g = s.ranks[r].gen
+    if true_lookup(s.store.release, g) is None and not _replicas_agree(cfg, s, _failed_members(cfg, s)):
+        s = replace(s, released_disagreeing=s.released_disagreeing | {g})  # history: what S8 judges
     return s.with_store(release=_compare_set(s.store.release, g, DECISION_RELEASE))
 
 
@@ -418,7 +420,7 @@ def _st_resume(cfg, s, r, arg) -> State:
     rk = s.ranks[r]
     want = rk.gen + 1 if _member(cfg, s, r) else rk.comm
     rebound = rk.comm == want and all(ref == want for ref in rk.refs)
-    entry = (rk.gen, r, rk.point, rk.dirty, _replicas_agree(cfg, s, _failed_members(cfg, s)), rebound)
+    entry = (rk.gen, r, rk.point, rk.dirty, rk.gen not in s.released_disagreeing, rebound)
     s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", dirty=False, delayed=False, replayed=0)
     return replace(s, resumed=s.resumed | {entry})
 

@@ -324,7 +324,9 @@ class State(_CachedHash):
     supervisor: str = ""             # "" | "restarted"
     # History variables (not implementation state; they let invariants be state predicates).
     #: (gen, rank, point, dirty, replicas_ok, rebound_ok) of each RankResume: ``replicas_ok`` is False
-    #: when some member of a failed group held a corrupt S_app at that moment; ``rebound_ok`` when the
+    #: when generation ``gen``'s release was decided while some member of a failed group held a
+    #: corrupt S_app (``released_disagreeing``: a later episode's corruption, struck after this
+    #: release was decided, is not this resume's); ``rebound_ok`` when the
     #: rank held the communicator it must (generation g+1's if its group failed in g, else its old
     #: one) and every modelled cached reference named it
     resumed: frozenset[tuple[int, int, str, bool, bool, bool]] = frozenset()
@@ -335,6 +337,9 @@ class State(_CachedHash):
     #: generations whose validation collective on the new R completed (for every member at once:
     #: after it, each member compares the digests on its own, even if a peer already exited)
     validated: frozenset[int] = frozenset()
+    #: generations whose release was decided while some member of a failed group held a corrupt
+    #: S_app (recorded by ``RankDecideRelease``: what S8 judges; empty in every correct run)
+    released_disagreeing: frozenset[int] = frozenset()
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     _rh: int = field(default=0, init=False, repr=False, compare=False)  # cached hash of the ranks
 
