@@ -4,7 +4,8 @@
 
     <out>/job.json                       the job (impl/job.py)
     <out>/trace-a{attempt}-r{rank}.ndjson per-rank action trace (impl/trace.py), when job.trace
-    <out>/result-a{attempt}-r{rank}.json  per-rank progress and outcome, rewritten atomically
+    <out>/result-a{attempt}-r{rank}.json  per-rank outcome and events (repairs, checkpoints), rewritten atomically
+    <out>/steps-a{attempt}-r{rank}.ndjson per-rank committed steps, one line each, append-only
     <out>/final-r{rank}.pt                per-rank snapshot at the end (bit-identity checks)
     <out>/ckpt/                           durable DCP checkpoints (impl/checkpoint.py)
     <out>/torchrun.log, local-a{a}.log    the launchers' combined worker output
@@ -26,6 +27,7 @@ __all__ = ["RunDir"]
 
 _TRACE = re.compile(r"^trace-a(\d+)-r(\d+)\.ndjson$")
 _RESULT = re.compile(r"^result-a(\d+)-r(\d+)\.json$")
+_STEPS = re.compile(r"^steps-a(\d+)-r(\d+)\.ndjson$")
 
 
 class RunDir:
@@ -47,6 +49,9 @@ class RunDir:
 
     def result(self, attempt: int, rank: int) -> Path:
         return self.path / f"result-a{attempt}-r{rank}.json"
+
+    def steps(self, attempt: int, rank: int) -> Path:
+        return self.path / f"steps-a{attempt}-r{rank}.ndjson"
 
     def final(self, rank: int) -> Path:
         return self.path / f"final-r{rank}.pt"
@@ -87,7 +92,30 @@ class RunDir:
                 out[(a, r)] = json.loads(p.read_text())
             except (OSError, ValueError):
                 continue
+        for a, r, p in self._indexed(_STEPS):
+            if (a, r) in out:
+                losses, t_steps = self._step_lines(p)
+                out[(a, r)].update(losses=losses, t_steps=t_steps)
         return out
+
+    @staticmethod
+    def _step_lines(path: Path) -> tuple[dict[str, float], dict[str, float]]:
+        """``losses`` and ``t_steps`` (step, as a string -> value) from a steps file; a last line
+        still being written is left out."""
+        losses: dict[str, float] = {}
+        t_steps: dict[str, float] = {}
+        try:
+            text = path.read_text()
+        except OSError:
+            return losses, t_steps
+        for line in text.splitlines():
+            try:
+                rec = json.loads(line)
+                step, loss, t = str(int(rec["step"])), float(rec["loss"]), float(rec["t"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            losses[step], t_steps[step] = loss, t
+        return losses, t_steps
 
     def records(self, attempt: int, rank: int) -> list[dict[str, Any]]:
         """The records of one trace, for progress and diagnosis of a live or finished run: a last
@@ -116,7 +144,7 @@ class RunDir:
             return
         for p in self.path.iterdir():
             n = p.name
-            if (_TRACE.match(n) or _RESULT.match(n) or n in ("job.json", "DONE", "torchrun.log")
+            if (_TRACE.match(n) or _RESULT.match(n) or _STEPS.match(n) or n in ("job.json", "DONE", "torchrun.log")
                     or re.match(r"^(final-r\d+\.pt|local-a\d+\.log|\.final-r\d+\.pt\.tmp|result-a\d+-r\d+\.json\..*\.tmp)$", n)):
                 p.unlink(missing_ok=True)
         shutil.rmtree(self.ckpt, ignore_errors=True)

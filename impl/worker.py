@@ -14,7 +14,8 @@ variables).  One worker process is one rank.  It
    through a dedicated healthy gloo group (never through a communicator that failed);
 5. injects the job's faults only in the attempt they name (``"attempt"``, default 0);
 6. writes ``result-a{attempt}-r{rank}.json`` (rewritten atomically at every boundary, so a killed
-   rank leaves its last committed progress), ``trace-a{attempt}-r{rank}.ndjson`` (when
+   rank leaves its last committed frontier; bounded: repairs and checkpoints only), ``steps-a{attempt}-r{rank}.ndjson``
+   (one line per committed step: loss and time, append-only), ``trace-a{attempt}-r{rank}.ndjson`` (when
    ``"trace": true``) and ``final-r{rank}.pt`` (the per-rank snapshot at the end).
 
 Every exit goes through ``os._exit`` (gloo teardown can turn exit codes into -6); the worker
@@ -187,7 +188,7 @@ def run_job(job: Job) -> int:
     result = ResultFile(out, attempt, rank, {
         "scenario": job.scenario, "attempt": attempt, "restart_count": attempt, "rank": rank, "world": world,
         "outcome": "running", "exit_code": None, "frontier": None, "start_step": 0, "resumed_from": None,
-        "replayed_steps": 0, "reports": [], "checkpoints": [], "losses": {}, "t_start": t_start,
+        "replayed_steps": 0, "reports": [], "checkpoints": [], "t_start": t_start,
         "t_ready": None, "t_fault": None, "t_frontier": None, "pid": os.getpid(),
     })
     result.update()
@@ -223,8 +224,9 @@ def run_job(job: Job) -> int:
         _on_supervisor_stop()
     result.at_exit["frontier"] = lambda: pact.guard.frontier
 
-    losses: dict[int, float] = {}
-    t_steps: dict[int, float] = {}
+    # committed steps go to an append-only file, one line each (O(1) per step, however long the run);
+    # the result file is rewritten only with what stays bounded (RunDir.results() merges the two)
+    steps_file = open(run.steps(attempt, rank), "a", buffering=1)
     for step in training.steps(wl.steps):
         with training.step(step):
             loss = workload.train_step(app, step)
@@ -232,9 +234,9 @@ def run_job(job: Job) -> int:
         report = training.boundary(loss)
         frontier = step + 1
         now = time.monotonic()
-        losses[step] = float(pact.last_loss) if pact.last_loss is not None else float(loss)
-        t_steps[step] = now
-        changes: dict[str, Any] = {"frontier": frontier, "losses": losses, "t_steps": t_steps}
+        value = float(pact.last_loss) if pact.last_loss is not None else float(loss)
+        steps_file.write(json.dumps({"step": step, "loss": value, "t": now}) + "\n")
+        changes: dict[str, Any] = {"frontier": frontier}
         if report is not None:
             changes["reports"] = result.data["reports"] + [_jsonable(report)]
             changes["t_frontier"] = now  # L1: training again at the agreed F (zero replay)
@@ -246,6 +248,7 @@ def run_job(job: Job) -> int:
             changes["checkpoints"] = result.data["checkpoints"] + [
                 {"step": at, "seconds": took} for at, took in training.saved[saved:]]
         result.update(**changes)
+    steps_file.close()
 
     snap = workload.snapshot(app)
     final = run.final(rank)
