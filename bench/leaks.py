@@ -67,6 +67,7 @@ def leaks_rank(ctx, wrapper: str, nodes: int, ranks_per_node: int, repairs: int,
               for s in range(1, repairs + 1)]
     hooks = Hooks(injector=FaultInjector(FaultPlan.from_list(faults), fenced_points=("boundary",)))
     pact = job.attach(app.module, app.optimizer, hooks=hooks).pact
+    setattr(app.groups, kind, None)  # as the worker: the engine owns R, nothing else keeps generation 0's
     rows = []
     for step in range(repairs + 2):
         with pact.step(step):

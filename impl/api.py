@@ -274,6 +274,9 @@ class TrainingJob:
         # (the hook holds the store and the pact, never this job: the job holds the training groups,
         # and phase 5's check would find them, through the module's hooks, as stale references)
         optimizer.register_step_post_hook(_progress_hook(self.store, f"accelpact/progress/a{self.attempt}/r{self.rank}", pact))
+        # from here the engine owns R: keeping the generation-0 communicator here would keep it alive
+        # (threads, sockets) after a repair retires it; job.replicate_group asks the engine
+        self.groups.pop(pg.name, None)
         self.training = Training(job=self, pact=pact, checkpoints=ckpt, start_step=start, resumed_from=resumed_from,
                                  restored_extra=restored_extra, extra_state=extra_state, wrapper=wrap.name)
         return self.training

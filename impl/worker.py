@@ -211,6 +211,7 @@ def run_job(job: Job) -> int:
     training = aj.attach(app.module, app.optimizer, checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
                          extra_state=lambda: app.cursor, trace_header=header, hooks=hooks)
     pact = training.pact
+    setattr(app.groups, kind, None)  # the engine owns R now: no second reference keeps generation 0's alive
     start = training.start_step
     if training.restored_extra is not None:
         app.cursor = training.restored_extra
