@@ -149,6 +149,29 @@ def test_verify_reports_what_a_partial_rebind_missed():
     assert not check.ok and check.stale >= 1 and "process_group" in check.detail
 
 
+def test_phase_5s_site_check_reports_what_a_partial_rebind_missed():
+    """verify_sites (phase 5's O(sites) check) agrees with the walker's verdict: the sites a partial
+    rebind left on the old group are stale; after the full rebind none is."""
+    old, new = PG(), PG()
+    root = Obj()
+    root.a, root.b, root.c = old, Slotted(old), {"pg": old}
+    ad = GenericAdapter()
+    sites = ad.discover(root, old)
+    ad.rebind(root, sites[:1], old, new)
+    partial = ad.verify_sites(sites, old, new)
+    assert not partial.ok and partial.stale == len(sites) - 1 == len(find_references(root, old))
+    ad.rebind(root, sites, old, new)
+    assert ad.verify_sites(sites, old, new).ok and not find_references(root, old)
+
+
+def test_the_walk_stops_at_the_engines_objects():
+    old = PG()
+    root, engine = Obj(), Obj()
+    root.hook, engine.pg = engine, old
+    assert paths(find_references(root, old)) == ["model.hook.pg"]
+    assert find_references(root, old, stop=(engine,)) == []
+
+
 def test_readonly_sites_refuse_before_writing_anything():
     old, new = PG(), PG()
     root = Obj()

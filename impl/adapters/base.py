@@ -64,13 +64,32 @@ class Adapter:
             rewrite_tuples(list(sites), old_pg, new_pg)
         return len(sites)
 
-    def verify(self, module: Any, sites: Sequence[RefSite], old_pg: Any, new_pg: Any) -> RebindCheck:
-        """The walker must find no reference to ``old_pg`` and every site must hold ``new_pg``."""
-        stale_refs = find_references(module, old_pg)
+    def verify(self, module: Any, sites: Sequence[RefSite], old_pg: Any, new_pg: Any, stop: Iterable[Any] = ()) -> RebindCheck:
+        """The walker must find no reference to ``old_pg`` (reachable from ``module``, not through the
+        objects of ``stop``) and every site must hold ``new_pg``."""
+        stale_refs = find_references(module, old_pg, stop=stop)
         wrong = [s.path for s in sites if s.kind in (ATTR, SLOT, KEY, INDEX) and read_site(s) is not new_pg]
         paths = [s.path for s in stale_refs] + [p for p in wrong if p not in {s.path for s in stale_refs}]
         detail = "" if not paths else f"still naming the old group: {paths[:6]}" + (" ..." if len(paths) > 6 else "")
         return RebindCheck(ok=not paths, stale=len(paths), total=len(sites), detail=detail)
+
+
+    def verify_sites(self, sites: Sequence[RefSite], old_pg: Any, new_pg: Any) -> RebindCheck:
+        """Phase 5's check, O(sites): every known site holds ``new_pg`` and none ``old_pg``.
+
+        Complete when ``sites`` are every reference to R reachable from the module: the engine
+        makes them so by uniting the adapter's discovery with the walker's, at attach and again
+        after the first step (:meth:`accelpact.impl.recovery.Pact._discover`)."""
+        wrong = []
+        for s in sites:
+            try:
+                held = read_site(s)
+            except (RebindError, KeyError, IndexError, AttributeError):
+                held = None
+            if held is not new_pg:
+                wrong.append(s.path)
+        detail = "" if not wrong else f"still naming the old group: {wrong[:6]}" + (" ..." if len(wrong) > 6 else "")
+        return RebindCheck(ok=not wrong, stale=len(wrong), total=len(sites), detail=detail)
 
 
 class GenericAdapter(Adapter):

@@ -16,7 +16,7 @@ import threading
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 # Site kinds and how each is written (see ``write_site``).
 ATTR, SLOT, KEY, INDEX, CELL, SET, PARTIAL_ARG, TUPLE_ITEM, WEAKREF, METHOD_SELF, READONLY = (
@@ -145,13 +145,17 @@ def _is_nn_module(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def walk(root: Any, match, root_name: str = "model") -> list[RefSite]:
+def walk(root: Any, match, root_name: str = "model", stop: Iterable[Any] = ()) -> list[RefSite]:
     """Breadth-first walk from ``root``; return a site for every edge whose child satisfies ``match``.
 
-    Matched children are not descended into (a process group's internals are not ours).
-    Breadth-first gives the shortest readable path to each owner.
+    Matched children are not descended into (a process group's internals are not ours), nor are
+    the objects in ``stop`` (by identity: the recovery engine's own objects, which the guard's hooks
+    make reachable from the module; the engine moves its own references itself).  Breadth-first
+    gives the shortest readable path to each owner.
     """
     seen: dict[int, Any] = {id(root): root}  # keeps visited objects alive so ids stay unique
+    for o in stop:
+        seen[id(o)] = o
     sites: list[RefSite] = []
     site_of_owner: dict[int, RefSite] = {}  # site through which an (immutable) owner was reached
     queue: collections.deque = collections.deque([(root, root_name, False)])
@@ -174,9 +178,9 @@ def walk(root: Any, match, root_name: str = "model") -> list[RefSite]:
     return sites
 
 
-def find_references(root: Any, target: Any, root_name: str = "model") -> list[RefSite]:
-    """Every site reachable from ``root`` that holds ``target`` (by identity)."""
-    return walk(root, lambda o: o is target, root_name)
+def find_references(root: Any, target: Any, root_name: str = "model", stop: Iterable[Any] = ()) -> list[RefSite]:
+    """Every site reachable from ``root`` (not through ``stop``) that holds ``target`` (by identity)."""
+    return walk(root, lambda o: o is target, root_name, stop)
 
 
 def write_site(site: RefSite, old: Any, new: Any) -> None:
