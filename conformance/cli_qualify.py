@@ -1,17 +1,23 @@
-"""``accelpact qualify --backend gloo|nccl [--trials 4] [--out FILE]``: build an envelope from evidence.
+"""``accelpact qualify --backend gloo|nccl [--trials 4] [--out FILE] [--list]``: build an envelope from evidence.
 
-For each observation-key cell (platform, profile = wrapper, failure phase, objective) the
-scenarios of that cell (the repair for ``boundary``, the in-flight rejection for
+For each observation-key cell (platform = the backend's, profile = wrapper, failure phase,
+objective) the scenarios of that cell (the repair for ``boundary``, the in-flight rejection for
 forward/backward/optimizer) run ``--trials`` times.  The envelope (model/contract.py format,
 ``save_envelope``) admits L1 only for boundary cells whose every trial conformed; every cell
 whose trials all conformed is qualified for L2; a cell with a failing trial gets L2 only (the
 fail-stop path is always the fallback) and its evidence records the failures.
-No torch import at module level.
+
+A cell's trials run under its *trial envelope* (:func:`trial_envelope`) when the shipped default
+does not already admit L1 there (every platform but ``cpu-gloo``, e.g. ``cuda-nccl``): the engine
+then attempts the in-place repair and the oracles judge it; without it an unqualified platform
+would decide L2 at every failure and could never be qualified.  ``--list`` prints the cells and
+their trial envelopes and runs nothing.  No torch import at module level.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser) -> None:
@@ -23,6 +29,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--wrappers", default="fsdp1-hybrid,fsdp2-hybrid,ddp", help="comma-separated wrappers to qualify")
     parser.add_argument("--phases", default="boundary,forward,backward,optimizer")
     parser.add_argument("--work", default="/tmp/accelpact-qualify", help="folder for the runs")
+    parser.add_argument("--list", action="store_true", help="print the cells and their trial envelopes; run nothing")
 
 
 def cell_scenarios(wrapper: str, phase: str):
@@ -35,41 +42,81 @@ def cell_scenarios(wrapper: str, phase: str):
     return [load_scenario(p)] if p.exists() else []
 
 
+def cells(backend_name: str, wrappers: str, phases: str) -> list[tuple[Any, list]]:
+    """(observation key, its scenarios) of every cell to qualify on ``backend_name``'s platform;
+    cells without a corpus scenario are left out (with a message)."""
+    from ..impl.backends import backend
+    from ..model.contract import DEFAULT_OBJECTIVE, ObservationKey
+
+    platform = backend(backend_name).platform
+    out = []
+    for wrapper in [w for w in wrappers.split(",") if w]:
+        for phase in [p for p in phases.split(",") if p]:
+            scs = cell_scenarios(wrapper, phase)
+            if not scs:
+                print(f"qualify: no corpus scenario for ({wrapper}, {phase}); cell skipped")
+                continue
+            out.append((ObservationKey(platform, wrapper, phase, DEFAULT_OBJECTIVE), scs))
+    return out
+
+
+def trial_envelope(key):
+    """The envelope a cell's trials run under, or None when the shipped default already decides for
+    it as a qualified cell would (``cpu-gloo``: the default admits L1 at its boundary).  Otherwise the
+    candidate cell of ``key``'s platform and profile: L1 and L2 at the boundary, L2 in flight
+    (``default_envelope`` for that platform and profile).  Running under it does not qualify anything:
+    the trials' oracles do."""
+    from ..model.contract import ObservationKey, decide, default_envelope
+
+    boundary = ObservationKey(key.platform, key.profile, "boundary", key.objective)
+    if decide(default_envelope(), boundary, guards_ok=True).preserve:
+        return None
+    return default_envelope(platform=key.platform, profiles=(key.profile,), objective=key.objective)
+
+
 def run(args) -> int:
     import platform as _platform
 
-    import torch
-
     from ..impl.backends import backend
-    from ..model.contract import DEFAULT_OBJECTIVE, Envelope, EnvelopeEntry, ObservationKey, save_envelope
-    from .runner import run_scenario
+    from ..model.contract import Envelope, EnvelopeEntry, save_envelope
 
     if args.trials < 1:
         print("qualify: --trials must be >= 1")
         return 2
     be = backend(args.backend)
-    cells = []
-    for wrapper in [w for w in args.wrappers.split(",") if w]:
-        for phase in [p for p in args.phases.split(",") if p]:
-            scs = cell_scenarios(wrapper, phase)
-            if not scs:
-                print(f"qualify: no corpus scenario for ({wrapper}, {phase}); cell skipped")
-                continue
-            cells.append((wrapper, phase, scs))
-    world = max((sc.topology.world for _w, _p, scs in cells for sc in scs), default=1)
+    todo = cells(args.backend, args.wrappers, args.phases)
+    if getattr(args, "list", False):
+        for key, scs in todo:
+            trial = trial_envelope(key)
+            print(f"{key}: scenarios {[s.name for s in scs]}; trial envelope: "
+                  f"{'the default' if trial is None else [list(e.actions) for e in trial.entries if e.key == key]}")
+        return 0
+    world = max((sc.topology.world for _k, scs in todo for sc in scs), default=1)
     why = be.unavailable(world)
     if why:
         print(f"qualify: {why}; use --backend gloo")
         return 2
+    import torch
+
+    from .runner import run_scenario
+
     plat = {"torch": torch.__version__, "backend": args.backend, "python": _platform.python_version(),
             "driver": (torch.version.cuda or "none") if be.device_type == "cuda" else "none"}
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
     entries = []
     all_ok = True
-    for wrapper, phase, scs in cells:
+    for key, scs in todo:
+        trial = trial_envelope(key)
+        extra: dict[str, Any] = {}
+        if trial is not None:
+            path = work / f"trial-{key.platform}-{key.profile}.json"
+            save_envelope(trial, path)
+            extra["envelope"] = str(path)
         passes, trials, failures = 0, 0, []
         for sc in scs:
             for t in range(args.trials):
-                rep = run_scenario(sc, backend=args.backend, out=Path(args.work) / f"{sc.name}-t{t}")
+                rep = run_scenario(sc, backend=args.backend, out=work / f"{sc.name}-t{t}", **extra)
                 trials += 1
                 passes += int(rep.conforms)
                 if not rep.conforms:
@@ -77,11 +124,10 @@ def run(args) -> int:
                 print(f"  {sc.name} trial {t}: {'ok' if rep.conforms else 'FAILED'}", flush=True)
         ok = passes == trials
         all_ok = all_ok and ok
-        acts = ("L1", "L2") if (phase == "boundary" and ok) else ("L2",)
+        acts = ("L1", "L2") if (key.phase == "boundary" and ok) else ("L2",)
         evidence = {"trials": trials, "passes": passes, "platform": plat, "scenarios": [s.name for s in scs]}
         if failures:
             evidence["failures"] = failures
-        key = ObservationKey(be.platform, wrapper, phase, DEFAULT_OBJECTIVE)
         entries.append(EnvelopeEntry(key, acts, evidence))
         print(f"{key}: {passes}/{trials} conformed -> {list(acts)}")
     save_envelope(Envelope(tuple(entries)), args.out)

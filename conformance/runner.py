@@ -138,8 +138,10 @@ def _trace_times(out: Path, attempt: int, world: int) -> tuple[int | None, dict[
 
 def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None = None, deadline_s: float = 8.0,
                  timeout_s: float = 300.0, cache_dir: str | Path | None = None, seeded_bug: str | None = None,
-                 torchrun_args: dict | None = None) -> Report:
-    """Run ``sc`` for real and apply the three oracles (module doc).  Bounded by ``timeout_s`` per launch."""
+                 torchrun_args: dict | None = None, envelope: str | Path | None = None) -> Report:
+    """Run ``sc`` for real and apply the three oracles (module doc).  Bounded by ``timeout_s`` per launch.
+    ``envelope``: the envelope file the job's ranks decide with (None: the shipped default; ``accelpact
+    qualify`` passes a cell's trial envelope)."""
     from ..impl import launch
 
     t0 = time.monotonic()
@@ -149,6 +151,8 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     out = Path(out) if out is not None else Path(f"/tmp/accelpact-conformance/{sc.name}")
     rep.out = str(out)
     job = sc.job(out, backend=backend, deadline_s=deadline_s, seeded_bug=seeded_bug)
+    if envelope is not None:
+        job = job.replace(envelope=str(envelope))
     ref = launch.run_reference(job, cache_dir or DEFAULT_CACHE, timeout_s=timeout_s, launcher="local")
     if any(KINDS[f.kind].job_wide for f in sc.faults):
         # the store itself is lost: each attempt's store is served by a process of its own, killed

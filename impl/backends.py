@@ -1,28 +1,56 @@
-"""Collective backends: the one table (spec/implementation.md, "Where things go").
+"""Collective backends: the one table (spec/implementation.md, "Where things go"), and every device
+decision of the engine.
 
-Every decision that differs between gloo and NCCL starts here: the contract's platform name, the
-device tensors live on, how many devices a world needs, and whether this machine can run it.
-Adding a backend is one entry in :data:`BACKENDS`.  Torch is imported only by :meth:`Backend.unavailable`.
+Every decision that differs between gloo and NCCL is a field or a method of :class:`Backend`: the
+contract's platform name, the device tensors live on, how many devices a world needs, whether this
+machine can run it, the process environment its error handling needs, how a group of it is built,
+registered with c10d, aborted and waited on.  The engine calls these generically: the gloo path runs
+the same code as the NCCL path, and the NCCL-specific lines are the few branches on ``revoke`` /
+``device_type`` below (listed, with the torch 2.13 sources they were read against, in spec/nccl.md).
+Adding a backend is one entry in :data:`BACKENDS`.  Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import threading
+import time
+import weakref
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "Backend", "backend"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "Backend", "backend", "backend_of", "for_device", "wait_bounded"]
+
+#: Groups aborted through :meth:`Backend.abort` (weakly held: a freed group leaves the set), so
+#: that the revoke watcher and phase 4 may both abort R's old communicator and it is aborted once.
+_ABORTED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_ABORTED_LOCK = threading.Lock()
+
+#: Polling of :func:`wait_bounded` once a work's future has completed but the work has not (an NCCL
+#: work's future completes when it is enqueued): first pause, doubled up to the last.
+_POLL_FIRST_S = 0.0002
+_POLL_MAX_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
 class Backend:
     """One collective backend.  ``platform``: the observation key's platform (spec/contract.md);
     ``device_type``: where its collectives' tensors live; ``revoke``: how a group of it is revoked
-    (``sockets``: its connected sockets shut down; ``abort``: its communicator aborted)."""
+    (``sockets``: its connected sockets shut down, :mod:`accelpact.impl.revoke`; ``abort``: its
+    communicator aborted, :meth:`abort`)."""
 
     name: str
     platform: str
     device_type: str
     revoke: str
+
+    # ---- torch-free ------------------------------------------------------------------------------
+    @property
+    def backend_config(self) -> str:
+        """The c10d backend config string of a group of this backend (``cpu:gloo``, ``cuda:nccl``):
+        what ``new_group(backend=name)`` registers in ``_world.pg_backend_config``."""
+        return f"{self.device_type}:{self.name}"
 
     def unavailable(self, world: int) -> str | None:
         """Why a ``world``-rank job on this backend cannot run on this machine (None: it can)."""
@@ -35,38 +63,204 @@ class Backend:
             return f"backend {self.name} needs one CUDA device per rank ({world}); this machine has {have}"
         return None
 
+    # ---- the process -----------------------------------------------------------------------------
     def prepare_process(self, local_rank: int):
         """Before any process group of this process is built: the environment the backend's
         error handling needs and this rank's device.  Returns the ``torch.device`` the job's model,
         batches and collectives use.  Gloo: the CPU.  NCCL: ``cuda:{local_rank}`` made current, and
-        the error-handling variables of :data:`NCCL_ENV` set (spec/torch-facts.md, "NCCL")."""
+        the variables of :data:`NCCL_ENV` set (each overriding an inherited value, torchrun's
+        ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` included: see :data:`NCCL_ENV`)."""
         import torch
 
         if self.device_type == "cpu":
             return torch.device("cpu")
         for k, v in NCCL_ENV.items():
-            os.environ[k] = v  # overrides torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (see NCCL_ENV)
+            # torchrun's local agent passes TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to its workers unless the
+            # agent's own environment sets it (elastic/agent/server/local_elastic_agent.py,
+            # LocalElasticAgent._start_workers: os.getenv(..., str(1))); ProcessGroupNCCL reads these
+            # variables in its constructor (getCvarInt/getCvarBool), so setting them here, before
+            # init_process_group, decides the mode of every NCCL group this process builds.
+            os.environ[k] = v
         device = torch.device(self.device_type, local_rank)
         torch.cuda.set_device(device)
         return device
 
     def init_kwargs(self, device) -> dict:
         """Extra keyword arguments of ``init_process_group``/``new_group`` on this backend: NCCL binds
-        the device (eager connect, so a missing member shows up when the group is built)."""
+        the device (``device_id``: eager connect, so a missing member shows up when the group is
+        built, and ``new_group`` splits from the bound default group)."""
         return {} if self.device_type == "cpu" else {"device_id": device}
 
+    @property
+    def device(self):
+        """This process's device for the backend's collectives: the CPU, or the current CUDA device
+        (:meth:`prepare_process` made ``cuda:{local_rank}`` current)."""
+        import torch
 
-#: NCCL error handling the protocol needs, set before any NCCL group is built (torch 2.13 reads them
-#: when a group is created; spec/torch-facts.md "NCCL"):
-#: * ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``: abort the failed communicator but do not kill the process
-#:   (3, the default, and 1, torchrun's, kill the process before Observe can run);
-#: * ``TORCH_NCCL_DUMP_ON_TIMEOUT=0`` and ``TORCH_NCCL_ENABLE_MONITORING=0``: one rank's timeout must
-#:   not make the heartbeat monitor of healthy ranks kill them (the ``exception_dump`` store key
-#:   escapes every PrefixStore, so it would also reach a later attempt).
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.device_type, torch.cuda.current_device())
+
+    def device_for(self, pg):
+        """The device a tensor for a collective on ``pg`` must be on: the group's bound device
+        (``bound_device_id``: set by ``device_id=`` and by :meth:`build_group`), else :attr:`device`."""
+        bound = getattr(pg, "bound_device_id", None)
+        return bound if bound is not None else self.device
+
+    def place(self, t, pg=None):
+        """``t`` on the device of a collective on ``pg`` (:meth:`device_for`; without a group,
+        :attr:`device`); no copy when it is there already."""
+        return t.to(self.device_for(pg) if pg is not None else self.device)
+
+    # ---- groups ------------------------------------------------------------------------------------
+    def timeout_of(self, pg) -> float | None:
+        """The collective timeout of ``pg`` in seconds (its backend's ``options._timeout``: the
+        training timeout it was built with); None when the group does not say (a test double)."""
+        import torch
+
+        try:
+            raw = pg._get_backend(torch.device(self.device_type))
+        except (AttributeError, RuntimeError, TypeError):
+            raw = pg  # a bare backend (ProcessGroupGloo/ProcessGroupNCCL), or not a group at all
+        td = getattr(getattr(raw, "options", None), "_timeout", None)
+        return td.total_seconds() if isinstance(td, datetime.timedelta) else None
+
+    def build_group(self, store, group_rank: int, size: int, *, name: str, global_ranks: Sequence[int], device=None,
+                    connect_timeout_s: float, timeout_s: float):
+        """A c10d ``ProcessGroup`` of this backend built by the members only (as ``new_group`` builds
+        one, but without a collective over the default group): ``(group, revoke record)``.
+
+        ``store``: a store namespaced for this group (its generation's prefix fences it from every
+        older one).  ``connect_timeout_s`` bounds building it (gloo's full-mesh connect; NCCL's store
+        exchange); ``timeout_s`` is its collective timeout from then on (the training timeout).
+        ``device``: NCCL's bound device (default :attr:`device`): the group is bound to it and its
+        communicator connected eagerly (``eager_connect_single_device``), so a missing member makes
+        the build fail, not the group's first collective.  The group is named ``name`` but not
+        registered with c10d (:meth:`register`; a rebind moves the old group's name to it).
+        The revoke record: the group's connected sockets (gloo, recorded while it is built, so no
+        other thread may create sockets meanwhile) or a weak reference for its abort (NCCL)."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import GroupName
+
+        from . import revoke
+
+        connect = datetime.timedelta(seconds=connect_timeout_s)
+        bt = getattr(dist.ProcessGroup.BackendType, self.name.upper())
+        raw: Any  # ProcessGroupGloo | ProcessGroupNCCL
+        if self.device_type == "cpu":
+            dev = torch.device("cpu")
+            raw, rec = revoke.recorded(lambda: dist.ProcessGroupGloo(store, group_rank, size, connect), self.name)
+        else:
+            dev = device if device is not None else self.device
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = connect
+            opts.global_ranks_in_group = list(global_ranks)
+            opts.group_name = GroupName(name)
+            raw = dist.ProcessGroupNCCL(store, group_rank, size, opts)
+        pg = dist.ProcessGroup(store, group_rank, size)
+        if self.device_type != "cpu":
+            pg.bound_device_id = dev  # before _register_backend: it hands the bound device to the backend
+        pg._set_default_backend(bt)
+        pg._register_backend(torch.device(self.device_type), bt, raw)
+        pg._set_group_name(GroupName(name))
+        pg._set_group_desc(name)
+        if self.revoke == "abort":
+            raw.eager_connect_single_device(dev)  # ncclCommInitRank now, bounded by the store exchange
+            rec = revoke.record_group(pg, self.name)
+        raw.set_timeout(datetime.timedelta(seconds=timeout_s))  # later ops: the training timeout
+        return pg, rec
+
+    def register(self, pg, name: str, global_ranks: Sequence[int], store=None):
+        """Register ``pg`` with c10d under ``name`` as a group of this backend (``pg_map`` backend
+        ``name``, config :attr:`backend_config`, the global-to-group rank mapping), so that
+        ``get_process_group_ranks``, ``_resolve_process_group`` (functional collectives, DTensor,
+        DeviceMesh) find it.  Raises ValueError if another group holds the name."""
+        import torch.distributed.distributed_c10d as c10d
+        from torch.distributed.distributed_c10d import GroupName
+
+        w = c10d._world
+        for other, other_name in w.pg_names.items():
+            if other_name == name and other is not pg:
+                raise ValueError(f"process-group name {name!r} is already registered; use a per-generation name (e.g. '{name}@g2')")
+        mapping = {g: i for i, g in enumerate(global_ranks)}
+        helper = getattr(c10d, "_register_pg_in_world", None)
+        if helper is not None:
+            helper(pg, self.name, store, GroupName(name), self.backend_config, rank_mapping=mapping)
+        else:  # older torch: the same bookkeeping by hand
+            w.pg_map[pg] = (self.name, store)
+            w.pg_names[pg] = GroupName(name)
+            w.pg_group_ranks[pg] = mapping
+            w.pg_backend_config[pg] = self.backend_config
+            c10d._register_process_group(GroupName(name), pg)
+        return pg
+
+    def abort(self, pg) -> bool:
+        """Abort ``pg``'s communicator, this group only and once (a second call does nothing), and
+        keep its c10d registration (name, ranks): a rebind moves the name to the new group, and
+        until then name-based lookups still resolve.  ``ProcessGroup.abort()`` aborts the group's
+        backends; NCCL's waits for ``ncclCommAbort`` up to the group's timeout (DistBackendError
+        beyond).  Never ``_abort_process_group``: it unregisters the group and drops its name,
+        and on the default group aborts every group and clears every registry.  Returns whether an
+        abort was issued: False for a ``sockets`` backend (gloo's abort leaves the group usable;
+        its revoke is its sockets) and for an already aborted group."""
+        if self.revoke != "abort" or pg is None:
+            return False
+        with _ABORTED_LOCK:
+            if pg in _ABORTED:
+                return False
+            _ABORTED.add(pg)
+        pg.abort()
+        return True
+
+    def drain(self, device, timeout_s: float) -> bool:
+        """Whether the work queued on ``device``'s current stream finished within ``timeout_s``: an
+        event recorded on that stream, polled until the deadline (no ``torch.cuda.synchronize()``:
+        a device-wide sync blocks, unbounded, behind a hung collective kernel of another stream).
+        The CPU: True at once."""
+        if self.device_type == "cpu" or getattr(device, "type", "cpu") == "cpu":
+            return True
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(device))
+        deadline = time.monotonic() + timeout_s
+        pause = _POLL_FIRST_S
+        while not ev.query():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX_S)
+        return True
+
+
+#: NCCL error handling the protocol needs, set by :meth:`Backend.prepare_process` before any NCCL group
+#: is built.  Read against torch 2.13's ProcessGroupNCCL.hpp (the variable names) and ProcessGroupNCCL.cpp
+#: (what they do; spec/nccl.md lists the functions):
+#:
+#: * ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (CleanUpOnly): on a failed or timed-out work the NCCL
+#:   watchdog aborts the group's communicators and does not rethrow, so the process lives and the
+#:   error reaches Python as ``DistBackendError`` from ``work.wait(timeout)`` (:func:`wait_bounded`).
+#:   The default, 3 (SkipCleanUp), and 1 (TearDown, what torchrun's agent passes its workers unless set
+#:   in the agent's own environment) rethrow in the watchdog thread and end the process before the
+#:   engine can observe anything.
+#: * ``TORCH_NCCL_DUMP_ON_TIMEOUT=0``: with the default (on), the monitor thread of each rank's first
+#:   group polls the ``exception_dump`` key that any rank's watchdog writes on a failure
+#:   (``broadcastDumpSignal``, into the *underlying* store: it escapes every PrefixStore, so it also
+#:   reaches later attempts and generations) and then, after its heartbeat timeout, kills its own healthy
+#:   process.  Off: the key is still written, and nobody reads it.
+#: * ``TORCH_NCCL_ENABLE_MONITORING=0`` (the name is the same in 2.13): the heartbeat monitor does not
+#:   kill the process (``terminateProcess``) when a watchdog thread made no progress for
+#:   ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC``; the engine's own watchdog and step deadline bound a hang.
+#: * ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=0``: after detecting a failure the NCCL watchdog sleeps four
+#:   times this value (default 15 s: a minute) before it aborts the communicators, whatever the dump
+#:   setting, and a dropped group's destructor joins that watchdog: without this, retiring R's failed
+#:   communicator could block the rank for a minute.
 NCCL_ENV: dict[str, str] = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
     "TORCH_NCCL_ENABLE_MONITORING": "0",
+    "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
 }
 
 
@@ -83,3 +277,70 @@ def backend(name: str) -> Backend:
         return BACKENDS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown backend {name!r}; use one of {list(BACKEND_NAMES)}") from None
+
+
+def backend_of(pg) -> Backend:
+    """The backend ``pg`` runs: its default backend's name (``ProcessGroup.name()``, else
+    ``dist.get_backend``); gloo for an object that says nothing (a test double)."""
+    name = ""
+    try:
+        name = str(pg.name()).lower()
+    except Exception:  # noqa: BLE001 - name() is missing on some wrapped groups and on test doubles: ask c10d
+        try:
+            import torch.distributed as dist
+
+            name = str(dist.get_backend(pg)).lower()
+        except Exception:  # noqa: BLE001 - not a c10d group at all: gloo, the CPU backend
+            name = ""
+    for b in BACKENDS.values():
+        if b.name in name and b.device_type != "cpu":
+            return b  # a group with an accelerator backend (e.g. "cpu:gloo,cuda:nccl") runs it for its collectives
+    return BACKENDS.get(name, BACKENDS["gloo"])
+
+
+def for_device(device) -> Backend:
+    """The backend whose collectives use ``device``'s type (the CPU: gloo)."""
+    t = getattr(device, "type", str(device))
+    for b in BACKENDS.values():
+        if b.device_type == t:
+            return b
+    return BACKENDS["gloo"]
+
+
+def wait_bounded(work, timeout_s: float, *, check: Callable[[], None] | None = None, check_every_s: float = 0.05) -> None:
+    """Wait for a collective's ``work`` at most ``timeout_s`` seconds, on any backend; raise its error.
+
+    Completion is polled with ``work.is_completed()``: an NCCL work's future completes when the work
+    is enqueued, not when its kernel finishes, so waiting on the future returns at once (gloo's
+    completes with the op: it wakes the wait without polling).  ``check()`` runs every
+    ``check_every_s`` while the work is pending (first after one interval) and may raise to abandon
+    the wait.  Then
+    ``work.wait(timeout)``: it raises the op's error (NCCL: ``DistBackendError``, after aborting the
+    communicator, also when the timeout passed, counted from the work's start; gloo: the op's
+    ``RuntimeError``, or "Operation timed out!" without touching the group) and on NCCL makes the
+    current stream wait for the kernel, so the result can be read."""
+    done = threading.Event()
+    try:
+        work.get_future().add_done_callback(lambda _f: done.set())
+    except (AttributeError, RuntimeError):
+        done.set()  # no future to wake on: poll
+    start = time.monotonic()
+    deadline = start + timeout_s
+    next_check = start + check_every_s  # as before on gloo: a healthy step's op makes no store round trip
+    pause = _POLL_FIRST_S
+    try:
+        while not work.is_completed():
+            now = time.monotonic()
+            if check is not None and now >= next_check:
+                check()
+                next_check = now + check_every_s
+            if now >= deadline:
+                break  # the wait below times out (and raises)
+            if done.is_set():  # the future completed before the work (NCCL: at enqueue): poll
+                time.sleep(min(pause, max(deadline - now, 0.0)))
+                pause = min(pause * 2, _POLL_MAX_S)
+            else:
+                done.wait(min(check_every_s, max(deadline - now, 0.0)))
+        work.wait(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+    finally:
+        del work  # a raised error's traceback keeps this frame: it must not keep the op (and its group) alive

@@ -69,7 +69,7 @@ def or_allreduce(group: Any, flag: Any, method: str = "auto") -> None:
         return
     if method == "ring" or (method == "auto" and n <= RING_MAX_WORLD):
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
         group.allreduce([flag], opts).wait()
         return
     p = 1 << (n.bit_length() - 1)

@@ -19,7 +19,11 @@ the wrapper is idle, as far as torch lets us see it:
 * DDP: the reducer's pending work is C++ state not visible from Python; at the boundary
   the optimizer step has returned, which implies the backward's reduction finished, so the
   check is the grads-cleared and point checks above;
-* CUDA: ``torch.cuda.synchronize()`` so no kernel of the step is still queued; CPU: no-op.
+* the step's device work drained: on each non-CPU device holding parameters, an event recorded on
+  its current stream (the stream the step ran on) must complete within ``sync_timeout_s``
+  (:meth:`accelpact.impl.backends.Backend.drain`); past it the guard fails (L2).  Not a
+  device-wide ``torch.cuda.synchronize()``: that waits, unbounded, behind a hung collective kernel
+  of R on another stream until the revoke's abort lands.  CPU: nothing to drain.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["BoundaryGuard", "GuardReport", "POINTS"]
+__all__ = ["BoundaryGuard", "GuardReport", "POINTS", "SYNC_TIMEOUT_S"]
 
 POINTS = ("boundary", "forward", "backward", "optimizer")
+#: Default bound on draining the step's device work at the guard check (seconds); attach passes
+#: its phase deadline where it can.
+SYNC_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +48,13 @@ class GuardReport:
 class BoundaryGuard:
     """Installs hooks on ``module`` and ``optimizer``; ``remove()`` uninstalls them.
 
-    ``on_point(point)`` (optional) is called after the point changes (fault injection)."""
+    ``on_point(point)`` (optional) is called after the point changes (fault injection);
+    ``sync_timeout_s`` bounds draining the step's device work in :meth:`check`."""
 
-    def __init__(self, module, optimizer, *, frontier: int = 0, on_point: Callable[[str], None] | None = None) -> None:
+    def __init__(self, module, optimizer, *, frontier: int = 0, on_point: Callable[[str], None] | None = None,
+                 sync_timeout_s: float = SYNC_TIMEOUT_S) -> None:
         self.module = module
+        self.sync_timeout_s = sync_timeout_s
         self.optimizer = optimizer
         self.tau = frontier
         self.frontier = frontier
@@ -88,8 +98,6 @@ class BoundaryGuard:
 
     def check(self) -> GuardReport:
         """Phase 2: is this rank at a clean committed boundary?"""
-        import torch
-
         reasons: list[str] = []
         if self.point != "boundary":
             reasons.append(f"step is at {self.point!r}, not at the committed boundary")
@@ -101,9 +109,17 @@ class BoundaryGuard:
                            "call optimizer.zero_grad(set_to_none=True) before the boundary")
         reasons.extend(self._wrapper_busy())
         reasons.extend(f"wrapper marked busy: {w}" for w in self.busy_marks)
-        if torch.cuda.is_available() and any(p.is_cuda for p in self.module.parameters()):
-            torch.cuda.synchronize()
+        reasons.extend(self._undrained())
         return GuardReport(not reasons, tuple(reasons))
+
+    def _undrained(self) -> list[str]:
+        """The devices whose current stream still had the step's work queued after ``sync_timeout_s``."""
+        from .backends import for_device
+
+        devices = {p.device for p in self.module.parameters() if p.device.type != "cpu"}
+        return [f"the step's work on {d} did not finish within {self.sync_timeout_s} s (a kernel is still queued, "
+                "e.g. a hung collective): not a clean boundary"
+                for d in sorted(devices, key=str) if not for_device(d).drain(d, self.sync_timeout_s)]
 
     def _wrapper_busy(self) -> list[str]:
         out: list[str] = []

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelpact.model.contract import DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, ObservationKey, decide, default_envelope
+from accelpact.model.contract import (DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, ObservationKey, decide,
+                                      default_envelope, unqualified_notice)
 from accelpact.model.state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
@@ -153,10 +155,11 @@ def _group_name(pg) -> str:
     return str(pg.group_name)
 
 
-def _state_digest(module, optimizer) -> bytes:
-    from .digest import state_digest
+def _state_checksum(module, optimizer, device):
+    """Phase 6's replica check of this rank's state, on ``device`` (:func:`digest.state_checksum`)."""
+    from .digest import state_checksum
 
-    return state_digest(module, optimizer)
+    return state_checksum(module, optimizer, device)
 
 
 #: Floor of the default step deadline: a step (forward, backward, optimizer, boundary) that makes
@@ -215,6 +218,9 @@ class Pact:
         self.trace = trace if trace is not None else NullTrace()
         self.envelope = envelope if envelope is not None else default_envelope()
         self.key = key or ObservationKey(DEFAULT_PLATFORM, DEFAULT_PROFILE, "boundary", DEFAULT_OBJECTIVE)
+        notice = unqualified_notice(self.envelope, self.key.platform)
+        if notice:  # an unqualified platform: every failure there is L2; say so once, at attach
+            print(f"accelpact: {notice}", file=sys.stderr, flush=True)
         self.deadline_s = deadline_s
         self.step_deadline_s = step_deadline_s
         self.hooks = hooks if hooks is not None else NO_HOOKS
@@ -238,8 +244,10 @@ class Pact:
         self.control.use_seeded_bug(self.hooks.seeded_bug)
         self.adapter = adapter if adapter is not None else adapter_for(module)
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
-        self.sites = self.adapter.discover(module, self._pg)  # once, at attach: rebinding reuses them
-        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point)
+        self.sites: list = []
+        self._sites_settled = False  # re-discovered once after the first step (wrappers cache lazily)
+        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point, sync_timeout_s=deadline_s)
+        self.sites = self._discover()  # at attach: rebinding reuses them (and the first boundary settles them)
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
         # the failure detector (heartbeats on the control plane, impl/detector.py): a dead or hung
         # peer ends the job at once (RankSuspect) instead of at a deadline; built before any thread
@@ -326,6 +334,8 @@ class Pact:
         failed = self._failure_flag(observed)
         if not failed:
             self.watchdog.disarm()
+            if not self._sites_settled:  # once: what the wrappers built lazily in the first step
+                self.sites, self._sites_settled = self._discover(), True
             return None
         report = self._recover(failed, t0, t_obs, err)
         self.reports.append(report)
@@ -333,11 +343,14 @@ class Pact:
         return report
 
     def _probe(self, loss) -> tuple[bool, BaseException | None]:
-        """The post-commit collective on R (it carries the loss): (failed, its error)."""
+        """The post-commit collective on R (it carries the loss, on R's device): (failed, its error)."""
         import torch
+
+        from .backends import backend_of
 
         t = loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1)
         try:
+            t = backend_of(self._pg).place(t, self._pg)
             self._at("boundary")
             self._wait_unless_revoked(self._pg.allreduce([t]), "the boundary all-reduce")
             self.last_loss = float(t[0]) / len(self.groups.members)
@@ -346,14 +359,17 @@ class Pact:
         return False, None
 
     def _failure_flag(self, observed: bool) -> list[int]:
-        """The failure flag all-reduced over W (control group): which groups of R's kind failed."""
+        """The failure flag OR-ed over W (control group, :func:`accelpact.impl.flag.or_allreduce`:
+        O(log W) rounds on large worlds): which groups of R's kind failed."""
         import torch
+
+        from .flag import or_allreduce
 
         flag = torch.zeros(self.groups.count, dtype=torch.int64)
         if observed:
             flag[self.groups.index] = 1
         try:
-            self.groups.control.allreduce([flag]).wait()
+            or_allreduce(self.groups.control, flag)
         except RuntimeError as exc:
             # the out-of-band control group failed: a peer is gone; not repairable in place
             self._fail(exc)
@@ -362,20 +378,37 @@ class Pact:
     def _wait_unless_revoked(self, work, what: str) -> None:
         """Wait for an op on R; raise its error, or :class:`RevokedWhilePending` if R was revoked in
         this generation and the op is still pending ``REVOKE_GRACE_S`` later (the op and its group
-        go to a reaper thread).  No added latency: the op's future wakes the wait."""
-        done = threading.Event()
-        work.get_future().add_done_callback(lambda _f: done.set())
+        go to a reaper thread), or if it completed on a communicator the revoke aborted (NCCL: its
+        result is not trusted, :func:`revoke.aborted`).
+
+        :func:`backends.wait_bounded` polls the op's completion, not its future (an NCCL op's future
+        completes when the op is enqueued); on gloo the future still wakes the wait, so no latency is
+        added.  Bounded: past the group's own collective timeout plus ``REVOKE_GRACE_S`` the wait
+        gives up with the op's timeout error (NCCL: ``DistBackendError``; gloo's op fails at its timeout
+        before that)."""
+        from .backends import backend_of, wait_bounded
+
         seen = None  # when this rank first knew of the revoke (its watcher's, or the store key)
+
+        def revoke_check() -> None:
+            nonlocal seen
+            if seen is None and (any(r[0] == self.gen for r in self.watchdog.revocations)
+                                 or self.control.revoked(self.gen, self.groups.key)):
+                seen = time.monotonic()
+            if seen is not None and time.monotonic() - seen > REVOKE_GRACE_S:
+                raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {REVOKE_GRACE_S} s after "
+                                          f"generation {self.gen}'s revoke")
+
+        budget = (backend_of(self._pg).timeout_of(self._pg) or self.deadline_s) + REVOKE_GRACE_S
         try:
-            while not done.wait(0.05):
-                if seen is None and (any(r[0] == self.gen for r in self.watchdog.revocations)
-                                     or self.control.revoked(self.gen, self.groups.key)):
-                    seen = time.monotonic()
-                if seen is not None and time.monotonic() - seen > REVOKE_GRACE_S:
-                    threading.Thread(target=_reap, args=(work, self._pg), name="accelpact-reaper", daemon=True).start()
-                    raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {REVOKE_GRACE_S} s after "
-                                              f"generation {self.gen}'s revoke shut down its sockets")
-            work.wait()  # raises the op's own error, if any
+            try:
+                wait_bounded(work, budget, check=revoke_check)  # raises the op's own error, if any
+            except RevokedWhilePending:
+                threading.Thread(target=_reap, args=(work, self._pg), name="accelpact-reaper", daemon=True).start()
+                raise
+            if _revoke.aborted(self._record):
+                raise RevokedWhilePending(f"{what} on {self.groups.key} completed on a communicator that generation "
+                                          f"{self.gen}'s revoke aborted: its result is not trusted")
         finally:
             # the raised error's traceback keeps this frame: it must not keep the op (and through
             # it the old group's sockets and threads) alive until the next garbage collection
@@ -531,7 +564,7 @@ class Pact:
             skip = self.hooks.bug("skip-rebind")
             if not skip:
                 self.adapter.rebind(self.module, self.sites, old_pg, ep.new_pg)
-            check = self.adapter.verify(self.module, self.sites, old_pg, ep.new_pg)
+            check = self.adapter.verify_sites(self.sites, old_pg, ep.new_pg)
             stale = int(check.stale)
             ep.refs_rebound = int(check.total) - stale
             if not check.ok and not skip:
@@ -541,29 +574,57 @@ class Pact:
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=stale),
                   {"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t})
 
+    def _discover(self) -> list:
+        """Every cached reference to R reachable from the module: the adapter's sites united with the
+        generic walker's (which stops at the engine's own objects), so phase 5 can check them in
+        O(sites).  Run at attach and once more after the first committed step, when the wrappers'
+        lazily built state (FSDP's lazy init, DDP's reducer) exists."""
+        from .adapters import find_references, site_set
+
+        sites = list(self.adapter.discover(self.module, self._pg))
+        known = site_set(sites)
+        sites += [s for s in find_references(self.module, self._pg, stop=self._own_objects())
+                  if (s.owner_id, s.kind, s.key) not in known]
+        return sites
+
+    def _own_objects(self) -> tuple:
+        """The engine's objects, where phase 5's walk stops: the guard's hooks make them reachable
+        from the module, and behind them lie only the engine's own references (R's current
+        communicator, moved first in :meth:`_rebind`; socket records; the store), never a cached
+        reference of the wrapper's.  Walking them cost two to four orders of magnitude more than
+        the module alone (bench/README.md, "Phase 5")."""
+        return tuple(o for o in (self, getattr(self, "guard", None), getattr(self, "watchdog", None),
+                                 getattr(self, "detector", None), self.control, self.trace, self.hooks, self.adapter,
+                                 self.strategy, self.sites, self.envelope) if o is not None)
+
     # ---- Phase 6: RankValidate -------------------------------------------------------------------
     def _validate(self, ep: _Episode) -> None:
-        """An all-reduce on the new group, then every replica's digest compared."""
+        """An all-reduce on the new group, then every replica's state checksum compared (one
+        all-gather), on the new group's device; each wait bounded by the phase deadline."""
         import torch
+
+        from .backends import backend_of, wait_bounded
+        from .digest import checksum_hex
 
         t = time.monotonic_ns()
         if self.hooks.bug("skip-validation"):
             self._act("RankValidate", self._st(PC_VALIDATED), {"digest": "", "duration_ns": time.monotonic_ns() - t})
             return
         n = len(self.groups.members)
-        one = torch.ones(1)
-        ep.new_pg.allreduce([one]).wait()
+        device = backend_of(ep.new_pg).device_for(ep.new_pg)
+        one = torch.ones(1, device=device)
+        wait_bounded(ep.new_pg.allreduce([one]), self.deadline_s)
         if int(one[0]) != n:
             raise ValidationError(f"validation all-reduce on generation-{ep.g + 1} R gave {int(one[0])}, expected {n}")
-        mine = torch.frombuffer(bytearray(_state_digest(self.module, self.optimizer)), dtype=torch.uint8)
+        mine = _state_checksum(self.module, self.optimizer, device)
         outs = [torch.empty_like(mine) for _ in range(n)]
-        ep.new_pg.allgather([outs], [mine]).wait()
+        wait_bounded(ep.new_pg.allgather([outs], [mine]), self.deadline_s)
         differing = [self.groups.members[i] for i, o in enumerate(outs) if not torch.equal(o, mine)]
         if differing:
-            raise ValidationError(f"replica digests differ from rank {self.rank}'s on rank(s) {differing}: "
+            raise ValidationError(f"replica checksums differ from rank {self.rank}'s on rank(s) {differing}: "
                                   "replicas of R do not hold identical shards; restart from the checkpoint (L2)")
         self._act("RankValidate", self._st(PC_VALIDATED),
-                  {"digest": bytes(mine.tolist()).hex(), "duration_ns": time.monotonic_ns() - t})
+                  {"digest": checksum_hex(mine), "duration_ns": time.monotonic_ns() - t})
 
     # ---- Release: RankReady, RankDecideRelease, RankResume ---------------------------------------
     def _ready(self, ep: _Episode) -> None:

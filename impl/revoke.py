@@ -10,7 +10,8 @@ shutting it down aborts the process.
 ``hard_close`` shuts down a dup of each recorded fd (``SHUT_RDWR`` reaches the shared
 socket, so the gloo thread blocked on it wakes with an error), after checking that the fd
 still names the recorded inode (fds are reused once a group is freed; we must never touch
-a stranger's socket).  NCCL groups are aborted with ``_abort_process_group``/``abort()``.
+a stranger's socket).  NCCL groups are aborted, this group only, keeping its c10d registration
+(:meth:`accelpact.impl.backends.Backend.abort`): a rebind moves the old group's name to the new one.
 
 Ordering: construct the group inside :func:`recorded` with no other thread creating
 sockets at the same time (the watchdog's store connection is made before).
@@ -27,7 +28,7 @@ from typing import Any, Callable, TypeVar
 
 from .backends import backend as _backend
 
-__all__ = ["SocketRecord", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes"]
+__all__ = ["SocketRecord", "aborted", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes"]
 
 T = TypeVar("T")
 _TCP_ESTABLISHED = "01"
@@ -102,6 +103,13 @@ def record_group(group, backend: str = "nccl") -> SocketRecord:
     return SocketRecord(backend=backend, sockets=(), group_ref=_weak(group))
 
 
+def aborted(record: SocketRecord | None) -> bool:
+    """Whether ``record``'s group was revoked by an abort (NCCL): then a work on it that reports
+    completion may have been cut short by the abort (an aborted NCCL communicator no longer reports
+    errors to its works), and its result is not to be trusted.  A gloo revoke makes pending ops fail."""
+    return record is not None and record.closed and _backend(record.backend).revoke == "abort"
+
+
 def _same_socket(fd: int, inode: int) -> bool:
     try:
         st = os.fstat(fd)
@@ -111,18 +119,18 @@ def _same_socket(fd: int, inode: int) -> bool:
 
 
 def hard_close(record: SocketRecord) -> int:
-    """Revoke: shut down the group's connected sockets (gloo) or abort its communicator (NCCL).
+    """Revoke: shut down the group's connected sockets (gloo) or abort its communicator (NCCL:
+    :meth:`~accelpact.impl.backends.Backend.abort`, which keeps the group's c10d name and ranks).
     Returns the number of sockets shut down.  Idempotent; safe from any thread."""
-    if _backend(record.backend).revoke == "abort":
+    be = _backend(record.backend)
+    if be.revoke == "abort":
         group = record.group
         if group is not None and not record.closed:
             record.closed = True
-            import torch.distributed.distributed_c10d as c10d
-
             try:
-                c10d._abort_process_group(group)
-            except Exception:  # noqa: BLE001 - already unregistered or not a c10d group: abort it directly
-                group.abort()
+                be.abort(group)
+            except RuntimeError:  # DistBackendError: ncclCommAbort outlived the group's timeout
+                pass  # the group is revoked either way: aborted(record) is True, its results are not trusted
         return 0
     n = 0
     for fd, inode in record.sockets:

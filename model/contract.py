@@ -107,13 +107,31 @@ def default_envelope(
     profiles: tuple[str, ...] = ("hsdp", "fsdp1-hybrid", "fsdp2-hybrid", "ddp"),
     objective: str = DEFAULT_OBJECTIVE,
 ) -> Envelope:
-    """L1 and L2 at the committed boundary, L2 for every in-flight phase, for each profile."""
+    """L1 and L2 at the committed boundary, L2 for every in-flight phase, for each profile.
+
+    The shipped default covers ``cpu-gloo`` only: the one platform whose cells this project's
+    conformance corpus has run.  Any other platform (``cuda-nccl`` included) is not in it, so every
+    failure there is L2, and :func:`decide` says how to qualify it (:func:`unqualified_notice`)."""
     entries = []
     for profile in profiles:
         for phase in FAILURE_PHASES:
             acts = ("L1", "L2") if phase == "boundary" else ("L2",)
             entries.append(EnvelopeEntry(ObservationKey(platform, profile, phase, objective), acts))
     return Envelope(tuple(entries))
+
+
+def unqualified_notice(envelope: Envelope, platform: str) -> str | None:
+    """When ``envelope`` has no entry at all for ``platform``: the message that says so, that every
+    failure there is L2, and how to qualify it (the platform names its backend after the accelerator,
+    ``cuda-nccl``: spec/contract.md C1).  None when the platform has entries.  The engine prints it
+    once at attach and :func:`decide` puts it in the reason of each L2 it causes."""
+    if any(e.key.platform == platform for e in envelope.entries):
+        return None
+    backend = platform.split("-", 1)[1] if "-" in platform else platform
+    return (f"platform {platform!r} is not qualified in this envelope, so every failure on it is L2 (fail-stop "
+            f"restart from the checkpoint). To qualify it, run `accelpact qualify --backend {backend} --out "
+            f"envelope.json` on this platform, then pass that file: attach(..., envelope=load_envelope(\"envelope.json\")) "
+            f"or the job's \"envelope\" field")
 
 
 def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision:
@@ -132,7 +150,8 @@ def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision
         return Decision("L2", "guard failed: not a clean committed boundary")
     entry = envelope.lookup(key)
     if entry is None:
-        return Decision("L2", f"key {key} is outside the envelope")
+        notice = unqualified_notice(envelope, key.platform)
+        return Decision("L2", f"key {key} is outside the envelope" + (f": {notice}" if notice else ""))
     if "L1" in entry.actions:
         return Decision("L1", f"key {key} qualified for L1")
     return Decision("L2", f"key {key} is qualified for L2 only")

@@ -114,26 +114,13 @@ def site_set(sites: Iterable[RefSite]) -> set[tuple[int, str, Any]]:
 
 # --------------------------------------------------------------------------- c10d registration
 def register_group(pg: Any, name: str, global_ranks: Sequence[int], store: Any = None, backend: str = "gloo") -> Any:
-    """Register ``pg`` with c10d under ``name`` so name-based lookups (DeviceMesh, ``dist.get_rank(pg)``,
-    ``get_process_group_ranks``) resolve it. Raises ValueError if the name is taken by another group."""
-    import torch.distributed.distributed_c10d as c10d
-    from torch.distributed.distributed_c10d import GroupName
+    """Register ``pg`` with c10d under ``name`` as a group of ``backend`` (its c10d config, e.g.
+    ``cuda:nccl``: :meth:`accelpact.impl.backends.Backend.register`), so name-based lookups (DeviceMesh,
+    ``dist.get_rank(pg)``, ``get_process_group_ranks``) resolve it. Raises ValueError if the name is
+    taken by another group."""
+    from ..backends import backend as _backend
 
-    w = c10d._world
-    for other, other_name in w.pg_names.items():
-        if other_name == name and other is not pg:
-            raise ValueError(f"process-group name {name!r} is already registered; use a per-generation name (e.g. '{name}@g2')")
-    mapping = {g: i for i, g in enumerate(global_ranks)}
-    helper = getattr(c10d, "_register_pg_in_world", None)
-    if helper is not None:
-        helper(pg, backend, store, name, f"cpu:{backend}", rank_mapping=mapping)
-    else:  # older torch: the same bookkeeping by hand
-        w.pg_map[pg] = (backend, store)
-        w.pg_names[pg] = GroupName(name)
-        w.pg_group_ranks[pg] = mapping
-        w.pg_backend_config[pg] = f"cpu:{backend}"
-        c10d._register_process_group(GroupName(name), pg)
-    return pg
+    return _backend(backend).register(pg, name, global_ranks, store)
 
 
 def unregister_group(pg: Any) -> None:
@@ -154,6 +141,8 @@ def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    from ..backends import backend_of
+
     w = c10d._world
     name = w.pg_names.get(old_pg)
     if name is None or not isinstance(new_pg, dist.ProcessGroup) or old_pg is new_pg:
@@ -167,7 +156,7 @@ def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
     if new_pg in w.pg_names:
         unregister_group(new_pg)
     new_pg._set_group_name(name)
-    register_group(new_pg, name, ranks, store)
+    register_group(new_pg, name, ranks, store, backend=backend_of(new_pg).name)  # NCCL: "nccl", "cuda:nccl"
     return name
 
 
