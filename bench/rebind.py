@@ -105,7 +105,10 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
             pg = pact_groups(topo, ctx.rank, wrapper, control, groups, records)
             # traced (one record per rebind, as in a traced job): an unexpected exit leaves its reason
             trace = Trace(ctx.out / f"engine-{wrapper}-L{L}-r{ctx.rank}.ndjson", ctx.rank, {"bench": "rebind"})
-            pact = attach(job.module, job.optimizer, groups=pg, deadline_s=60.0, trace=trace,
+            # detect=False: this measures phase 5 alone; its walker-verified column ("verify_attached")
+            # holds one rank in Python for seconds at L=128 under load, which the heartbeat detector of
+            # the peer may take for a dead rank (spec/detection.md)
+            pact = attach(job.module, job.optimizer, groups=pg, deadline_s=60.0, trace=trace, detect=False,
                           control=ControlPlane(ctx.store, ctx.rank, ctx.world, prefix=f"bench/rebind/{wrapper}{L}/"))
             engine, engine_verify = [], []
             nxt = new
