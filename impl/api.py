@@ -294,12 +294,17 @@ class TrainingJob:
 
     def close(self) -> None:
         """End of training on every rank: wait until every rank got here (a rank leaving early closes
-        sockets under its peers), stop the engine.  Collective."""
+        sockets under its peers), stop the engine, end its threads' store waits and join them (no
+        C++ wait may be in flight when the interpreter finalizes), destroy the groups.  Collective."""
         import torch.distributed as dist
 
         dist.barrier(group=self.checkpoint_group)
         if self.training is not None:
-            self.training.pact.close()
+            pact = self.training.pact
+            pact.close()
+            # every rank's watchdog is stopped before any rank wakes the watchdogs' store waits
+            dist.barrier(group=self.checkpoint_group)
+            pact.watchdog.wake_and_join()
         dist.destroy_process_group()  # every group, in order, before the interpreter's teardown
 
 

@@ -37,7 +37,10 @@ from . import revoke as _revoke
 from .exitcodes import claim_exit, code_for, exit_now, release_exit
 from .trace import NullTrace
 
-__all__ = ["Watchdog", "RETIRED"]
+__all__ = ["CLOSED", "Watchdog", "RETIRED"]
+
+#: The abort key's value when the job ended normally (:meth:`Watchdog.wake_and_join`): not an abort.
+CLOSED = "closed"
 
 #: Value a rank writes into its group's revoke key of generation g after releasing g, so that
 #: a watcher still waiting on it wakes and re-arms on g+1 at once.  Never a revoke.
@@ -91,6 +94,30 @@ class Watchdog:
         self._stop.set()
         self._target_changed.set()
         self.disarm()
+
+    def wake_and_join(self, timeout_s: float = 5.0) -> bool:
+        """After :meth:`stop` on *every* rank (the caller's barrier makes it so): end the threads'
+        store waits now instead of at the end of their slices, and join them; True when all ended.
+
+        Why: a daemon thread still inside a C++ store wait when the interpreter finalizes is ended
+        by ``pthread_exit`` once the wait returns, and the forced unwind through torch's C++ frames
+        aborts the process ("terminate called without an active exception", exit -6; seen at the
+        end of FSDP1 jobs).  The abort key is written ``closed`` only if no abort stands (single
+        assignment), which no stopped watchdog acts on; the revoke key of the watched generation is
+        retired, which watchers ignore."""
+        with self._target_lock:
+            target = self._target
+        try:
+            self.control.store.compare_set(self.control.abort_key, "", CLOSED)
+            if target is not None:
+                self.control.retire_revoke(target[0], target[1])
+        except Exception:  # noqa: BLE001 - store gone at the end: the waits fail on their own
+            pass
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
 
     # ---- step deadline -------------------------------------------------------------------------
     def arm(self, budget_s: float | None) -> None:
@@ -244,6 +271,8 @@ class Watchdog:
             except Exception as exc:  # noqa: BLE001 - store lost between wait and get
                 self.lose_store(exc)
                 return
+            if reason == CLOSED:
+                return  # the job ended normally (wake_and_join), not an abort
             self.exit_with(reason)
             return
 
