@@ -38,6 +38,7 @@ from ..model.state import (
     PC_CRASHED,
     PC_EXITED,
     PC_GUARDED,
+    PC_JOINED,
     PC_OBSERVED,
     PC_READY,
     PC_REBOUND,
@@ -91,6 +92,12 @@ LOCAL_STEPS: dict[str, tuple[frozenset[str] | None, str | None]] = {
     "FaultCorrupt": (frozenset({PC_TRAIN, PC_OBSERVED}), None),
     "FaultDelay": (_ALIVE - {PC_READY}, None),
     "FaultDrop": (frozenset({PC_OBSERVED, PC_GUARDED, PC_AGREED, PC_REPLACED, PC_REBOUND, PC_VALIDATED}), None),
+    # hot swap (issue 13; model only so far, no implementation writes these records yet)
+    "RankDiscardStep": (frozenset({PC_OBSERVED}), None),
+    "RankClaimSpare": (_ALIVE, None),
+    "SpareJoin": (frozenset({PC_CRASHED}), PC_JOINED),
+    "RankTransferState": (frozenset({PC_ARRIVED}), None),  # changes the spare's rank, not its own
+    "RankFenced": (None, None),                            # a deposed process, outside the seats
 }
 
 #: the exit reason each exit action sets (RankExit: the store's abort, whatever it is)

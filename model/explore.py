@@ -59,10 +59,11 @@ def exit_bound_limit(cfg: Config) -> int:
 
     Once ``store.abort`` is set no new group failure can start, so each rank takes at most
     :data:`STEPS_PER_RANK` steps, every remaining fault costs one step, and the supervisor
-    restart is one more: ``12 * |W| + max_faults + 1``.  The search measures the real
-    longest path and checks it against this bound.
+    restart is one more: ``12 * |W| + max_faults + 1``; with spares (hot swap), plus one step per
+    spare: a deposed holder that wakes is fenced out (RankFenced) whether or not an abort stands.
+    The search measures the real longest path and checks it against this bound.
     """
-    return STEPS_PER_RANK * len(cfg.world) + cfg.max_faults + 1
+    return STEPS_PER_RANK * len(cfg.world) + cfg.max_faults + 1 + cfg.spares
 
 
 def l1_config(cfg: Config) -> Config:
@@ -156,7 +157,7 @@ class ExploreResult:
             "config": {
                 "nodes": c.nodes, "ranks_per_node": c.ranks_per_node, "group": c.group,
                 "max_faults": c.max_faults, "faults": sorted(c.faults) or "all", "points": list(c.points),
-                "mutant": c.mutant,
+                "mutant": c.mutant, "spares": c.spares,
             },
             "symmetry": self.symmetry,
             "states": self.states,
@@ -208,14 +209,14 @@ def _diff(before: State, after: State) -> list[str]:
             continue
         for f in fields(a):
             x, y = getattr(a, f.name), getattr(b, f.name)
-            if x != y:
+            if x != y and f.compare:  # not the cached hashes
                 out.append(f"rank[{r}].{f.name}: {_show(x)} -> {_show(y)}")
     for f in fields(before.store):
         x, y = getattr(before.store, f.name), getattr(after.store, f.name)
-        if x != y:
+        if x != y and f.compare:
             out.append(f"store.{f.name}: {_show(x)} -> {_show(y)}")
     for f in fields(before):
-        if f.name in ("ranks", "store"):
+        if f.name in ("ranks", "store") or not f.compare:
             continue
         x, y = getattr(before, f.name), getattr(after, f.name)
         if x != y:
@@ -427,6 +428,14 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     # the store is lost during an episode; F and C move between episodes
     "2x2-store-f2": (Config(max_faults=2, faults=frozenset({"group_fail", "store_loss"}), points=("boundary",),
                             checkpoint_every=2), True),
+    # hot swap (issue 13): a rank dies in training and a spare takes its identity from a replica
+    # (every fault kind with one spare; two deaths with two spares, FailBench F2: in 2x2 ranks r and
+    # r+2 share their replicate group, in 3x1 DDP a replica survives)
+    "2x2-spare1-f1": (Config(max_faults=1, spares=1), True),
+    "2x1-ddp-spare1-f2": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=1), True),
+    "2x2-spare2-crash-f2": (Config(max_faults=2, spares=2, faults=frozenset({"crash"}), points=("boundary",)), False),
+    "3x1-ddp-spare2-crash-f2": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=2,
+                                       faults=frozenset({"crash"}), points=("backward",)), False),
 }
 
 #: The nightly profile (``make nightly``, :mod:`accelpact.model.engine_nightly`): millions of states
@@ -450,6 +459,7 @@ def config_summary(cfg: Config) -> dict[str, Any]:
         "group": cfg.group, "failing": cfg.failing, "max_faults": cfg.max_faults, "faults": sorted(cfg.faults) or "all",
         "points": list(cfg.points), "uses_r": list(cfg.uses_r), "advance": cfg.advance,
         "checkpoint_every": cfg.checkpoint_every, "mutant": cfg.mutant,
+        **({"spares": cfg.spares} if cfg.spares else {}),
     }
 
 

@@ -1,4 +1,4 @@
-"""Safety properties as predicates on one state (spec/properties.md: S1-S8, and W1-W2 for the model itself).
+"""Safety properties as predicates on one state (spec/properties.md: S1-S12, and W1-W2 for the model itself).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
 when it holds, or a sentence saying what is wrong.  Edge properties (generation
@@ -17,7 +17,9 @@ from .state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
     EXIT_REASONS,
+    PC_CRASHED,
     PC_EXITED,
+    PC_RESTARTED,
     PC_TRAIN,
     Config,
     State,
@@ -167,6 +169,74 @@ def replicas_validated(cfg: Config, s: State) -> str | None:
     return None
 
 
+# Hot swap (issue 13).  Every predicate below holds trivially without spares (its history is empty).
+
+def spare_state_exact(cfg: Config, s: State) -> str | None:
+    """S9: a spare that took a dead rank d's identity resumes (L1) from that generation g holding
+    exactly d's S_app at the committed frontier F of g, bit for bit: d's parameter and optimizer
+    shard (its replicate group's) at optimizer step F, its replicas' bits (not corrupt), RNG and
+    data cursor at F (nothing consumed past it), no gradients (history ``swapped``, recorded by
+    RankResume)."""
+    if not s.swapped:
+        return None
+    for g, d, shard, tau, ahead, grads, corrupt in sorted(s.swapped):
+        f = _agreed_frontier(cfg, s, g)
+        want = cfg.group_of(d)
+        if shard != want or tau != f or ahead != 0 or grads or corrupt:
+            return (f"the spare that took rank {d}'s identity resumed from generation {g} with shard {shard}, "
+                    f"optimizer step {tau}, RNG/cursor {ahead} step(s) past it, gradients {grads}, corrupt {corrupt}; "
+                    f"rank {d}'s state at F={f} is shard {want} at step {f}, RNG/cursor at F, no gradients, its replicas' bits")
+    return None
+
+
+def one_holder(cfg: Config, s: State) -> str | None:
+    """S10: no identity is held by two live processes: a process deposed from a rank's identity (a
+    spare took it) never acts as that rank again while the rank's seat is alive -- a late-waking
+    "dead" rank is fenced out by the identity's incarnation before it does anything."""
+    if not s.deposed:
+        return None
+    for g, d, inc, awake in sorted(s.deposed):
+        rk = s.ranks[d]
+        if awake and rk.pc not in (PC_EXITED, PC_CRASHED, PC_RESTARTED):
+            return (f"rank {d}'s identity is held by two live processes: incarnation {rk.inc} ({rk.pc}) and the "
+                    f"deposed incarnation {inc} (deposed in generation {g}), which woke and was not fenced out")
+    return None
+
+
+def discard_leaves_no_trace(cfg: Config, s: State) -> str | None:
+    """S11: a discarded step leaves no trace: a live rank that discarded its uncommitted step in
+    generation g (history ``discarded``) holds, while still in g, no gradients (wrapper idle), RNG and
+    data cursor at the committed frontier, and no optimizer update past it (tau = its F)."""
+    if not s.discarded:
+        return None
+    for g, r in sorted(s.discarded):
+        rk = s.ranks[r]
+        if rk.gen != g or rk.pc in (PC_EXITED, PC_CRASHED, PC_RESTARTED):
+            continue
+        if rk.grads or rk.ahead != 0 or rk.tau != rk.frontier:
+            return (f"rank {r} discarded its uncommitted step in generation {g} but still holds gradients {rk.grads}, "
+                    f"RNG/cursor {rk.ahead} step(s) past F={rk.frontier}, optimizer step {rk.tau}")
+    return None
+
+
+def swap_qualified(cfg: Config, s: State) -> str | None:
+    """S12: a death in training without a spare left or without a live replica is L2: no rank
+    resumes (L1) from a generation g in which a rank d died unless a spare received d's state from a
+    replica of d (a member of its replicate group; history ``transfers``), and the identities handed
+    to spares never outnumber ``Config.spares``."""
+    if not s.store.dead:
+        return None
+    if len(s.store.claims) > cfg.spares:
+        return f"{len(s.store.claims)} identities were handed to spares but the job has {cfg.spares} spare(s)"
+    for g, r, *_ in sorted(s.resumed):
+        for gd, d in sorted(s.store.dead):
+            if gd == g and (g, d, True) not in s.transfers:
+                how = "from a rank that is not its replica" if (g, d, False) in s.transfers else "from nowhere"
+                return (f"rank {r} resumed (L1) from generation {g} in which rank {d} died, but rank {d}'s state reached "
+                        f"its spare {how}: no live replica, so this must be L2")
+    return None
+
+
 def exit_reasons(cfg: Config, s: State) -> str | None:
     """W2 (well-formedness of the model, not a protocol property): every exit carries one of the
     documented reasons."""
@@ -195,6 +265,12 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S5", "RebindComplete", rebind_complete),
     Invariant("S6", "StatePreserved", state_preserved),
     Invariant("S8", "ReplicasValidated", replicas_validated),
+    # hot swap (issue 13).  S12 before S9: a swap without a live replica is first a wrong decision
+    # (the first resume from that generation breaks S12; the spare's own resume breaks S9 too)
+    Invariant("S12", "SwapNeedsReplica", swap_qualified),
+    Invariant("S9", "SpareStateExact", spare_state_exact),
+    Invariant("S10", "OneHolder", one_holder),
+    Invariant("S11", "DiscardLeavesNoTrace", discard_leaves_no_trace),
     # model well-formedness: checked on every state, but true of the encoding, not of the protocol
     Invariant("W2", "ExitReasons", exit_reasons),
 )

@@ -16,18 +16,25 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from .contract import IN_FLIGHT_PHASES, decide
+from . import hotswap
 from .protocol import (
     ACTIONS,
     ActionSpec,
     _abort,
     _active,
     _count_ready,
+    _crash_episode,
     _decision_key,
     _exit,
+    _in_episode,
+    _send_state,
+    _spares_to_load,
+    _via_store,
     true_lookup,
 )
-from .state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_OBSERVED, PC_READY, PC_REBOUND, REASON_DEADLINE,
-                    REASON_MISMATCH, Config, State, Store)
+from .state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_JOINED, PC_OBSERVED,
+                    PC_READY, PC_REBOUND, PC_TRAIN, REASON_DEADLINE, REASON_MISMATCH, RECOVERY_PCS, Config, State,
+                    Store)
 
 __all__ = ["MUTANTS", "Mutant", "get", "table"]
 
@@ -223,6 +230,63 @@ def _unfenced(spec: ActionSpec) -> ActionSpec:
 
 _NO_FENCE = {name: _unfenced for name, spec in ACTIONS.items() if spec.actor == "rank"}
 
+
+# ---- hot swap (issue 13) ---------------------------------------------------------------------------
+
+# transfer-from-stale-replica: a replica sends its state before it is back at the committed boundary
+def _transfer_any_time(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, arg):
+        return (s.ranks[r].pc in (PC_OBSERVED, PC_GUARDED, PC_ARRIVED) and _via_store(s, r) and not s.store.abort
+                and bool(_spares_to_load(cfg, s, r)))
+    return enabled
+
+
+# no-identity-fence: a deposed holder that wakes is not checked against its identity's incarnation
+def _wake_unfenced(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        entry = min(e for e in s.deposed if e[1] == r and not e[3])
+        return replace(s, deposed=(s.deposed - {entry}) | {entry[:3] + (True,)})
+    return step
+
+
+# keep-partial-grads / discard-keeps-cursor: the discard forgets part of the uncommitted step
+def _discard_keeping(**kept) -> Callable[[ActionSpec], Step]:
+    def make(spec: ActionSpec) -> Step:
+        def step(cfg, s, r, arg):
+            return spec.step(cfg, s, r, arg).with_rank(r, **kept)
+        return step
+    return make
+
+
+# swap-without-replica: the claim ignores whether a replica lives; a non-replica sends the state
+def _claim_without_replica(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, arg):
+        rk = s.ranks[r]
+        if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
+            return False
+        todo = hotswap.unclaimed(s, rk.gen) if _crash_episode(s, rk.gen) else ()
+        f = s.store.failed
+        return bool(todo) and s.store.spares >= len(todo) and cfg.observable(f[1])[0] in hotswap.SWAP_POINTS
+    return enabled
+
+
+def _orphans(cfg: Config, s: State, p: int) -> tuple[int, ...]:
+    """Spares in p's generation waiting for the state of a rank that has no live replica."""
+    g = s.ranks[p].gen
+    return tuple(d for d in cfg.world if s.ranks[d].pc == PC_JOINED and s.ranks[d].gen == g
+                 and not hotswap.live_replicas(cfg, s, d))
+
+
+def _transfer_from_anyone(spec: ActionSpec) -> ActionSpec:
+    def enabled(cfg, s, r, arg):
+        return spec.enabled(cfg, s, r, arg) or (s.ranks[r].pc == PC_ARRIVED and _via_store(s, r) and not s.store.abort
+                                                and bool(_orphans(cfg, s, r)))
+
+    def step(cfg, s, r, arg):
+        return _send_state(cfg, s, r, _spares_to_load(cfg, s, r) + _orphans(cfg, s, r))
+
+    return replace(spec, enabled=enabled, step=step)
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
@@ -260,6 +324,19 @@ MUTANTS: dict[str, Mutant] = {
                ("deadlock", "L2"), {"RankLoseStore": _disabled}),
         Mutant("no-step-deadline", "the watchdog has no step deadline: a hung rank exits only on the abort key",
                ("deadlock", "L2"), {"RankExpire": _disabled}),
+        # hot swap (issue 13)
+        Mutant("transfer-from-stale-replica",
+               "a replica sends its state to the spare before it discarded its uncommitted step (RNG and cursor past F)",
+               ("S9",), {"RankTransferState": _enabled(_transfer_any_time)}),
+        Mutant("no-identity-fence", "a deposed holder that wakes is not fenced out by its identity's incarnation: it acts as the rank again",
+               ("S10",), {"RankFenced": _step(_wake_unfenced)}),
+        Mutant("keep-partial-grads", "discarding the uncommitted step leaves its gradients (the wrapper is not back to idle)",
+               ("S11",), {"RankDiscardStep": _step(_discard_keeping(grads=True))}),
+        Mutant("discard-keeps-cursor", "discarding the uncommitted step leaves the RNG and data cursor past F",
+               ("S11",), {"RankDiscardStep": _step(_discard_keeping(ahead=1))}),
+        Mutant("swap-without-replica",
+               "a spare is claimed although no replica of the dead rank lives, and a rank of another replicate group sends the state",
+               ("S12", "S9"), {"RankClaimSpare": _enabled(_claim_without_replica), "RankTransferState": _transfer_from_anyone}),
     )
 }
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-from .contract import decide
+from . import hotswap
+from .contract import IN_FLIGHT_PHASES, decide
 from .state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
@@ -28,6 +29,7 @@ from .state import (
     PC_CRASHED,
     PC_EXITED,
     PC_GUARDED,
+    PC_JOINED,
     PC_OBSERVED,
     PC_READY,
     PC_REBOUND,
@@ -40,8 +42,11 @@ from .state import (
     REASON_MISMATCH,
     REASON_REJECTED,
     RECOVERY_PCS,
+    SHARD_NONE,
+    SHARD_OWN,
     STEP_ORDER,
     Config,
+    Rank,
     State,
     initial_state,
 )
@@ -51,11 +56,13 @@ __all__ = [
     "Action",
     "ActionSpec",
     "FAULT_KINDS",
+    "HOTSWAP_ACTIONS",
     "actions_for",
     "all_actions",
     "enabled",
     "initial_state",
     "is_final",
+    "stalled",
     "step",
     "successors",
 ]
@@ -81,7 +88,7 @@ class Action:
 @dataclass(frozen=True, slots=True)
 class ActionSpec:
     name: str
-    actor: str          # "rank" | "fault" | "supervisor"
+    actor: str          # "rank" | "spare" | "fault" | "supervisor"
     phase: int | None   # protocol phase the action belongs to (1-6), None for faults/supervisor
     enabled: Callable[[Config, State, int | None, str | None], bool]
     step: Callable[[Config, State, int | None, str | None], State]
@@ -161,7 +168,9 @@ def _nominal_frontier(cfg: Config, s: State, r: int) -> int:
     if rk.pc == PC_TRAIN and rk.gen > 0:
         return cfg.frontier_at(rk.gen - 1)
     f = s.store.failed
-    return cfg.frontier_at(rk.gen) + (1 if f is not None and _committed_since(f[1], rk.point) else 0)
+    if f is None or (s.discarded and (rk.gen, r) in s.discarded):  # a discarded step was not committed
+        return cfg.frontier_at(rk.gen)
+    return cfg.frontier_at(rk.gen) + _committed_since(f[1], rk.point)
 
 
 def _committed_since(struck: str, seen: str) -> int:
@@ -170,17 +179,38 @@ def _committed_since(struck: str, seen: str) -> int:
     return 1 if seen == "boundary" and struck != "boundary" else 0
 
 
-def stalled(s: State) -> bool:
+def stalled(cfg: Config, s: State) -> bool:
     """Some rank cannot make progress: the only situation in which a deadline can expire.
 
     This encodes the deadline assumption (spec/protocol.md, "Deadlines"): deadlines are
     longer than any healthy phase, so they expire only when a peer is crashed, hung,
-    slowed, has lost a write, or is already gone.
+    slowed, has lost a write, or is already gone.  A rank that died in training whose identity is
+    being handed to a spare (hot swap, :func:`accelpact.model.hotswap.excused`) does not count: the
+    deadlines cover the swap.
     """
+    if not s.store.dead:
+        return any(
+            rk.pc in (PC_CRASHED, PC_EXITED) or rk.hung or rk.delayed or rk.lost or rk.raised
+            for rk in s.ranks
+        )
     return any(
-        rk.pc in (PC_CRASHED, PC_EXITED) or rk.hung or rk.delayed or rk.lost or rk.raised
-        for rk in s.ranks
+        (rk.pc == PC_CRASHED and not hotswap.excused(cfg, s, q)) or rk.pc == PC_EXITED
+        or rk.hung or rk.delayed or rk.lost or rk.raised
+        for q, rk in enumerate(s.ranks)
     )
+
+
+def _gone(cfg: Config, s: State, q: int) -> bool:
+    """Rank q crashed (and is not being swapped) or exited: a peer's wait on it fails."""
+    pk = s.ranks[q]
+    if pk.pc == PC_EXITED:
+        return True
+    return pk.pc == PC_CRASHED and not (s.store.dead and hotswap.excused(cfg, s, q))
+
+
+def _crash_episode(s: State, gen: int) -> bool:
+    """Generation ``gen``'s failure is a rank that died in training (hot swap; never without spares)."""
+    return any(g == gen for g, _r in s.store.dead)
 
 
 def _abort(s: State, reason: str) -> State:
@@ -195,7 +225,7 @@ def _exit(s: State, r: int, reason: str) -> State:
 
 def _decision_key(pc: str) -> str:
     """Which decision a rank in ``pc`` is waiting for: agreement before phase 4, release after."""
-    return "agree" if pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED, PC_ARRIVED) else "release"
+    return "agree" if pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED, PC_ARRIVED, PC_JOINED) else "release"
 
 
 def _write_abort_decision(cfg: Config, s: State, r: int, reason: str) -> State:
@@ -206,7 +236,11 @@ def _write_abort_decision(cfg: Config, s: State, r: int, reason: str) -> State:
 
 
 def _contract_decision(cfg: Config, s: State, r: int):
+    """The contract's decision for rank r (C3); in a crash episode, with the hot-swap facts
+    (:func:`accelpact.model.hotswap.rank_decision`: a spare left, a replica alive)."""
     rk = s.ranks[r]
+    if s.store.dead and _crash_episode(s, rk.gen):
+        return hotswap.rank_decision(cfg, s, r)
     return decide(cfg.envelope, cfg.key(rk.point), guards_ok=not rk.dirty)
 
 
@@ -225,6 +259,10 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
     assert f is not None
     if point not in cfg.observable(f[1]):
         return False
+    if s.store.dead and _crash_episode(s, f[0]):
+        # a rank died: every group it belonged to (its shard group, R, the control group) failed, and
+        # every rank's step waits on them: each survivor observes where it first uses R, never later
+        return point == cfg.observable(f[1])[0]
     if point != f[1] and f[1] in cfg.uses_r and _member(cfg, s, r) and not any(
             m != r and s.ranks[m].gen == f[0] and (s.ranks[m].pc == PC_TRAIN or s.ranks[m].point == f[1])
             for m in _failed_members(cfg, s)):
@@ -239,7 +277,11 @@ def _st_observe(cfg: Config, s: State, r, point) -> State:
     # it trained from the previous episode's frontier to this one's (F moves between episodes), and,
     # observing at the boundary a failure that struck in flight, committed that step too
     step = (cfg.advance if rk.gen > 0 else 0) + _committed_since(f[1], point)
-    s = s.with_rank(r, pc=PC_OBSERVED, point=point, frontier=rk.frontier + step, tau=rk.tau + step)
+    # in flight, the step is uncommitted: gradients outstanding, the wrapper mid-pass, RNG and data
+    # cursor one step past the committed frontier
+    inflight = point in IN_FLIGHT_PHASES
+    s = s.with_rank(r, pc=PC_OBSERVED, point=point, frontier=rk.frontier + step, tau=rk.tau + step,
+                    grads=inflight, ahead=1 if inflight else 0)
     if _member(cfg, s, r):  # members publish revoke(R, g) so every rank observes within ms
         s = s.with_store(revoked=s.store.revoked | {rk.gen})
     return s
@@ -248,7 +290,9 @@ def _st_observe(cfg: Config, s: State, r, point) -> State:
 # Phase 2: Guard check + contract decision
 
 def _en_guard(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_OBSERVED and _active(s, r) and _contract_decision(cfg, s, r).preserve
+    rk = s.ranks[r]
+    return (rk.pc == PC_OBSERVED and _active(s, r) and not rk.grads and not rk.ahead
+            and _contract_decision(cfg, s, r).preserve)
 
 
 def _st_guard(cfg, s, r, arg) -> State:
@@ -364,9 +408,25 @@ def _complete_validation(s: State, r: int) -> State:
     return s if g in s.validated else replace(s, validated=s.validated | {g})
 
 
+def _shard_of(cfg: Config, s: State, r: int) -> int:
+    """The replicate group whose parameter/optimizer shard rank r holds."""
+    sh = s.ranks[r].shard
+    return cfg.group_of(r) if sh == SHARD_OWN else sh
+
+
 def _replicas_agree(cfg: Config, s: State, members: tuple[int, ...]) -> bool:
-    """Every one of ``members`` holds the same S_app (their digests are equal)."""
-    return not any(s.ranks[m].corrupt for m in members)
+    """The replicas among ``members`` (the members of each group) hold the same S_app: their
+    digests are equal.  A corrupt rank differs from its replicas (and, when a spare took a dead
+    rank's identity, from the digest that rank published at its last commit: spec P16.6); so does
+    a rank holding another group's shard or another optimizer step than its group's."""
+    seen: dict[int, tuple[int, int]] = {}
+    for m in members:
+        rk = s.ranks[m]
+        if rk.corrupt:
+            return False
+        if seen.setdefault(cfg.group_of(m), (_shard_of(cfg, s, m), rk.tau)) != (_shard_of(cfg, s, m), rk.tau):
+            return False
+    return True
 
 
 def _en_validate(cfg, s, r, arg) -> bool:
@@ -421,6 +481,8 @@ def _st_resume(cfg, s, r, arg) -> State:
     want = rk.gen + 1 if _member(cfg, s, r) else rk.comm
     rebound = rk.comm == want and all(ref == want for ref in rk.refs)
     entry = (rk.gen, r, rk.point, rk.dirty, rk.gen not in s.released_disagreeing, rebound)
+    if s.store.claims and (rk.gen, r, rk.inc) in s.store.claims:  # a spare's first resume: what S9 judges
+        s = replace(s, swapped=s.swapped | {(rk.gen, r, rk.shard, rk.tau, rk.ahead, rk.grads, rk.corrupt)})
     s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", dirty=False, delayed=False, replayed=0)
     return replace(s, resumed=s.resumed | {entry})
 
@@ -429,14 +491,16 @@ def _st_resume(cfg, s, r, arg) -> State:
 
 def _en_timeout(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    if not _via_store(s, r) or not stalled(s) or s.store.abort:
+    if not _via_store(s, r) or not stalled(cfg, s) or s.store.abort:
         # once an abort stands, a failed wait is an exit on that abort (RankExit), not a new one
         return False
     if rk.pc == PC_TRAIN:
         # The boundary's failure flag is an all-reduce on the control group over all of W: if a
         # peer crashed, exited or hangs, it fails or its deadline expires, whether or not R was
         # revoked (found by the explorer: 2x2, group_fail + 2 crashes left non-members waiting).
-        return _in_episode(s, r) and any(pk.pc in (PC_CRASHED, PC_EXITED) or pk.hung for pk in s.ranks)
+        return _in_episode(s, r) and any(_gone(cfg, s, q) or pk.hung for q, pk in enumerate(s.ranks))
+    if rk.pc == PC_JOINED:
+        return True  # a spare waiting for its state (hot swap)
     if rk.pc == PC_AGREED:
         # building R's replacement communicator is a rendezvous of the members of R
         return _member(cfg, s, r)
@@ -465,6 +529,9 @@ def _en_suspect(cfg, s, r, arg) -> bool:
         return False
     if not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
         return False
+    if s.store.dead:  # a dead rank being swapped is declared by RankClaimSpare instead
+        return any(q != r and ((pk.pc == PC_CRASHED and not hotswap.excused(cfg, s, q)) or pk.hung or pk.delayed)
+                   for q, pk in enumerate(s.ranks))
     return any(q != r and (pk.pc == PC_CRASHED or pk.hung or pk.delayed) for q, pk in enumerate(s.ranks))
 
 
@@ -590,10 +657,45 @@ def _bump(s: State) -> State:
 
 
 def _en_crash(cfg, s, r, arg) -> bool:
-    return _fault_ok(cfg, s, "crash") and _victim(s, r)
+    """``FaultCrash(rank)``: a rank dies inside an episode (L2).  ``FaultCrash(rank, point)`` (only
+    with spares): a rank dies in training at ``point``, which is the episode's failure (hot swap)."""
+    if arg is not None:
+        return _en_crash_in_training(cfg, s, r, arg)
+    if not (_fault_ok(cfg, s, "crash") and _victim(s, r)):
+        return False
+    # in a crash episode a rank still training dies at the episode's point: FaultCrash(rank, point)
+    return not (s.store.dead and s.ranks[r].pc == PC_TRAIN and _crash_episode(s, s.ranks[r].gen))
 
 
 def _st_crash(cfg, s, r, arg) -> State:
+    if arg is not None:
+        return _st_crash_in_training(cfg, s, r, arg)
+    return _bump(s.with_rank(r, pc=PC_CRASHED, hung=False, raised=False))
+
+
+def _en_crash_in_training(cfg, s, r, point) -> bool:
+    """A training rank dies (SIGKILL, OOM, a lost node; or it stops: SIGSTOP, a held GIL) at
+    ``point`` of its step: every group it belongs to fails there.  It starts an episode, as
+    ``FaultGroupFail`` does, or (a concurrent crash) joins one that a crash at the same point
+    started, while it has not observed it yet."""
+    if not cfg.spares or not _fault_ok(cfg, s, "crash") or s.store.abort or s.store.down or point not in cfg.points:
+        return False
+    rk = s.ranks[r]
+    if rk.pc != PC_TRAIN or rk.hung:
+        return False
+    gen = max(k.gen for k in s.ranks)
+    if rk.gen != gen:
+        return False
+    f = s.store.failed
+    if f is not None and f[0] == gen:
+        return f[1] == point and _crash_episode(s, gen)
+    return _between_episodes(s, gen)
+
+
+def _st_crash_in_training(cfg, s, r, point) -> State:
+    gen, f = s.ranks[r].gen, s.store.failed
+    groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {cfg.group_of(r)}
+    s = s.with_store(failed=(gen, point, groups), dead=s.store.dead | {(gen, r)})
     return _bump(s.with_rank(r, pc=PC_CRASHED, hung=False, raised=False))
 
 
@@ -707,9 +809,119 @@ def _st_restart(cfg, s, r, arg) -> State:
     # restart from the last checkpoint and replay to the frontier of the last episode
     f = cfg.frontier_at(s.store.failed[0] if s.store.failed is not None else 0)
     c = cfg.checkpoint_at(f)
-    ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False, corrupt=False)
+    # every worker process is restarted (a stopped one that held an identity before a spare too) and
+    # loads its own shard from C
+    ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False, corrupt=False,
+                          grads=False, ahead=0, shard=SHARD_OWN)
                   for rk in s.ranks)
-    return replace(s, ranks=ranks, supervisor="restarted")
+    return replace(s, ranks=ranks, supervisor="restarted", deposed=frozenset())
+
+
+# --------------------------------------------------------------------------------------
+# Hot swap (issue 13; spec/protocol.md "Hot swap", P16).  Instantiated only with Config.spares >= 1.
+
+def _en_discard(cfg, s, r, arg) -> bool:
+    """A rank that observed a dead peer's failure inside forward or backward, where the decision is
+    a swap, discards its uncommitted step in place (local: no store operation)."""
+    rk = s.ranks[r]
+    return (rk.pc == PC_OBSERVED and _active(s, r) and rk.point in hotswap.DISCARDABLE and (rk.grads or rk.ahead > 0)
+            and _crash_episode(s, rk.gen) and _contract_decision(cfg, s, r).preserve)
+
+
+def _st_discard(cfg, s, r, arg) -> State:
+    """Gradients dropped, the wrapper's runtime state back to idle, RNG and data cursor back to the
+    committed boundary F: the rank stands at the committed boundary again (its point is ``boundary``)
+    and the step will be rerun with the same batch after the release."""
+    rk = s.ranks[r]
+    s = s.with_rank(r, grads=False, ahead=0, point="boundary")
+    return replace(s, discarded=s.discarded | {(rk.gen, r)})
+
+
+def _en_claim(cfg, s, r, arg) -> bool:
+    """A survivor's failure detector declares the ranks that died in training dead and the decision
+    (spare left, replica alive: ``hotswap.claim_decision``) is a swap: it claims a spare for each."""
+    rk = s.ranks[r]
+    if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
+        return False
+    if not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen):
+        return False
+    return hotswap.claim_decision(cfg, s, rk.gen).preserve
+
+
+def _st_claim(cfg, s, r, arg) -> State:
+    """``compare_set(g{g}/spare/{dead}, "", inc + 1)`` for each dead rank not claimed yet: single
+    assignment per dead identity and generation; each takes one spare from the pool."""
+    g = s.ranks[r].gen
+    todo = hotswap.unclaimed(s, g)
+    claims = s.store.claims | {(g, d, s.ranks[d].inc + 1) for d in todo}
+    return s.with_store(claims=claims, spares=s.store.spares - len(todo))
+
+
+def _en_join(cfg, s, r, arg) -> bool:
+    """The claimed spare reads the claim and takes rank r's identity at the claimed incarnation."""
+    rk = s.ranks[r]
+    if rk.pc != PC_CRASHED or s.store.abort or s.store.down:
+        return False
+    inc = hotswap.claim_of(s, rk.gen, r)
+    return inc is not None and inc > rk.inc
+
+
+def _st_join(cfg, s, r, arg) -> State:
+    """The spare holds the identity in the dead rank's generation, with no state yet (``joined``);
+    the dead process, possibly only stopped, is deposed: if it ever wakes it must be fenced out."""
+    rk = s.ranks[r]
+    inc = hotswap.claim_of(s, rk.gen, r)
+    assert inc is not None
+    spare = Rank(pc=PC_JOINED, gen=rk.gen, frontier=-1, tau=-1, comm=-1, refs=(-1,) * cfg.refs, inc=inc, shard=SHARD_NONE)
+    s = replace(s, deposed=s.deposed | {(rk.gen, r, rk.inc, False)})
+    return s.with_rank(r, **{name: getattr(spare, name) for name in _RANK_FIELDS})
+
+
+_RANK_FIELDS = tuple(name for name in Rank.__dataclass_fields__ if not name.startswith("_"))
+
+
+def _spares_to_load(cfg: Config, s: State, p: int) -> tuple[int, ...]:
+    """The spares of rank p's replicate group that wait for their state in p's generation."""
+    g = s.ranks[p].gen
+    return tuple(d for d in _peers(cfg, p) if d != p and s.ranks[d].pc == PC_JOINED and s.ranks[d].gen == g)
+
+
+def _en_transfer(cfg, s, r, arg) -> bool:
+    """A replica (a member of the dead rank's replicate group) whose guard passed and which posted
+    its frontier (it stands at the committed boundary F: nothing uncommitted; it waits for the
+    agreement, which waits for the spare) sends its state to the spares of its group."""
+    return (s.ranks[r].pc == PC_ARRIVED and _via_store(s, r) and not s.store.abort
+            and bool(_spares_to_load(cfg, s, r)))
+
+
+def _st_transfer(cfg, s, r, arg) -> State:
+    return _send_state(cfg, s, r, _spares_to_load(cfg, s, r))
+
+
+def _send_state(cfg: Config, s: State, p: int, spares: tuple[int, ...]) -> State:
+    """Rank p's S_app into each spare: parameters and optimizer state (its shard at its optimizer
+    step, its bits), RNG and data cursor (replicas consume the same positions; the identity's own
+    data shard is the rank id the spare took), F; no gradients.  The spare enters phase 3
+    (``guarded``) at the committed boundary."""
+    pk = s.ranks[p]
+    g = pk.gen
+    for d in spares:
+        s = s.with_rank(d, pc=PC_GUARDED, point="boundary", frontier=pk.frontier, tau=pk.tau, ahead=pk.ahead,
+                        grads=False, corrupt=pk.corrupt, shard=_shard_of(cfg, s, p))
+        s = replace(s, transfers=s.transfers | {(g, d, cfg.group_of(p) == cfg.group_of(d) and p != d)})
+    return s
+
+
+def _en_fenced(cfg, s, r, arg) -> bool:
+    """A deposed process of rank r's identity (stopped, not dead) wakes up."""
+    return any(d == r and not awake for _g, d, _inc, awake in s.deposed)
+
+
+def _st_fenced(cfg, s, r, arg) -> State:
+    """Its first store operation reads its identity's incarnation (``g{g}/spare/{rank}``), finds a
+    later one, and it exits at once, writing nothing (no abort: the job goes on without it)."""
+    entry = min(e for e in s.deposed if e[1] == r and not e[3])
+    return replace(s, deposed=s.deposed - {entry})
 
 
 # --------------------------------------------------------------------------------------
@@ -737,6 +949,16 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankExit", "rank", None, _en_exit, _st_exit, doc="watchdog: exit on the store's abort key"),
         ActionSpec("RankLoseStore", "rank", None, _en_lose_store, _st_lose_store,
                    doc="the store is gone: the next store operation or the watchdog's poll fails; exit"),
+        # hot swap (issue 13): instantiated only with spares (HOTSWAP_ACTIONS)
+        ActionSpec("RankDiscardStep", "rank", 2, _en_discard, _st_discard,
+                   doc="a rank died: discard the uncommitted step in place (grads dropped, wrapper idle, RNG and cursor at F)"),
+        ActionSpec("RankClaimSpare", "rank", None, _en_claim, _st_claim,
+                   doc="the detector declares ranks dead in training: claim a spare for each (single assignment)"),
+        ActionSpec("SpareJoin", "spare", None, _en_join, _st_join, doc="a claimed spare takes the dead rank's identity"),
+        ActionSpec("RankTransferState", "rank", 3, _en_transfer, _st_transfer,
+                   doc="a replica at the committed boundary sends its state to the spares of its group"),
+        ActionSpec("RankFenced", "rank", None, _en_fenced, _st_fenced,
+                   doc="a deposed holder wakes: its store operation finds a later incarnation; it exits"),
         ActionSpec("FaultGroupFail", "fault", None, _en_group_fail, _st_group_fail, fault_kind="group_fail", doc="R's communicator fails at a point"),
         ActionSpec("FaultCrash", "fault", None, _en_crash, _st_crash, fault_kind="crash"),
         ActionSpec("FaultHang", "fault", None, _en_hang, _st_hang, fault_kind="hang"),
@@ -754,11 +976,21 @@ ACTIONS: dict[str, ActionSpec] = {
 }
 
 
+#: the hot-swap actions: instantiated (``all_actions``) only with ``Config.spares >= 1``, as are the
+#: ``FaultCrash(rank, point)`` instances
+HOTSWAP_ACTIONS = ("RankDiscardStep", "RankClaimSpare", "SpareJoin", "RankTransferState", "RankFenced")
+
+
 def all_actions(cfg: Config) -> tuple[Action, ...]:
     """Every action instance of a configuration, in a fixed order (deterministic search)."""
     out: list[Action] = []
     for spec in ACTIONS.values():
-        if spec.name == "FaultGroupFail":
+        if spec.name in HOTSWAP_ACTIONS and not cfg.spares:
+            continue
+        if spec.name == "FaultCrash" and cfg.spares:  # also: a rank dies in training at a point
+            out.extend(Action(spec.name, r) for r in cfg.world)
+            out.extend(Action(spec.name, r, p) for r in cfg.world for p in cfg.points)
+        elif spec.name == "FaultGroupFail":
             if cfg.failing == "one":
                 out.extend(Action(spec.name, None, p) for p in cfg.points)
             else:  # one instance per group, acted by its first rank (the group's representative)

@@ -35,6 +35,7 @@ PC_READY = "ready"          # release vote posted, waiting for the release decis
 PC_EXITED = "exited"        # fail-stop exit with a reason (L2)
 PC_CRASHED = "crashed"      # died (SIGKILL); takes no further step
 PC_RESTARTED = "restarted"  # the supervisor restarted it from the last durable checkpoint
+PC_JOINED = "joined"        # hot swap: a spare that took a dead rank's identity, waiting for its state from a replica
 
 RECOVERY_PCS = (PC_OBSERVED, PC_GUARDED, PC_ARRIVED, PC_AGREED, PC_REPLACED, PC_REBOUND, PC_VALIDATED, PC_READY)
 #: Phases 2-6 in the sense of the safety rule "any failure in phases 2-6 ends the rank".
@@ -65,6 +66,11 @@ STEP_ORDER = ("forward", "backward", "optimizer", "boundary")
 DECISION_COMMIT = "commit"
 DECISION_RELEASE = "release"
 
+#: ``Rank.shard`` of a rank that never received a shard from another rank: its own replicate group's.
+SHARD_OWN = -1
+#: ``Rank.shard`` of a spare that joined but holds no state yet (``PC_JOINED``).
+SHARD_NONE = -2
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -91,6 +97,12 @@ class Config:
     ``frontier + g * advance`` (:meth:`frontier_at`): the job trained ``advance`` steps between two
     episodes; C is ``checkpoint`` or, with ``checkpoint_every``, the last multiple reached
     (:meth:`checkpoint_at`).
+
+    Hot swap (issue 13, spec/protocol.md "Hot swap"): with ``spares >= 1`` the job has that many spare
+    processes idle on the control plane; a rank that dies in training (``FaultCrash(rank, point)``)
+    may be replaced in place by a spare that takes its identity and its state from a live replica.
+    With ``spares = 0`` (the default) no hot-swap action is instantiated and every state is the
+    classic model's.
     """
 
     nodes: int = 2
@@ -112,6 +124,7 @@ class Config:
     uses_r: tuple[str, ...] = ("backward", "boundary")   # points of a step with collectives on R
     advance: int = 1         # steps trained between two episodes (F of episode g: frontier + g * advance)
     checkpoint_every: int = 0   # 0: C stays at ``checkpoint``; k: C is the last multiple of k at or before F
+    spares: int = 0          # hot swap (issue 13): spare processes idle on the control plane; 0: none (the classic model)
     # Derived, cached at construction because the search asks for them millions of times.
     _world: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _affected: frozenset[int] = field(init=False, repr=False, compare=False, hash=False)
@@ -141,6 +154,8 @@ class Config:
             raise ValueError("Config.uses_r must contain 'boundary': the boundary probe is a collective on R")
         if self.advance < 0 or self.checkpoint_every < 0:
             raise ValueError("Config.advance and Config.checkpoint_every must be >= 0")
+        if self.spares < 0:
+            raise ValueError(f"Config.spares must be >= 0 (spare processes in the job), got {self.spares}")
         world = tuple(range(self.nodes * self.ranks_per_node))
         if self.ranks_per_node == 1 or self.group == "world":
             affected = world
@@ -288,6 +303,12 @@ class Rank(_CachedHash):
     corrupt: bool = False    # S_app differs from its replicas' (a flipped bit after the commit)
     reason: str = ""         # exit reason once exited
     replayed: int = 0        # steps replayed after the last resume (L1: 0, L2: F - C)
+    # The uncommitted step (S_app beyond F): set when a failure is observed in flight, cleared by a discard.
+    grads: bool = False      # outstanding gradients; the wrapper is mid forward/backward (runtime state not idle)
+    ahead: int = 0           # RNG and data cursor: steps consumed past the committed frontier (1 inside a step)
+    # Hot swap (issue 13): the process that holds this rank's identity.
+    inc: int = 0             # incarnation: 0 the original process, +1 for each spare that took the identity
+    shard: int = SHARD_OWN   # whose parameter/optimizer shard it holds: SHARD_OWN, or the replicate group it received
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     __hash__ = _CachedHash.__hash__
 
@@ -311,6 +332,10 @@ class Store(_CachedHash):
     release: tuple[tuple[int, str], ...] = ()               # (gen, "release" | "abort:<reason>")
     abort: str = ""                                         # job-wide abort key: watchdogs exit on it
     down: bool = False                                      # the store server is gone: every operation fails
+    # Hot swap (issue 13); empty / 0 without spares.
+    dead: frozenset[tuple[int, int]] = frozenset()          # (gen, rank): its heartbeat stopped: it died in training (crash episode)
+    claims: frozenset[tuple[int, int, int]] = frozenset()   # (gen, rank, inc): g{g}/spare/{rank} = inc, single assignment
+    spares: int = 0                                         # spares idle on the control plane, not claimed yet
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     __hash__ = _CachedHash.__hash__
 
@@ -340,6 +365,19 @@ class State(_CachedHash):
     #: generations whose release was decided while some member of a failed group held a corrupt
     #: S_app (recorded by ``RankDecideRelease``: what S8 judges; empty in every correct run)
     released_disagreeing: frozenset[int] = frozenset()
+    # Hot swap (issue 13); all empty without spares.
+    #: processes that held a rank's identity before a spare took it (gen, rank, inc, awake): stopped (a
+    #: SIGSTOP or SIGKILL: the failure detector cannot tell) when deposed; ``awake`` only if one woke and
+    #: was not fenced out (never in the spec: RankFenced ends a woken one)
+    deposed: frozenset[tuple[int, int, int, bool]] = frozenset()
+    #: history: (gen, rank) of each RankDiscardStep (what S11 judges)
+    discarded: frozenset[tuple[int, int]] = frozenset()
+    #: history: (gen, rank, from_replica) of each RankTransferState into rank's spare: whether the sender
+    #: was a replica of the dead rank (a member of its replicate group; what S12 judges)
+    transfers: frozenset[tuple[int, int, bool]] = frozenset()
+    #: history: (gen, rank, shard, tau, ahead, grads, corrupt) of a spare's S_app when it resumed (L1)
+    #: from the generation in which it took the identity (what S9 judges)
+    swapped: frozenset[tuple[int, int, int, int, int, bool, bool]] = frozenset()
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     _rh: int = field(default=0, init=False, repr=False, compare=False)  # cached hash of the ranks
 
@@ -405,4 +443,6 @@ _copy_store = _copier(State, "store")
 def initial_state(config: Config) -> State:
     """Every rank training at generation 0, committed at F, holding its group's generation-0 communicator."""
     ranks = tuple(Rank(frontier=config.frontier, tau=config.frontier, comm=0, refs=(0,) * config.refs) for r in config.world)
+    if config.spares:
+        return State(ranks=ranks, store=Store(spares=config.spares))
     return State(ranks=ranks)

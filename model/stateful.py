@@ -42,13 +42,15 @@ def configs(draw, max_nodes: int = 4, max_ranks_per_node: int = 4, max_faults: i
         group=draw(st.sampled_from(("replicate", "world"))),
         failing=draw(st.sampled_from(("one", "any"))),
         max_faults=draw(st.integers(1, max_faults)),
+        spares=draw(st.sampled_from((0, 0, 1, 2))),  # hot swap (issue 13) in half the worlds
         mutant=mutant,
     )
 
 
 def drain_bound(cfg: Config) -> int:
-    """Most protocol steps a fault-free drain may take: every rank through every generation, plus a restart."""
-    return STEPS_PER_RANK * len(cfg.world) * (cfg.max_faults + 1) + 1
+    """Most protocol steps a fault-free drain may take: every rank (and every spare) through every
+    generation, plus a restart."""
+    return STEPS_PER_RANK * (len(cfg.world) + cfg.spares) * (cfg.max_faults + 1) + 1
 
 
 def drain(cfg: Config, s: State, actions: tuple[Action, ...] | None = None) -> tuple[State, list[Action], str | None]:

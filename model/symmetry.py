@@ -2,11 +2,15 @@
 
 Rank 0 is special (its F is the reference of the frontier agreement), members of the
 affected group R are interchangeable among themselves, and so are the other ranks.  For
-the default 2x2 world with R = {1, 3} the classes are {0}, {2}, {1, 3}.
+the default 2x2 world with R = {1, 3} the classes are {0}, {2}, {1, 3}.  With spares (hot swap)
+any rank may die and be replaced from its replicas, so the classes are per group, as with
+``failing="any"``; the spares themselves are a count (``Store.spares``), interchangeable by
+construction, and a spare that took an identity is that rank.
 
 A state is canonicalised by renaming rank ids inside their class, *including every rank
 id in the store* (arrivals, last_arriver, ready, last_ready) and in the history sets
-(resumed, agreed, exits).  Every store/history element names at most one rank, so a rank's full
+(resumed, agreed, exits, and the hot swap's deposed, discarded, transfers, swapped; the store's dead
+and claims).  Every store/history element names at most one rank, so a rank's full
 "signature" (its own variables plus every element that mentions it, with the id removed,
 plus its positions in the ordered tuples) determines it up to renaming: sorting each class
 by signature gives a canonical representative in O(n log n), without enumerating the
@@ -33,7 +37,7 @@ def rank_classes(cfg: Config) -> tuple[tuple[int, ...], ...]:
     rest without 0.  ``"any"``: {0}, and each group of R's kind without 0 (a group's members are
     interchangeable; groups are not permuted, which keeps the FaultGroupFail instances, one per
     group, fixed)."""
-    if cfg.failing == "any":
+    if cfg.failing == "any" or cfg.spares:
         groups = tuple(tuple(r for r in cfg.members(gi) if r != 0) for gi in range(len(cfg._members)))
         return tuple(c for c in ((0,), *groups) if c)
     members = set(cfg.affected)
@@ -45,7 +49,8 @@ def rank_classes(cfg: Config) -> tuple[tuple[int, ...], ...]:
 def _rank_key(rk: Rank) -> tuple:
     return (
         rk.pc, rk.gen, rk.frontier, rk.tau, rk.point, rk.comm, rk.refs, rk.dirty, rk.hung,
-        rk.delayed, rk.drop, rk.lost, rk.raised, rk.reason, rk.replayed, rk.corrupt,
+        rk.delayed, rk.drop, rk.lost, rk.raised, rk.reason, rk.replayed, rk.corrupt, rk.grads, rk.ahead,
+        rk.inc, rk.shard,
     )
 
 
@@ -92,6 +97,10 @@ class Symmetry:
             part(1, s.resumed, r, _set_signature),
             part(2, s.agreed, r, _set_signature),
             part(3, s.exits, r, _set_signature),
+            part(4, s.deposed, r, _set_signature),
+            part(5, s.discarded, r, _set_signature),
+            part(6, s.transfers, r, _set_signature),
+            part(7, s.swapped, r, _set_signature),
         )
 
     def _part(self, tag: int, x, r: int, fn) -> tuple:
@@ -169,11 +178,18 @@ class Symmetry:
             self._rename("resumed", s.resumed, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
             self._rename("exits", s.exits, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
             self._rename("agreed", s.agreed, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+            self._rename("deposed", s.deposed, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+            self._rename("discarded", s.discarded, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+            self._rename("transfers", s.transfers, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+            self._rename("swapped", s.swapped, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
         )
 
 
-#: ``replace(s, ranks=.., store=.., resumed=.., exits=.., agreed=..)``, written out
-_renamed = _copier(State, "ranks", "store", "resumed", "exits", "agreed")
+#: the history (and deposed) sets whose elements name a rank second, (gen, rank, ...), renamed by a permutation
+_NAMED_SETS = ("resumed", "exits", "agreed", "deposed", "discarded", "transfers", "swapped")
+
+#: ``replace(s, ranks=.., store=.., resumed=.., exits=.., agreed=.., deposed=.., ...)``, written out
+_renamed = _copier(State, "ranks", "store", *_NAMED_SETS)
 
 
 def _store_signature(st, r: int) -> tuple:
@@ -182,6 +198,8 @@ def _store_signature(st, r: int) -> tuple:
         tuple(i for i, (_g, x) in enumerate(st.last_arriver) if x == r),
         tuple(sorted(g for g, x in st.ready if x == r)),
         tuple(i for i, (_g, x) in enumerate(st.last_ready) if x == r),
+        tuple(sorted(g for g, x in st.dead if x == r)),
+        tuple(sorted((g, inc) for g, x, inc in st.claims if x == r)),
     )
 
 
@@ -192,7 +210,7 @@ def _set_signature(x: frozenset, r: int) -> tuple:
 
 def _rename_store(st, p):
     """The store with every rank id renamed by ``p`` (a ``dict.get``; ids not in it are fixed)."""
-    if not (st.arrivals or st.last_arriver or st.ready or st.last_ready):
+    if not (st.arrivals or st.last_arriver or st.ready or st.last_ready or st.dead or st.claims):
         return st
     return replace(
         st,
@@ -200,6 +218,8 @@ def _rename_store(st, p):
         last_arriver=tuple((g, p(r, r)) for g, r in st.last_arriver),
         ready=frozenset((g, p(r, r)) for g, r in st.ready),
         last_ready=tuple((g, p(r, r)) for g, r in st.last_ready),
+        dead=frozenset((g, p(r, r)) for g, r in st.dead),
+        claims=frozenset((g, p(r, r), inc) for g, r, inc in st.claims),
     )
 
 
@@ -218,12 +238,8 @@ def apply(s: State, perm: dict[int, int]) -> State:
         last_arriver=tuple((g, p(r)) for g, r in st.last_arriver),
         ready=frozenset((g, p(r)) for g, r in st.ready),
         last_ready=tuple((g, p(r)) for g, r in st.last_ready),
+        dead=frozenset((g, p(r)) for g, r in st.dead),
+        claims=frozenset((g, p(r), inc) for g, r, inc in st.claims),
     )
-    return replace(
-        s,
-        ranks=tuple(ranks),
-        store=store,
-        resumed=frozenset((g, p(r), pt, d, ok, rb) for g, r, pt, d, ok, rb in s.resumed),
-        exits=frozenset((g, p(r), why, rel) for g, r, why, rel in s.exits),
-        agreed=frozenset((g, p(r), f) for g, r, f in s.agreed),
-    )
+    named = [frozenset((g, p(r), *e) for g, r, *e in getattr(s, name)) for name in _NAMED_SETS]
+    return _renamed(s, tuple(ranks), store, *named)

@@ -280,7 +280,13 @@ def test_ablation_skip_rebind_next_backward_fails(ranks):
         recs = [x for x in run.trace(r) if x.get("type") == "action"]
         rebind = [x for x in recs if x["action"] == "RankRebind"]
         assert rebind and rebind[0]["state"]["refs_stale"] == 1
-        after = recs[recs.index(next(x for x in recs if x["action"] == "RankResume")) + 1:]
+        resumed = [x for x in recs if x["action"] == "RankResume"]
+        if not resumed:
+            # the peer decided the release, resumed, and its backward failed at once: its job abort
+            # ended this rank while it was still reading the release (the model's exit from ready)
+            assert [x["action"] for x in recs][-1] == "RankExit", recs
+            continue
+        after = recs[recs.index(resumed[0]) + 1:]
         obs = [x for x in after if x["action"] == "RankObserve"]
         if obs:
             assert obs[0]["state"]["point"] == "backward", obs

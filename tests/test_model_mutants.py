@@ -52,6 +52,18 @@ SMALLEST: dict[str, Config] = {
                                faults=frozenset({"group_fail", "hang"})),
 }
 
+# Hot swap (issue 13, spec/protocol.md P16): one crash in training and one spare.  S9
+# (transfer-from-stale-replica), S10 (no-identity-fence), S11 (keep-partial-grads, discard-keeps-cursor),
+# S12 (swap-without-replica: 1x2, whose replicate groups have one rank each, so a dead rank has no replica).
+_CRASH = dict(max_faults=1, spares=1, faults=frozenset({"crash"}))
+SMALLEST.update({
+    "transfer-from-stale-replica": Config(**_DDP2, **_CRASH, points=("backward",)),
+    "no-identity-fence": Config(**_DDP2, **_CRASH, points=_BOUNDARY),
+    "keep-partial-grads": Config(**_DDP2, **_CRASH, points=("backward",)),
+    "discard-keeps-cursor": Config(**_DDP2, **_CRASH, points=("forward",)),
+    "swap-without-replica": Config(nodes=1, ranks_per_node=2, affected_local=1, **_CRASH, points=_BOUNDARY),
+})
+
 
 def _hypothesis_settings(**more) -> settings:
     # the loaded profile (ci by default), without shrinking: we only need "found", and
