@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+from . import common
+
 __all__ = ["add_arguments", "run"]
 
 #: tamperings timed with the checks before the search off, by default (the search's own rejection)
@@ -39,19 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--search-only", default=SEARCH_ONLY,
                         help=f"tamperings also timed without the checks before the search (default {SEARCH_ONLY}; 'none')")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
-
-
-def _worlds(text: str) -> list[tuple[int, int]]:
-    out = []
-    for item in filter(None, text.split(",")):
-        try:
-            n, m = (int(x) for x in item.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"--worlds: {item!r} is not NODESxRANKS_PER_NODE (e.g. 4x4)") from None
-        if n < 1 or m < 1:
-            raise ValueError(f"--worlds: {item!r} needs at least one node and one rank per node")
-        out.append((n, m))
-    return out
 
 
 def _names(text: str, option: str, known: dict) -> list[str]:
@@ -86,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from accelpact.conformance.checker_tamper import TAMPERINGS, repair_config, repair_traces
 
     try:
-        worlds = _worlds(args.worlds)
+        worlds = common.parse_worlds(args.worlds)
         tamper = _names(getattr(args, "tamper", "all"), "--tamper", TAMPERINGS)
         search_only = _names(getattr(args, "search_only", SEARCH_ONLY), "--search-only", TAMPERINGS)
     except ValueError as exc:

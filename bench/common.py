@@ -97,6 +97,21 @@ def add_common(p: argparse.ArgumentParser, name: str, plot: bool = True) -> None
     p.add_argument("--out", default=f"runs/bench-{name}", metavar="DIR", help="scratch folder of the runs (default %(default)s)")
 
 
+def parse_worlds(text: str, min_nodes: int = 1, why: str = "needs at least one node and one rank per node") -> list[tuple[int, int]]:
+    """``"2x2,4x4"`` -> ``[(2, 2), (4, 4)]`` (``--worlds``): ValueError naming the item, and ``why``
+    when it has fewer than ``min_nodes`` nodes or no rank per node."""
+    out = []
+    for item in filter(None, text.split(",")):
+        try:
+            n, m = (int(x) for x in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--worlds: {item!r} is not NODESxRANKS_PER_NODE (e.g. 2x2)") from None
+        if n < min_nodes or m < 1:
+            raise ValueError(f"--worlds: {item!r}: {why}")
+        out.append((n, m))
+    return out
+
+
 def parse_list(text: str, kind: type = int) -> list:
     """``"2,8,32"`` -> ``[2, 8, 32]`` (ValueError naming the item)."""
     out = []

@@ -41,19 +41,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=900.0, help="bound on each launch, seconds")
 
 
-def _worlds(text: str) -> list[tuple[int, int]]:
-    out = []
-    for item in filter(None, text.split(",")):
-        try:
-            n, m = (int(x) for x in item.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"--worlds: {item!r} is not NODESxRANKS_PER_NODE (e.g. 2x2)") from None
-        if n < 2 or m < 1:
-            raise ValueError(f"--worlds: {item!r}: the hybrid wrappers need at least 2 nodes")
-        out.append((n, m))
-    return out
-
-
 def measure_world(nodes: int, rpn: int, repairs: int, wrapper: str, layers: int, out: Path, timeout: float) -> dict[str, Any]:
     """One job with ``repairs`` boundary failures of R, each repaired in place; per-phase statistics (ms)."""
     from accelpact.impl.job import Job, Topology, Workload
@@ -114,7 +101,8 @@ def _plot(path: str, rows: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
-        worlds = _worlds(args.worlds or ("2x2" if args.quick else DEFAULT_WORLDS))
+        worlds = common.parse_worlds(args.worlds or ("2x2" if args.quick else DEFAULT_WORLDS), 2,
+                                     "the hybrid wrappers need at least 2 nodes")
         counts = common.parse_list(args.repairs or ("3" if args.quick else DEFAULT_REPAIRS))
     except ValueError as exc:
         print(f"accelpact bench repair: error: {exc}", file=sys.stderr)

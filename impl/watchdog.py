@@ -147,39 +147,24 @@ class Watchdog:
 
     def _expire(self) -> None:
         """RankExpire (model ``_st_expire``): the main thread made no progress within the step
-        deadline.  Only the first expirer on the decision writes the timeout; if an abort already
-        stands, or another rank expired first, the abort watcher ends this rank (RankExit)."""
-        claim_exit()
-        cp = self._expire_control
-        g, pc = self.gen_of(), self.pc_of()
-        which = cp.decision_for(pc)
-        try:
-            if cp.read_abort() or not cp.first_expirer(g, which):
-                release_exit()
-                return
-            dec = cp.write_abort_decision(g, which, REASON_DEADLINE)
-        except Exception:  # noqa: BLE001 - store lost: the abort watcher exits DEADLINE
-            release_exit()
-            return
-        if dec.startswith("abort:") and dec != f"abort:{REASON_DEADLINE}":
-            release_exit()  # another abort decided this phase: its job abort follows (RankExit)
-            return
-
-        def record() -> None:
-            self.trace.action("RankExpire", g, "fail", {"pc": PC_EXITED, "reason": REASON_DEADLINE},
-                              {"pc": pc, "decision": dec, "step_deadline_s": self._step_budget})
-            cp.abort(REASON_DEADLINE)
-
-        exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
+        deadline (see :meth:`_declare_deadline`)."""
+        self._declare_deadline("RankExpire", lambda pc, dec: {"pc": pc, "decision": dec, "step_deadline_s": self._step_budget})
 
     # ---- failure detector ------------------------------------------------------------------
     def suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
         """RankSuspect (model ``_st_suspect``): the failure detector declared ``peer`` dead (its
         heartbeat stopped: crashed, stopped, or its GIL held) or hung (alive, no progress while this
-        rank waits on it).  The job cannot resume with it, so this rank writes ``abort:deadline``
-        into its phase's decision and the job abort, now rather than at a deadline, and exits 72;
-        every survivor's watchdog follows.  As for an expired deadline, only the first to declare
-        on a decision writes it; if an abort already stands the abort watcher ends this rank."""
+        rank waits on it).  The job cannot resume with it, so this rank ends the job now rather than
+        at a deadline (see :meth:`_declare_deadline`); every survivor's watchdog follows."""
+        self._declare_deadline("RankSuspect", lambda pc, dec: {"pc": pc, "decision": dec, "suspect": peer, "kind": kind,
+                                                              "detected_at_ns": detected_at_ns})
+
+    def _declare_deadline(self, action: str, detail: Callable[[str, str], dict]) -> None:
+        """The one way this thread ends the job on its own: write ``abort:deadline`` into the
+        phase's decision and the job abort, record ``action`` (``RankExpire``/``RankSuspect``) and
+        exit 72.  Only the first to declare on a decision writes it; if an abort already stands, or
+        another abort decided this phase, the abort watcher ends this rank instead (RankExit); a
+        lost store is the abort watcher's too (RankLoseStore)."""
         claim_exit()
         cp = self._expire_control
         g, pc = self.gen_of(), self.pc_of()
@@ -197,8 +182,7 @@ class Watchdog:
             return
 
         def record() -> None:
-            self.trace.action("RankSuspect", g, "fail", {"pc": PC_EXITED, "reason": REASON_DEADLINE},
-                              {"pc": pc, "decision": dec, "suspect": peer, "kind": kind, "detected_at_ns": detected_at_ns})
+            self.trace.action(action, g, "fail", {"pc": PC_EXITED, "reason": REASON_DEADLINE}, detail(pc, dec))
             cp.abort(REASON_DEADLINE)
 
         exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
