@@ -63,7 +63,9 @@ def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, s
     spec = workload.WorkloadSpec(wrapper=wrapper, layers=layers, dim=dim, heads=4 if dim % 4 == 0 else 2, seq=seq, batch=batch)
     on = workload.build_job(spec, topo, groups)
     off = workload.build_job(spec, topo, groups)
-    pact = job.attach(on.module, on.optimizer).pact
+    training = job.attach(on.module, on.optimizer)
+    assert training is not None  # a training rank (no spares here)
+    pact = training.pact
     steps = {"on": 0, "off": 0}
 
     def one(arm: str) -> float:

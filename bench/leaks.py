@@ -66,7 +66,9 @@ def leaks_rank(ctx, wrapper: str, nodes: int, ranks_per_node: int, repairs: int,
     faults = [{"step": s, "at": "boundary", "kind": "collective_timeout", "ranks": [members[s % len(members)]], "group": kind}
               for s in range(1, repairs + 1)]
     hooks = Hooks(injector=FaultInjector(FaultPlan.from_list(faults), fenced_points=("boundary",)))
-    pact = job.attach(app.module, app.optimizer, hooks=hooks).pact
+    training = job.attach(app.module, app.optimizer, hooks=hooks)
+    assert training is not None  # a training rank (no spares here)
+    pact = training.pact
     setattr(app.groups, kind, None)  # as the worker: the engine owns R, nothing else keeps generation 0's
     rows = []
     for step in range(repairs + 2):

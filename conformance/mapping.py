@@ -125,6 +125,7 @@ def model_config(sc: Scenario) -> Config:
         checkpoint=sc.checkpoint,
         profile=sc.workload.wrapper,
         uses_r=uses_r(sc),
+        spares=sc.topology.spares,
     )
 
 
@@ -142,6 +143,8 @@ def script_for(sc: Scenario) -> Script:
     out: list[ScriptedFault] = []
     groups = sc.topology.groups_of_kind(sc.group)
     for g, s in enumerate(sc.episode_steps):
+        if sc.topology.spares and not any(f.is_failure for f in sc.faults if f.step == s):
+            continue  # with spares, a crash starts its episode itself (FaultCrash, P16.0): no group failure
         if failing_mode(sc) == "one":
             out.append(ScriptedFault("FaultGroupFail", None, sc.trigger_point(s), g, ()))
         else:  # one FaultGroupFail per failing group, acted by its representative (its first rank)

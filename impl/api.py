@@ -49,6 +49,7 @@ Your code and AccelPact (documented behaviour, spec/implementation.md "Public AP
 from __future__ import annotations
 
 import os
+import contextlib
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
@@ -76,7 +77,9 @@ class Settings:
     ``pg_timeout_s``: setup and checkpoint groups; ``trace_dir``: write the recovery trace there
     (``trace-a{attempt}-r{rank}.ndjson``; None: no trace); ``envelope``: an envelope file written by
     ``accelpact qualify`` (None: the default envelope); ``detect``: the heartbeat failure detector;
-    ``dead_after_s`` / ``hang_threshold_s``: its thresholds (None: its defaults, spec/detection.md)."""
+    ``dead_after_s`` / ``hang_threshold_s``: its thresholds (None: its defaults, spec/detection.md);
+    ``spares``: how many of the launcher's processes are spares (the last ``spares`` ranks of
+    ``WORLD_SIZE``; hot swap, spec/hotswap.md); ``spare_wait_s``: how long an unused spare idles."""
 
     backend: str | None = None
     replicas: int | None = None
@@ -89,6 +92,8 @@ class Settings:
     detect: bool = True
     dead_after_s: float | None = None
     hang_threshold_s: float | None = None
+    spares: int = 0
+    spare_wait_s: float = 7 * 86400.0
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None, **given: Any) -> "Settings":
@@ -121,10 +126,11 @@ def _check(name: str, value: Any, where: str) -> Any:
             if str(value).lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 return str(value).lower() in ("1", "true", "yes", "on")
             raise ValueError("must be true or false (1/0)")
-        if name == "replicas":
+        if name in ("replicas", "spares"):
             n = int(value)
-            if n < 1 or isinstance(value, bool):
-                raise ValueError("must be an integer >= 1")
+            low = 1 if name == "replicas" else 0
+            if n < low or isinstance(value, bool) or float(value) != n:
+                raise ValueError(f"must be an integer >= {low}")
             return n
         x = float(value)
         if not x > 0 or isinstance(value, bool):
@@ -171,6 +177,13 @@ class TrainingJob:
     faults: tuple = ()
     training: "Training | None" = None
     _mesh: Any = field(default=None, repr=False)
+    #: the control group's socket record (a hot swap revokes every group of the rank at once)
+    control_record: Any = field(default=None, repr=False)
+    #: spare processes in the job, and which one this process is (None: a training rank)
+    spares: int = 0
+    spare: int | None = None
+    #: the generation whose groups the job holds (a hot swap builds every group anew in g+1)
+    generation: int = 0
 
     @property
     def backend(self) -> str:
@@ -178,11 +191,15 @@ class TrainingJob:
         return self.settings.backend
 
     def _group(self, kind: str) -> Any:
-        """This rank's group of ``kind``: R's current communicator once attached (a repair replaces it)."""
+        """This rank's group of ``kind``: R's current communicator once attached (a repair replaces
+        it; the job hands R to the engine at attach), the job's own otherwise (also the groups a hot
+        swap just built, before the engine of the next generation takes R)."""
+        if kind in self.groups:
+            return self.groups[kind]
         t = self.training
-        if t is not None and t.pact.groups.name == kind:
+        if t is not None and t.pact is not None and t.pact.groups.name == kind:
             return t.pact.process_group
-        return self.groups[kind]
+        raise ApiError(f"this process holds no {kind} group (a spare holds none until it takes a rank's identity)")
 
     @property
     def shard_group(self) -> Any:
@@ -210,9 +227,10 @@ class TrainingJob:
                                                mesh=self.topology.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
         return self._mesh
 
-    def attach(self, model, optimizer, *, checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0,
-               extra_state: Callable[[], Any] | None = None, trace_header: Mapping[str, Any] | None = None,
-               hooks: Any = None) -> "Training":
+    def attach(self, model: Any = None, optimizer: Any = None, *, checkpoint_dir: str | os.PathLike | None = None,
+               checkpoint_every: int = 0, extra_state: Callable[[], Any] | None = None,
+               trace_header: Mapping[str, Any] | None = None, hooks: Any = None,
+               rebuild: Callable[["TrainingJob", Any], tuple[Any, Any]] | None = None) -> "Training | None":
         """Attach the recovery engine to a wrapped ``model`` and its ``optimizer``.
 
         Restores the latest committed checkpoint under ``checkpoint_dir`` first (model, optimizer,
@@ -222,64 +240,137 @@ class TrainingJob:
         picklable per-rank state to save with each checkpoint (your data loader's position).
         ``trace_header``: extra fields for the trace's header.  ``hooks``: test-only
         (:class:`accelpact.impl.hooks.Hooks`); faults given to :func:`init` are injected through them.
+
+        ``rebuild(job, extra)``: builds the wrapped model and its optimizer on the job's *current*
+        groups (``job.shard_group``... ``job.mesh``) and returns ``(model, optimizer)``; ``extra`` is the
+        extra state to start from (None: a fresh start).  Needed with spares (a hot swap rebuilds the
+        model on every rank, spec/hotswap.md); with it, ``model`` and ``optimizer`` may be omitted
+        (``rebuild(job, None)`` builds them).  On a spare, ``attach`` idles until the spare takes a
+        dead rank's identity and returns the training at that rank's frontier, or returns None when
+        the job ended without needing it.
         """
-        from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
-
-        from .checkpoint import CheckpointManager, latest_committed
-        from .controlplane import ControlPlane
-        from .faults import FaultPlan
-        from .hooks import FaultInjector, Hooks
-        from .recovery import attach as _attach
-        from .rundir import RunDir
-        from .trace import NullTrace, Trace
-        from .wrappers import wrapper_of
-
         if self.training is not None:
             raise ApiError("attach: this job already has an attached model; one model per job")
-        wrap = wrapper_of(model)
-        start, restored_extra, resumed_from = 0, None, None
-        ckpt = None
-        if checkpoint_dir is not None or checkpoint_every:
-            if checkpoint_dir is None:
-                raise ApiError("attach: checkpoint_every needs checkpoint_dir (where the DCP checkpoints go)")
-            import torch.distributed as dist
+        if self.spares and rebuild is None:
+            raise ApiError(f"attach: this job has {self.spares} spare(s): pass rebuild=fn, where fn(job, extra) builds the "
+                           "wrapped model and optimizer on job's current groups (a hot swap rebuilds them on every rank)")
+        if self.spare is not None:
+            assert rebuild is not None
+            return self._join_as_spare(rebuild, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                                       extra_state=extra_state, trace_header=trace_header, hooks=hooks)
+        if model is None or optimizer is None:
+            if rebuild is None:
+                raise ApiError("attach: pass the wrapped model and its optimizer, or rebuild=fn to build them")
+            model, optimizer = rebuild(self, None)
+        from .checkpoint import latest_committed
 
-            ckpt = CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
-                                     store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
-            c = latest_committed(checkpoint_dir, world=self.world)
+        start, restored_extra, resumed_from = 0, None, None
+        ckpt = self._checkpoints(checkpoint_dir, checkpoint_every)
+        if ckpt is not None:
+            c = latest_committed(ckpt.root, world=self.world)
             if c is not None:
                 restored = ckpt.load(c, model, optimizer)
                 start, restored_extra, resumed_from = c, restored.cursor, c
-        pg = pact_groups(self.topology, self.rank, wrap.name, self.control_group, _Groups(self.groups), self.records)
-        trace: Any = NullTrace()
-        if self.settings.trace_dir is not None:
-            header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
-                          group=pg.name, own_group=list(pg.members), attempt=self.attempt,
-                          scenario="job", seed=0, backend=self.backend, frontier_at_start=start, wrapper=wrap.name)
-            header.update(trace_header or {})
-            trace = Trace(RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
-        control = ControlPlane(self.attempt_store, self.rank, self.world, prefix="accelpact/")
-        key = ObservationKey(_backend(self.backend).platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
-        envelope = load_envelope(self.settings.envelope) if self.settings.envelope else default_envelope()
+        trace = self._trace(model, start, trace_header)
         if hooks is None:
+            from .faults import FaultPlan
+            from .hooks import FaultInjector, Hooks
+
             faults = tuple(f for f in self.faults if f.attempt == self.attempt)
             hooks = Hooks(injector=FaultInjector(FaultPlan(faults))) if faults else None
-        s = self.settings
-        pact = _attach(model, optimizer, groups=pg, control=control, trace=trace, deadline_s=s.deadline_s,
-                       step_deadline_s=s.step_deadline_s, frontier=start, key=key, envelope=envelope, hooks=hooks,
-                       detect=s.detect, dead_after_s=s.dead_after_s, hang_threshold_s=s.hang_threshold_s)
-        # F is published at the commit itself (the optimizer's post hook, after the guard's), not after
-        # the boundary: a peer's abort can end this rank between its commit and the boundary, and an L2
-        # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
-        # (the hook holds the store and the pact, never this job: the job holds the training groups,
-        # and phase 5's check would find them, through the module's hooks, as stale references)
-        optimizer.register_step_post_hook(_progress_hook(self.store, f"accelpact/progress/a{self.attempt}/r{self.rank}", pact))
-        # from here the engine owns R: keeping the generation-0 communicator here would keep it alive
-        # (threads, sockets) after a repair retires it; job.replicate_group asks the engine
-        self.groups.pop(pg.name, None)
-        self.training = Training(job=self, pact=pact, checkpoints=ckpt, start_step=start, resumed_from=resumed_from,
-                                 restored_extra=restored_extra, extra_state=extra_state, wrapper=wrap.name)
-        return self.training
+        training = Training(job=self, pact=None, checkpoints=ckpt, start_step=start, resumed_from=resumed_from,
+                            restored_extra=restored_extra, extra_state=extra_state, wrapper="", rebuild=rebuild,
+                            hooks=hooks)
+        self.training = training
+        training._engage(model, optimizer, generation=self.generation, frontier=start, trace=trace)
+        return training
+
+    def _checkpoints(self, checkpoint_dir: Any, checkpoint_every: int) -> Any:
+        if checkpoint_dir is None and not checkpoint_every:
+            return None
+        if checkpoint_dir is None:
+            raise ApiError("attach: checkpoint_every needs checkpoint_dir (where the DCP checkpoints go)")
+        import torch.distributed as dist
+
+        from .checkpoint import CheckpointManager
+
+        return CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
+                                 store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
+
+    def _trace(self, model: Any, start: int, trace_header: Mapping[str, Any] | None, path: Any = None) -> Any:
+        from .rundir import RunDir
+        from .trace import NullTrace, Trace
+        from .wrappers import wrapper
+
+        if self.settings.trace_dir is None:
+            return NullTrace()
+        from .wrappers import wrapper_of
+
+        wrap = wrapper_of(model)
+        kind = wrapper(wrap.name).recovers
+        header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
+                      group=kind, own_group=list(self.topology.group(kind, self.rank)), attempt=self.attempt,
+                      scenario="job", seed=0, backend=self.backend, frontier_at_start=start, wrapper=wrap.name,
+                      generation_at_start=self.generation)
+        header.update(trace_header or {})
+        return Trace(path or RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
+
+    def _join_as_spare(self, rebuild: Callable[["TrainingJob", Any], tuple[Any, Any]], *, checkpoint_dir: Any,
+                       checkpoint_every: int, extra_state: Any, trace_header: Any, hooks: Any) -> "Training | None":
+        """A spare: idle on the control plane until a survivor's claim hands it a dead identity
+        (``SpareJoin``), then the swap's episode as that rank (:func:`accelpact.impl.hotswap.run_episode`:
+        agreement, every group built in g+1, the model built by ``rebuild``, the state received from a
+        live replica, validation, release); returns the training at the dead rank's frontier.  None:
+        the job ended without needing this spare.  An abort of the job ends the spare with its code."""
+        import copy
+
+        from accelpact.model.state import PC_JOINED
+
+        from . import hotswap
+        from .exitcodes import code_for, exit_now
+        from .rundir import RunDir
+        from .trace import NullTrace, Trace
+
+        k = self.spare
+        assert k is not None
+        got = hotswap.wait_for_claim(self.attempt_store, k, "accelpact/abort", self.settings.spare_wait_s)
+        if isinstance(got, str):
+            if got == "closed":
+                return None
+            exit_now(code_for(got if got in ("rejected", "mismatch", "deadline", "exception") else "deadline"), got, None)
+        assert not isinstance(got, str)
+        dead, g = got
+        published = hotswap.read_state(self.attempt_store, dead)
+        if published is None:
+            raise hotswap.SwapError(f"spare {k}: rank {dead} published no state at its last commit; cannot take its identity")
+        self.rank = dead
+        trace: Any = NullTrace()
+        if self.settings.trace_dir is not None:
+            path = RunDir(self.settings.trace_dir).path / f"spare{k}-trace-a{self.attempt}-r{dead}.ndjson"
+            header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
+                          attempt=self.attempt, scenario="job", seed=0, backend=self.backend,
+                          frontier_at_start=published["frontier"], spare=k, generation_at_start=g)
+            header.update(trace_header or {})
+            trace = Trace(path, dead, header)
+        trace.action("SpareJoin", g, "ok", {"pc": PC_JOINED}, {"spare": k, "identity": dead})
+        notices = hotswap.Notices(self.attempt_store)
+        n = notices.count()
+        dead_set = tuple(r for r in range(self.world) if self.attempt_store.check([hotswap.claim_key(g, r)]))
+        claims = {r: int(self.attempt_store.get(hotswap.claim_key(g, r)).decode()) for r in dead_set}
+        module, optimizer, record = hotswap.run_episode(
+            self, role="spare", g=g, frontier=published["frontier"], point="", dead=dead_set, claims=claims,
+            rebuild=rebuild, extra=copy.deepcopy(published["extra"]), rng=published["rng"], trace=trace)
+        notices.handled(n)
+        self.spare = None
+        ckpt = self._checkpoints(checkpoint_dir, checkpoint_every)
+        training = Training(job=self, pact=None, checkpoints=ckpt, start_step=published["frontier"], resumed_from=None,
+                            restored_extra=copy.deepcopy(published["extra"]), extra_state=extra_state, wrapper="",
+                            rebuild=rebuild, hooks=hooks, spare_index=k)
+        training.swaps.append(record)
+        training._notices = notices
+        self.training = training
+        training._engage(module, optimizer, generation=g + 1, frontier=published["frontier"], trace=trace)
+        return training
 
     def previous_frontier(self) -> int | None:
         """The committed frontier this rank reached in earlier attempts (what an L2 restart replays
@@ -298,9 +389,13 @@ class TrainingJob:
         C++ wait may be in flight when the interpreter finalizes), destroy the groups.  Collective."""
         import torch.distributed as dist
 
+        if self.spare is not None:  # a spare the job never needed: it holds no group
+            return
         dist.barrier(group=self.checkpoint_group)
         if self.training is not None:
             pact = self.training.pact
+            if self.training._watcher is not None:
+                self.training._watcher.stop()
             pact.close()
             # every rank's watchdog is stopped before any rank wakes the watchdogs' store waits
             dist.barrier(group=self.checkpoint_group)
@@ -326,7 +421,8 @@ class _Groups:
 @dataclass(eq=False)
 class Training:
     """The attached engine and the step loop around it.  ``pact``: the engine
-    (:class:`accelpact.impl.recovery.Pact`: ``reports``, ``gen``, ``frontier``)."""
+    (:class:`accelpact.impl.recovery.Pact`: ``reports``, ``gen``, ``frontier``); a hot swap replaces
+    it (and the model: :attr:`module`, :attr:`optimizer`) with one of the next generation."""
 
     job: TrainingJob
     pact: Any
@@ -336,27 +432,170 @@ class Training:
     restored_extra: Any
     extra_state: Callable[[], Any] | None
     wrapper: str
+    rebuild: Callable[[TrainingJob, Any], tuple[Any, Any]] | None = None
+    hooks: Any = None
+    spare_index: int | None = None
     #: steps whose checkpoint this rank saved: (step, seconds)
     saved: list = field(default_factory=list)
+    #: hot swaps this rank took part in (:class:`accelpact.impl.hotswap.SwapRecord`)
+    swaps: list = field(default_factory=list)
+    #: the step just run was discarded by a hot swap: :meth:`boundary` does nothing and
+    #: :meth:`steps` yields the same step again
+    discarded: bool = False
+    _notices: Any = None
+    _watcher: Any = None
+    _published: Any = None
 
+    # ---- the engine --------------------------------------------------------------------------
+    def _engage(self, model: Any, optimizer: Any, *, generation: int, frontier: int, trace: Any) -> None:
+        """Attach an engine of ``generation`` to ``model``/``optimizer`` at ``frontier`` (at attach,
+        and after a hot swap, on the model it rebuilt)."""
+        from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
+
+        from . import hotswap
+        from .controlplane import ControlPlane
+        from .recovery import attach as _attach
+        from .wrappers import wrapper_of
+
+        job, s = self.job, self.job.settings
+        wrap = wrapper_of(model)
+        self.wrapper = wrap.name
+        pg = pact_groups(job.topology, job.rank, wrap.name, job.control_group, _Groups(job.groups), job.records)
+        control = ControlPlane(job.attempt_store, job.rank, job.world, prefix="accelpact/")
+        key = ObservationKey(_backend(job.backend).platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
+        envelope = load_envelope(s.envelope) if s.envelope else default_envelope()
+        if job.spares and self._notices is None:
+            self._notices = hotswap.Notices(job.attempt_store)
+            self._notices.handled(self._notices.count())
+        self.pact = _attach(model, optimizer, groups=pg, control=control, trace=trace, deadline_s=s.deadline_s,
+                            step_deadline_s=s.step_deadline_s, frontier=frontier, key=key, envelope=envelope,
+                            hooks=self.hooks, detect=s.detect, dead_after_s=s.dead_after_s,
+                            hang_threshold_s=s.hang_threshold_s, generation=generation, notices=self._notices)
+        # F is published at the commit itself (the optimizer's post hook, after the guard's), not after
+        # the boundary: a peer's abort can end this rank between its commit and the boundary, and an L2
+        # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
+        # (the hook holds the store and the pact, never this job: the job holds the training groups,
+        # and phase 5's check would find them, through the module's hooks, as stale references)
+        optimizer.register_step_post_hook(_progress_hook(job.store, f"accelpact/progress/a{job.attempt}/r{job.rank}",
+                                                         self.pact))
+        # from here the engine owns R: keeping the generation-0 communicator here would keep it alive
+        # (threads, sockets) after a repair retires it; job.replicate_group asks the engine
+        job.groups.pop(pg.name, None)
+        if job.spares:
+            self._publish()
+            pact = self.pact
+            self._watcher = hotswap.SwapWatcher(
+                job.attempt_store, lambda: [pact._record, job.control_record, *pact.groups.others.values()],
+                seen=self._notices.seen).start()
+
+    @property
+    def module(self) -> Any:
+        """The wrapped model the engine is attached to (a hot swap rebuilds it)."""
+        return self.pact.module
+
+    @property
+    def optimizer(self) -> Any:
+        return self.pact.optimizer
+
+    # ---- the step loop -----------------------------------------------------------------------
     def steps(self, total: int) -> Iterator[int]:
-        """The steps still to run: ``start_step .. total - 1``."""
-        return iter(range(self.start_step, total))
+        """The steps still to run: ``start_step .. total - 1``; with spares, always the step at the
+        frontier F (a step a hot swap discarded comes again)."""
+        if not self.job.spares:
+            yield from range(self.start_step, total)
+            return
+        while self.pact.frontier < total:
+            yield self.pact.frontier
 
-    def step(self, step: int):
-        """Context manager around forward, backward and ``optimizer.step()`` (see :meth:`Pact.step`)."""
-        return self.pact.step(step)
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator["Training"]:
+        """Context manager around forward, backward and ``optimizer.step()`` (see :meth:`Pact.step`).
+        With spares, a rank's death in it is a hot swap: the step is discarded (``discarded``)."""
+        from .hotswap import SwapNeeded
+
+        self.discarded = False
+        try:
+            with self.pact.step(step):
+                yield self
+        except SwapNeeded as need:
+            self._swap(need)
+            self.discarded = True
 
     def boundary(self, loss: Any = None):
         """After the commit: the engine's boundary (a repair, if any, happens here and its
-        :class:`~accelpact.impl.recovery.RecoveryReport` is returned), then the checkpoint when due."""
-        report = self.pact.boundary(loss)
+        :class:`~accelpact.impl.recovery.RecoveryReport` is returned), then the checkpoint when due.
+        After a discarded step: nothing (None)."""
+        from .hotswap import SwapNeeded
+
+        if self.discarded:
+            return None
+        if self.job.spares:
+            self._publish()
+        try:
+            report = self.pact.boundary(loss)
+        except SwapNeeded as need:
+            self._swap(need)
+            report = None
         frontier = self.pact.frontier
         if self.checkpoints is not None and self.checkpoints.due(frontier):
             cursor = self.extra_state() if self.extra_state is not None else None
             took = self.checkpoints.save(frontier, self.pact.module, self.pact.optimizer, cursor=cursor)
             self.saved.append((frontier, took))
         return report
+
+    # ---- hot swap ----------------------------------------------------------------------------
+    def _publish(self) -> None:
+        """What a spare taking this identity needs at F (RNG, extra state); kept locally for the discard."""
+        import copy
+
+        from .hotswap import publish_state
+
+        extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
+        self._published = publish_state(self.job.attempt_store, self.job.rank, self.pact.frontier, extra)
+
+    def _swap(self, need: Any) -> None:
+        """A survivor's hot swap (:mod:`accelpact.impl.hotswap`): the decision (the contract with the
+        hot-swap facts; L2 exits as before), ``RankClaimSpare`` for each dead rank, ``RankDiscardStep``
+        in flight, then the episode; the engine of g+1 is attached to the rebuilt model."""
+        import copy
+
+        from accelpact.model import hotswap as model_swap
+        from accelpact.model.state import PC_GUARDED
+
+        from . import hotswap
+
+        pact, job = self.pact, self.job
+        assert self.rebuild is not None and self._notices is not None
+        g, frontier = pact.gen, pact.frontier
+        n = self._notices.count()
+        pact.suspend()
+        if self._watcher is not None:
+            self._watcher.stop(join=False)
+        kind = pact.groups.name
+        replica = all(any(m not in need.dead for m in job.topology.group(kind, d)) for d in need.dead)
+        dec = model_swap.decide(pact.envelope, pact._key(need.point), True, died=True, spare=job.spares > 0,
+                                replica=replica)
+        if not dec.preserve:
+            pact._reject(dec.reason)
+        claims = {d: hotswap.claim(job.attempt_store, g, d, job.spares) for d in need.dead}
+        if any(k is None for k in claims.values()):
+            pact._reject(f"rank(s) {[d for d, k in claims.items() if k is None]} died and no spare is left to take "
+                         "their identity")
+        pact.trace.action("RankClaimSpare", g, "ok", {"pc": pact.pc}, {"claims": claims, "decision": dec.level})
+        if need.point in model_swap.DISCARDABLE:
+            pact.trace.action("RankDiscardStep", g, "ok", {"pc": PC_GUARDED, "point": "boundary"}, {"from": need.point})
+        published = self._published or {}
+        module, optimizer, record = hotswap.run_episode(
+            job, role="survivor", g=g, frontier=frontier, point=need.point, dead=tuple(sorted(need.dead)),
+            claims={d: int(k) for d, k in claims.items() if k is not None}, rebuild=self.rebuild,
+            extra=copy.deepcopy(published.get("extra")), rng=published.get("rng"), trace=pact.trace,
+            old=(pact.module, pact.optimizer), held=(pact.process_group,))
+        pact.retire()
+        self._notices.handled(n)
+        self.swaps.append(record)
+        if self.checkpoints is not None:
+            self.checkpoints = job._checkpoints(self.checkpoints.root, self.checkpoints.every)
+        self._engage(module, optimizer, generation=g + 1, frontier=frontier, trace=pact.trace)
 
     @property
     def frontier(self) -> int:
@@ -436,6 +675,12 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
     local_rank = _env_int(env, "LOCAL_RANK", rank)
     local_world = _env_int(env, "LOCAL_WORLD_SIZE", world)
+    if s.spares:  # the launcher's last `spares` processes are spares; the training world is the rest
+        if s.spares >= world:
+            raise ApiError(f"spares={s.spares} leaves no training rank in WORLD_SIZE={world}: the launcher starts the "
+                           "training ranks and the spares together (torchrun --nproc-per-node ranks+spares)")
+        world -= s.spares
+        local_world = min(local_world, world)
     attempt = _env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
     n = s.replicas if s.replicas is not None else max(1, world // max(1, local_world))
     if world % n:
@@ -457,6 +702,11 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     timeout = timedelta(seconds=s.pg_timeout_s)
     store = dist.TCPStore(_env(env, "MASTER_ADDR"), _env_int(env, "MASTER_PORT"), is_master=False, timeout=timeout)
     astore = dist.PrefixStore(f"attempt{attempt}", store)
+    if rank >= world:  # a spare: no group until it takes a dead rank's identity (TrainingJob.attach)
+        return TrainingJob(settings=s, rank=-1, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
+                           device=device, store=store, attempt_store=astore, control_group=None,
+                           checkpoint_group=None, topology=topo, faults=fault_list, spares=s.spares,
+                           spare=rank - world)
     if not dist.is_initialized():
         dist.init_process_group(be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
                                 timeout=timeout, **be.init_kwargs(device))
@@ -465,15 +715,16 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
                        f"RANK={rank} WORLD_SIZE={world}")
     # out-of-band gloo groups over W, in the same order on every rank: the engine's control group
     # (failure flag, validation) and DCP's (never a communicator that may fail)
-    control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0)))
+    from . import revoke
+
+    control_group, control_record = revoke.recorded(
+        lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0))), "gloo")
     checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
     if mesh is None:
         groups, records = build_recorded_groups(workload, topo, rank, be.name, timedelta(seconds=s.collective_timeout_s),
                                                 device=device)
         mine = {"shard": groups.shard, "replicate": groups.replicate, "world": groups.world}
     else:
-        from . import revoke
-
         if mesh.mesh.tolist() != topo.mesh_ranks():
             raise ApiError(f"mesh: its ranks {mesh.mesh.tolist()} are not laid out as {topo.mesh_ranks()} (row r = replica "
                            "r's ranks, rank = replica * shards + shard index): build it with init_device_mesh")
@@ -484,7 +735,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     return TrainingJob(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                        device=device, store=store, attempt_store=astore, control_group=control_group,
                        checkpoint_group=checkpoint_group, topology=topo, records=records, faults=fault_list,
-                       groups=mine, _mesh=mesh)
+                       groups=mine, _mesh=mesh, control_record=control_record, spares=s.spares)
 
 
 def _check_user_mesh(mesh: Any, be: Any, world: int) -> int:

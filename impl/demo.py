@@ -8,12 +8,17 @@ Three launches of the same small HSDP transformer (2 nodes x 2 ranks by default)
     zero replay, then training continues; final state compared bit for bit with (a);
 (c) L2: an in-flight failure (``--fault-at`` backward by default) of the same step: the contract
     rejects it, every rank exits 70, torchrun restarts all workers, they reload the last committed
-    DCP checkpoint C and replay F - C steps; final state compared with (a).
+    DCP checkpoint C and replay F - C steps; final state compared with (a);
+(d) crash, hot-swapped: the same job with one spare process; the same rank is SIGKILLed in
+    ``--fault-at`` of the same step; its keeper posts the death, a spare takes its identity and
+    receives its shard from a live replica, the survivors discard the uncommitted step and everyone
+    reruns it: no restart, zero lost steps; final state compared with (a).
 
 Progress is printed while the runs go (steps, loss, the phase of any recovery, read from the
 result and trace files the workers write).  The report gives per-phase repair times, replayed steps
 per path, fault-to-frontier of L1 versus L2, and where the traces and the timeline plot are.
-Exit status 0 only if both paths end bit-identical to the reference (and L1 needed no restart).
+Exit status 0 only if every path ends bit-identical to the reference (and L1 and the swap needed no
+restart).
 
 No torch import at module level (``accelpact --help`` must not pay for it).
 """
@@ -92,8 +97,8 @@ def validate_args(args: argparse.Namespace) -> None:
         raise DemoArgumentError(f"--timeout must be > 0 seconds, got {args.timeout}")
 
 
-def _base_job(args: argparse.Namespace, out: Path, scenario: str, faults: list[dict]) -> Job:
-    return Job(topology=Topology(args.nodes, args.ranks_per_node),
+def _base_job(args: argparse.Namespace, out: Path, scenario: str, faults: list[dict], spares: int = 0) -> Job:
+    return Job(topology=Topology(args.nodes, args.ranks_per_node, spares=spares),
                workload=Workload(args.wrapper, args.layers, args.steps, 0, args.checkpoint_every),
                out=str(out), scenario=scenario, backend=args.backend, trace=True,
                deadline_s=30.0, collective_timeout_s=60.0).replace(faults=faults)
@@ -184,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"accelpact demo: error: {why}. Use --backend gloo.", file=sys.stderr)
         return 2
 
-    from .launch import LaunchError, l1_episodes, l2_episodes, run_reference
+    from .launch import LaunchError, l1_episodes, l2_episodes, run_reference, swap_episodes
     from .plot import timeline
     from .workload import compare_runs
 
@@ -218,10 +223,20 @@ def run(args: argparse.Namespace) -> int:
         {"step": args.fault_step, "at": args.fault_at, "kind": args.fault_kind, "ranks": [victim], "group": group}])
     l2 = _launch("L2", l2_job, nproc, 1, args, console)
 
+    # (d) crash, hot-swapped: a spare takes the dead rank's identity (the keeper keeps torchrun out)
+    console.print(f"[bold](d)[/bold] crash, hot-swapped: SIGKILL in {args.fault_at} of step {args.fault_step} on rank "
+                  f"{victim}, one spare")
+    sw_job = _base_job(args, out / "swap", "demo-swap", [
+        {"step": args.fault_step, "at": args.fault_at, "kind": "crash", "ranks": [victim]}], spares=1)
+    sw = _launch("swap", sw_job, nproc, 1, args, console)
+
     l1_ok, l1_why = compare_runs(ref_dir, l1.out, nproc)
     l1_ok = l1_ok and l1.ok() and l1.restarts == 0
     l2_ok, l2_why = compare_runs(ref_dir, l2.out, nproc)
     l2_ok = l2_ok and l2.ok() and l2.restarts == 1
+    sw_ok, sw_why = compare_runs(ref_dir, sw.out, nproc)
+    ep3 = swap_episodes(sw)
+    sw_ok = sw_ok and sw.ok() and sw.restarts == 0 and len(ep3) == 1
     ep1 = l1_episodes(l1)
     ep2 = l2_episodes(l2)
 
@@ -246,11 +261,22 @@ def run(args: argparse.Namespace) -> int:
     summary.add_row("L2", "finished" if l2.ok() else "FAILED", str(l2_first.get("exit_codes", "-")), str(l2.restarts),
                     f"{l2_first.get('replayed_steps', '-')} (C={l2_first.get('resumed_from', '-')})", _ms(t2),
                     "yes" if l2_ok else "NO")
+    e3 = ep3[0] if ep3 else {}
+    t3 = e3.get("fault_to_frontier_s")
+    summary.add_row("swap", "finished" if sw.ok() else "FAILED", "[]", str(sw.restarts),
+                    "0 (step discarded, rerun)" if e3 else "-", _ms(t3), "yes" if sw_ok else "NO")
     console.print(summary)
+    if e3:
+        console.print(f"swap: rank(s) {e3['dead']} died in {e3.get('point') or args.fault_at}; spare(s) {e3['spares']} took "
+                      f"their identity; state from replica(s) {e3['sources']}; resumed at F={e3['frontier']}; phases "
+                      + " ".join(f"{k}={v:.0f}ms" for k, v in e3["durations_ms"].items()))
     if t1 and t2:
         console.print(f"fault-to-frontier: L1 {_ms(t1)} vs L2 {_ms(t2)} ({t2 / t1:.0f}x) in this run")
+    if t3 and t2:
+        console.print(f"fault-to-frontier of a crash: swap {_ms(t3)} vs L2 {_ms(t2)} ({t2 / t3:.1f}x) in this run")
     console.print(f"L1 final state: {l1_why}")
     console.print(f"L2 final state: {l2_why}")
+    console.print(f"swap final state: {sw_why}")
 
     plot = None
     try:
@@ -267,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]timeline plot not written[/yellow]: {type(exc).__name__}: {exc}")
     summary_json = {"l1": {"ok": l1_ok, "why": l1_why, "episodes": ep1, "restarts": l1.restarts},
                     "l2": {"ok": l2_ok, "why": l2_why, "episodes": ep2, "restarts": l2.restarts},
+                    "swap": {"ok": sw_ok, "why": sw_why, "episodes": ep3, "restarts": sw.restarts},
                     "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                     "wall_s": time.monotonic() - t_all}
     (out / "summary.json").write_text(json.dumps(summary_json, indent=1, default=str))
@@ -274,11 +301,14 @@ def run(args: argparse.Namespace) -> int:
     if plot:
         console.print(f"timeline: {plot}")
     console.print(f"summary: {out / 'summary.json'} ({summary_json['wall_s']:.0f} s)")
-    if not (l1_ok and l2_ok):
+    if not (l1_ok and l2_ok and sw_ok):
         if not l1.ok():
             console.print(f"[red]L1 run did not finish in place[/red] (rc={l1.returncode}); log tail:\n{l1.log_tail(1500)}")
         if not l2.ok():
             console.print(f"[red]L2 run did not finish[/red] (rc={l2.returncode}); log tail:\n{l2.log_tail(1500)}")
+        if not sw_ok:
+            console.print(f"[red]hot swap did not finish in place[/red] (rc={sw.returncode}, restarts {sw.restarts}); "
+                          f"log tail:\n{sw.log_tail(1500)}")
         return 1
     return 0
 

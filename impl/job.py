@@ -68,26 +68,43 @@ class Topology:
     """N nodes x M ranks per node; rank = node*M + local.
 
     Shard group = the ranks of one node; replicate group = the ranks with the same local index;
-    world = every rank.  :meth:`group` is the one place a group's members are computed."""
+    world = every rank.  :meth:`group` is the one place a group's members are computed.
+
+    ``spares``: processes started beside the training world to take a crashed rank's identity (hot
+    swap, :mod:`accelpact.impl.hotswap`); they get ranks ``world .. world + spares - 1`` at launch
+    and are not part of the training world (``world``, the groups and the mesh never include them).
+    ``to_json`` names ``spares`` only when non-zero, so a job without spares serializes (and keys
+    its cached reference) exactly as before spares existed."""
 
     nodes: int
     ranks_per_node: int
+    spares: int = 0
+
+    MAX_SPARES = 64
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.ranks_per_node < 1:
             raise FieldError(f"topology needs nodes >= 1 and ranks_per_node >= 1, got {self.nodes}x{self.ranks_per_node}")
+        if isinstance(self.spares, bool) or not isinstance(self.spares, int) or not 0 <= self.spares <= self.MAX_SPARES:
+            raise FieldError(f"topology.spares: must be an integer in [0, {self.MAX_SPARES}] (spare processes for hot "
+                             f"swap; 0: none), got {self.spares!r}")
 
     @classmethod
     def parse(cls, raw: Any, where: str = "topology", error: type[FieldError] = FieldError, max_side: int = 64) -> "Topology":
-        t = check_object(where, raw, ("nodes", "ranks_per_node"), error=error)
+        t = check_object(where, raw, ("nodes", "ranks_per_node"), ("spares",), error=error)
         return cls(check_int(f"{where}.nodes", t["nodes"], 1, max_side, error),
-                   check_int(f"{where}.ranks_per_node", t["ranks_per_node"], 1, max_side, error))
+                   check_int(f"{where}.ranks_per_node", t["ranks_per_node"], 1, max_side, error),
+                   check_int(f"{where}.spares", t.get("spares", 0), 0, cls.MAX_SPARES, error))
 
     def to_json(self) -> dict[str, int]:
-        return {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node}
+        d = {"nodes": self.nodes, "ranks_per_node": self.ranks_per_node}
+        if self.spares:
+            d["spares"] = self.spares
+        return d
 
     @property
     def world(self) -> int:
+        """The training ranks (spares excluded)."""
         return self.nodes * self.ranks_per_node
 
     def node_of(self, rank: int) -> int:

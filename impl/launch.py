@@ -15,6 +15,11 @@
 * :func:`run_reference` runs the uninterrupted reference once per (workload, topology, backend)
   and caches its final snapshots, so many scenarios compare against one run.
 
+Spares (hot swap, ``topology.spares`` = S > 0): :func:`run_torchrun` and :func:`run_local` start
+W + S processes (``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = W + S, ``ACCELPACT_SPARES`` = S; ranks W..W+S-1
+are the spares), and each training rank runs under a keeper (:mod:`accelpact.impl.keeper`), so that a
+crashed rank's death is not taken for the job's by torchrun.  With S = 0 nothing differs.
+
 Every child process is started, waited on and reaped by one :class:`ProcessSet` (also the core of
 the multi-process test harness, :mod:`accelpact.testing`).  Every file name of a run folder comes
 from :class:`~accelpact.impl.rundir.RunDir`; the job is the typed :class:`~accelpact.impl.job.Job`.
@@ -38,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
-from .job import Job
+from .job import Job, Topology
+from .keeper import SPARES_ENV  # torch-free
 from .rundir import RunDir
 
 __all__ = [
@@ -51,6 +57,7 @@ __all__ = [
     "job_key",
     "l1_episodes",
     "l2_episodes",
+    "swap_episodes",
     "run_local",
     "run_reference",
     "run_restarting",
@@ -59,6 +66,7 @@ __all__ = [
 ]
 
 WORKER_MODULE = "accelpact.impl.worker"
+KEEPER_MODULE = "accelpact.impl.keeper"
 
 
 class LaunchError(RuntimeError):
@@ -265,10 +273,18 @@ def free_port() -> int:
 
 
 def _nproc(job: Job, nproc: int | None) -> int:
+    """The number of training ranks (spares are not counted)."""
     n = job.world if nproc is None else nproc
     if n < 1:
         raise LaunchError(f"nproc must be >= 1, got {n}")
     return n
+
+
+def _spares(job: Job, spares: int | None) -> int:
+    s = job.topology.spares if spares is None else spares
+    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+        raise LaunchError(f"spares must be an integer >= 0, got {s!r}")
+    return s
 
 
 # ------------------------------------------------------------------------------------------ torchrun
@@ -278,6 +294,13 @@ def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, time
     """Run ``job`` under torchrun with ``nproc`` workers (default ``job.world``) and at most
     ``max_restarts`` restarts.
 
+    With ``job.topology.spares`` = S > 0, torchrun starts ``nproc + S`` processes
+    (``--nproc-per-node``; ranks ``nproc ..`` are the spares), the agent's environment has
+    ``ACCELPACT_SPARES=S`` (its workers inherit it), and each process is
+    ``python -m accelpact.impl.keeper -- python -m accelpact.impl.worker --job J``: the keeper turns a
+    training rank's crash into a death notice instead of a failed worker (see
+    :mod:`accelpact.impl.keeper`); fail-stop exits reach torchrun unchanged.
+
     ``fresh`` (default) first removes a previous run's outputs from ``job.out``
     (:meth:`RunDir.clear`); pass False to resume from the checkpoints already there.
 
@@ -285,12 +308,13 @@ def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, time
     ``timed_out``.  Worker output goes to ``<out>/torchrun.log``.
     """
     n = _nproc(job, nproc)
+    spares = _spares(job, None)
     run = RunDir(job.out)
     if fresh:
         run.clear()
     path = job.write()
     for _ in range(3):
-        res = _torchrun_once(path, run, n, max_restarts, timeout_s, monitor_interval)
+        res = _torchrun_once(path, run, n, max_restarts, timeout_s, monitor_interval, spares)
         # The free port can be taken between free_port() and the agent's bind (another launch,
         # or an ephemeral port of a gloo connection): the rendezvous then never forms and no
         # worker ever ran.  Only that case is retried, on a new port.
@@ -310,19 +334,22 @@ def _rendezvous_failed(log: Path, port: int) -> bool:
 
 
 def _torchrun_once(path: Path, run: RunDir, nproc: int, max_restarts: int, timeout_s: float,
-                   monitor_interval: float) -> LaunchResult:
+                   monitor_interval: float, spares: int = 0) -> LaunchResult:
     port = free_port()
+    worker = ["-m", WORKER_MODULE, "--job", str(path)]
+    if spares:  # every process runs under a keeper; the agent sees the keeper
+        worker = ["-m", KEEPER_MODULE, "--", sys.executable, *worker]
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+        "--nnodes", "1", "--nproc-per-node", str(nproc + spares), "--max-restarts", str(max_restarts),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
         "--monitor-interval", str(monitor_interval),
-        "-m", WORKER_MODULE, "--job", str(path),
+        *worker,
     ]
     log = run.torchrun_log
     with open(log, "ab") as logf, ProcessSet() as ps:
         # the workers are in the agent's session: leaving the block kills any that outlive it
-        agent = ps.start(cmd, env=worker_env(), stdout=logf)
+        agent = ps.start(cmd, env=worker_env({SPARES_ENV: spares} if spares else None), stdout=logf)
         timed_out = ps.wait(timeout_s)
         if timed_out:
             ps.kill()
@@ -333,9 +360,17 @@ def _torchrun_once(path: Path, run: RunDir, nproc: int, max_restarts: int, timeo
 # ------------------------------------------------------------------------------------------- local
 
 def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, attempt: int = 0,
-              on_start: Callable[[list[subprocess.Popen]], None] | None = None, store: Any = None) -> LaunchResult:
+              on_start: Callable[[list[subprocess.Popen]], None] | None = None, store: Any = None,
+              spares: int | None = None) -> LaunchResult:
     """Spawn ``nproc`` workers (default ``job.world``) directly (no supervisor, no restart) with
     torchrun's environment variables.
+
+    ``spares`` (default ``job.topology.spares``) = S > 0: S more processes, ranks ``nproc ..
+    nproc + S - 1``, run the worker directly as spares; every process gets ``WORLD_SIZE`` =
+    ``LOCAL_WORLD_SIZE`` = ``nproc + S`` and ``ACCELPACT_SPARES`` = S, and each training rank runs
+    under a keeper (``python -m accelpact.impl.keeper -- python -m accelpact.impl.worker ...``, its
+    worker a child in the keeper's process group), so ``on_start`` gets the keepers' processes for
+    ranks < ``nproc``.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares.
 
     The launcher hosts the TCPStore, so the store outlives any worker.  ``attempt`` sets
     ``TORCHELASTIC_RESTART_COUNT`` (to emulate a restart by calling again with attempt + 1).
@@ -350,24 +385,30 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
     import torch.distributed as dist
 
     n = _nproc(job, nproc)
+    s = _spares(job, spares)
+    total = n + s
     run = RunDir(job.out)
     if attempt == 0:
         run.clear()
     path = job.write()
     log = run.local_log(attempt)
     if store is None:
-        store = dist.TCPStore("127.0.0.1", 0, world_size=n + 1, is_master=True, wait_for_workers=False,
+        store = dist.TCPStore("127.0.0.1", 0, world_size=total + 1, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=max(timeout_s, 1)))
     port = store.port
     served = {STORE_PID_ENV: store.pid} if isinstance(store, StoreServer) else {}
+    with_spares = {SPARES_ENV: s} if s else {}
+    worker = [sys.executable, "-m", WORKER_MODULE, "--job", str(path)]
     with open(log, "ab") as logf, ProcessSet() as ps:
-        for rank in range(n):
+        for rank in range(total):
             env = worker_env({
-                "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n,
+                "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": total, "LOCAL_WORLD_SIZE": total,
                 "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True", **served,
+                "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True", **served, **with_spares,
             })
-            ps.start([sys.executable, "-m", WORKER_MODULE, "--job", str(path)], env=env, stdout=logf)
+            kept = s > 0 and rank < n  # a training rank of a job with spares: under its keeper
+            cmd = [sys.executable, "-m", KEEPER_MODULE, "--", *worker] if kept else worker
+            ps.start(cmd, env=env, stdout=logf)
         if on_start is not None:
             on_start(list(ps.procs))
         timed_out = ps.wait(timeout_s)
@@ -392,7 +433,7 @@ def run_restarting(job: Job, nproc: int | None = None, max_restarts: int = 1, ti
     res: LaunchResult | None = None
     for attempt in range(max_restarts + 1):
         left = max(1.0, timeout_s - (time.monotonic() - t0))
-        with StoreServer.start(n + 1, timeout_s=left) as server:
+        with StoreServer.start(n + job.topology.spares + 1, timeout_s=left) as server:
             res = run_local(job, n, timeout_s=left, attempt=attempt, store=server)
         if res.timed_out or all(c == 0 for c in res.codes):
             break
@@ -404,9 +445,11 @@ def run_restarting(job: Job, nproc: int | None = None, max_restarts: int = 1, ti
 # --------------------------------------------------------------------------------------- reference
 
 def job_key(job: Job) -> str:
-    """Cache key of a job's uninterrupted reference: workload, topology, backend (steps are in
-    workload), and the workload code itself (a cached reference from other code proves nothing)."""
+    """Cache key of a job's uninterrupted reference: workload, topology without spares, backend
+    (steps are in workload), and the workload code itself (a cached reference from other code proves
+    nothing)."""
     j = job.to_json()
+    j["topology"].pop("spares", None)  # spares take no part in an uninterrupted run
     basis: dict[str, Any] = {k: j[k] for k in ("topology", "workload", "backend")}
     src = Path(__file__).with_name("workload.py")
     basis["workload_code"] = hashlib.sha256(src.read_bytes()).hexdigest() if src.exists() else ""
@@ -420,9 +463,14 @@ def run_reference(job: Job, cache_dir: str | os.PathLike, timeout_s: float = 300
     Cached under ``cache_dir/ref-{job_key}``; a cached folder counts only if it has one final
     snapshot per rank and a ``DONE`` marker (so a killed reference run is redone, not trusted).
     ``launcher``: ``"local"`` (:func:`run_local`) or ``"torchrun"``.
+
+    The reference of a job with spares is the same job without them (spares take no part in an
+    uninterrupted run): it runs, and is cached under the key, of the spare-free job.
     """
     if launcher not in ("local", "torchrun"):
         raise LaunchError(f"launcher must be 'local' or 'torchrun', got {launcher!r}")
+    if job.topology.spares:
+        job = job.replace(topology=Topology(job.topology.nodes, job.topology.ranks_per_node))
     key = job_key(job)
     folder = Path(cache_dir) / f"ref-{key}"
     cached = RunDir(folder)
@@ -479,6 +527,39 @@ def l1_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
 
 def _span(t0, t1):
     return (t1 - t0) if t0 and t1 else None
+
+
+def swap_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
+    """One entry per hot swap (generation g) of ``attempt``: the dead ranks, the spare each took,
+    the replica that sent its state, the frontier F it resumed at, phase durations (max over ranks,
+    ms) and fault-to-frontier (the death's ``Fault*`` record until the last rank trained again at F;
+    needs ``"trace": true``).  Lost steps: 0 by construction of the check (F is the frontier of the
+    death, every rank resumes there: the worker records it)."""
+    by_gen: dict[int, dict] = {}
+    for (a, _r), r in res.results.items():
+        if a != attempt:
+            continue
+        swaps = r.get("swaps") or ([r["swapped_in"]] if r.get("swapped_in") else [])
+        for sw in swaps:
+            g = int(sw["generation"])
+            e = by_gen.setdefault(g, {"generation": g, "dead": sw["dead"], "spares": sw["spares"], "sources": {},
+                                      "frontier": sw["frontier"], "point": "", "durations_ms": {},
+                                      "t_fault": None, "t_frontier": None, "replayed_steps": 0})
+            e["sources"].update(sw.get("sources") or {})
+            e["point"] = sw.get("point") or e["point"]
+            for k, v in (sw.get("durations_ms") or {}).items():
+                e["durations_ms"][k] = max(e["durations_ms"].get(k, 0.0), v)
+            if r.get("t_fault") is not None:
+                e["t_fault"] = r["t_fault"] if e["t_fault"] is None else min(e["t_fault"], r["t_fault"])
+            if r.get("t_frontier") is not None and "swapped_in" not in r:
+                e["t_frontier"] = r["t_frontier"] if e["t_frontier"] is None else max(e["t_frontier"], r["t_frontier"])
+    out = []
+    for g in sorted(by_gen):
+        e = by_gen[g]
+        t0, t1 = e.pop("t_fault"), e.pop("t_frontier")
+        e["fault_to_frontier_s"] = (t1 - t0) if t0 is not None and t1 is not None else None
+        out.append(e)
+    return out
 
 
 def l2_episodes(res: LaunchResult) -> list[dict]:

@@ -93,6 +93,10 @@ class RevokedWhilePending(RuntimeError):
 #: repairs 1,089 ms, 0.2 s makes it 291 ms.
 REVOKE_GRACE_S = 0.2
 
+#: With spares: how long the failure detector's suspicion of a dead peer waits for the keeper's
+#: death notice before it ends the job (a process that is stopped, not dead, gets no notice).
+NOTICE_WAIT_S = 3.0
+
 
 def _reap(work, group) -> None:
     """Hold an abandoned op's group until the op ends (its own timeout at the latest): dropping
@@ -211,7 +215,7 @@ class Pact:
                  key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
                  strategy: ReplacementStrategy | None = None, step_deadline_s: float = DEFAULT_STEP_DEADLINE_S,
                  hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
-                 hang_threshold_s: float | None = None) -> None:
+                 hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
@@ -227,8 +231,10 @@ class Pact:
         self.deadline_s = deadline_s
         self.step_deadline_s = step_deadline_s
         self.hooks = hooks if hooks is not None else NO_HOOKS
-        self.gen = 0
+        self.gen = generation
         self.pc = PC_TRAIN
+        #: hot swap (jobs with spares): the keepers' death notices (:class:`accelpact.impl.hotswap.Notices`)
+        self.notices = notices
         self.reports: list[RecoveryReport] = []
         self.last_loss: float | None = None
         self._step = frontier
@@ -256,7 +262,7 @@ class Pact:
         # peer ends the job at once (RankSuspect) instead of at a deadline; built before any thread
         # starts (its store connection must not race the socket records of revoke.recorded)
         self.detector = Detector(control.store, self.rank, control.world_size, prefix=control.prefix,
-                                 on_suspect=self.watchdog.suspect, dead_after_s=dead_after_s,
+                                 on_suspect=self._on_suspect, dead_after_s=dead_after_s,
                                  hang_threshold_s=hang_threshold_s) if detect else None
         self.watchdog.start()
         if self.detector is not None:
@@ -322,6 +328,7 @@ class Pact:
             yield self
         except Exception as exc:  # noqa: BLE001 - any error in the step is an in-flight failure (C3 rule 1)
             point = self.guard.point if self.guard.point != "boundary" else "forward"
+            self._swap_if_died(point, exc)
             self._observe_in_flight(point, exc)
 
     def boundary(self, loss) -> RecoveryReport | None:
@@ -374,7 +381,9 @@ class Pact:
         try:
             or_allreduce(self.groups.control, flag)
         except RuntimeError as exc:
-            # the out-of-band control group failed: a peer is gone; not repairable in place
+            # the out-of-band control group failed: a peer is gone; not repairable in place, unless
+            # it died and a spare can take its identity
+            self._swap_if_died("boundary", exc)
             self._fail(exc)
         return [i for i, v in enumerate(flag.tolist()) if v]
 
@@ -416,6 +425,60 @@ class Pact:
             # the raised error's traceback keeps this frame: it must not keep the op (and through
             # it the old group's sockets and threads) alive until the next garbage collection
             del work
+
+    # ---- hot swap (spec/hotswap.md) ---------------------------------------------------------------
+    def _swap_if_died(self, point: str, exc: BaseException) -> None:
+        """With spares: if a keeper posted a death notice (waiting up to ``hotswap.NOTICE_GRACE_S``
+        for one), record the observation (``RankObserve``) and raise :class:`~accelpact.impl.hotswap.SwapNeeded`
+        for the training loop to run the swap; otherwise return (the failure takes its usual path)."""
+        if self.notices is None:
+            return
+        from .hotswap import SwapNeeded
+
+        try:
+            dead = self.notices.wait_new()
+        except Exception:  # noqa: BLE001 - store lost: the usual path (RankLoseStore)
+            return
+        if not dead:
+            return
+        self.watchdog.disarm()
+        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
+                  {"error": repr(exc)[:300], "dead": list(dead), "swap": True})
+        raise SwapNeeded(point, dead, exc) from exc
+
+    def _on_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
+        """The detector's suspicion: a peer whose death a keeper noticed is excused (a hot swap takes
+        its identity, P16.6); otherwise the watchdog ends the job (``RankSuspect``)."""
+        if self.notices is not None and kind == "dead":
+            # the keeper posts within milliseconds of a crash; a stopped process gets no notice
+            deadline = time.monotonic() + NOTICE_WAIT_S
+            while True:
+                try:
+                    dead = self.notices.read(self.notices.count())
+                except Exception:  # noqa: BLE001 - store lost: the watchdog's abort loop handles it
+                    dead = ()
+                if peer in dead:
+                    self.trace.note("suspect-excused", peer=peer, kind=kind)
+                    return
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        self.watchdog.suspect(peer, kind, detected_at_ns)
+
+    def suspend(self) -> None:
+        """Before a hot swap: no step deadline and no failure detector (the swap's waits are bounded
+        by the phase deadline); the watchdog still exits this rank on a job abort."""
+        self.watchdog.disarm()
+        if self.detector is not None:
+            self.detector.close(timeout_s=0)
+
+    def retire(self) -> None:
+        """After a hot swap: this engine (generation g) gives way to the next one on the rebuilt model;
+        its threads stop, its hooks go; the trace goes on."""
+        self._closed = True
+        self.watchdog.stop()
+        self.guard.remove()
+        self._pg = None
 
     # ---- the phase loop --------------------------------------------------------------------------
     def _recover(self, failed: list[int], t0: int, t_obs: int, err: BaseException | None) -> RecoveryReport:
@@ -770,7 +833,7 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
            key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
            strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
            hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
-           hang_threshold_s: float | None = None) -> Pact:
+           hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None) -> Pact:
     """Discover R's cached references once, install the guard, start the watchdog.
 
     ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
@@ -780,4 +843,5 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
     return Pact(module, optimizer, groups=groups, control=control, trace=trace, envelope=envelope, key=key,
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
                 step_deadline_s=step_deadline_s if step_deadline_s is not None else default_step_deadline(deadline_s),
-                detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s)
+                detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s, generation=generation,
+                notices=notices)

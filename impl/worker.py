@@ -25,6 +25,7 @@ records the exit code in its result file just before (see :func:`_record_exits`)
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -73,8 +74,8 @@ def _jsonable(x: Any) -> Any:
 class ResultFile:
     """``result-a{attempt}-r{rank}.json``, rewritten atomically (temp + rename) on every update."""
 
-    def __init__(self, out: Path, attempt: int, rank: int, base: dict) -> None:
-        self.path = RunDir(out).result(attempt, rank)
+    def __init__(self, out: Path, attempt: int, rank: int, base: dict, path: Path | None = None) -> None:
+        self.path = path or RunDir(out).result(attempt, rank)
         self.data = dict(base)
         self._lock = threading.Lock()
         #: fields computed when the process exits: the engine's state can be ahead of the last
@@ -160,6 +161,20 @@ def _result_frontier(run: RunDir, attempt: int, rank: int) -> int | None:
     return f if isinstance(f, int) else None
 
 
+def _record_swaps(result: "ResultFile", training: Any, seen: int, run: RunDir, attempt: int, traced: bool) -> int:
+    """The swaps since ``seen`` into the result file (``swaps``: dead rank, spare, replica source,
+    point; ``t_fault``/``t_frontier``: the death and the resume at F, for fault-to-frontier)."""
+    now = time.monotonic()
+    new = [_jsonable(r) for r in training.swaps[seen:]]
+    changes: dict[str, Any] = {"swaps": result.data.get("swaps", []) + new, "t_frontier": now,
+                               "frontier": training.frontier}
+    if traced and new:
+        t_f = run.fault_time_ns(attempt, gen=new[-1]["generation"])
+        changes["t_fault"] = None if t_f is None else t_f / 1e9
+    result.update(**changes)
+    return len(training.swaps)
+
+
 def run_job(job: Job) -> int:
     """Run one rank of ``job`` to the end; return the exit code (0 when training finished).
 
@@ -178,6 +193,7 @@ def run_job(job: Job) -> int:
     world = int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     topo, wl = job.topology, job.workload
+    world -= topo.spares  # the launcher's last `spares` processes are the job's spares
     if topo.world != world:
         raise JobError(f"topology {topo.nodes}x{topo.ranks_per_node} does not match WORLD_SIZE={world}; "
                        "launch with --nproc-per-node nodes*ranks_per_node")
@@ -185,12 +201,13 @@ def run_job(job: Job) -> int:
     out = run.path
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
+    spare_path = out / f"spare{rank - world}-result-a{attempt}.json" if rank >= world else None
     result = ResultFile(out, attempt, rank, {
         "scenario": job.scenario, "attempt": attempt, "restart_count": attempt, "rank": rank, "world": world,
         "outcome": "running", "exit_code": None, "frontier": None, "start_step": 0, "resumed_from": None,
         "replayed_steps": 0, "reports": [], "checkpoints": [], "t_start": t_start,
         "t_ready": None, "t_fault": None, "t_frontier": None, "pid": os.getpid(),
-    })
+    }, path=spare_path)
     result.update()
     _record_exits(result)
 
@@ -200,39 +217,74 @@ def run_job(job: Job) -> int:
     aj = api.init(job.backend, replicas=topo.nodes, deadline_s=job.deadline_s,
                   collective_timeout_s=job.collective_timeout_s, pg_timeout_s=job.pg_timeout_s,
                   step_deadline_s=job.step_deadline_s, trace_dir=str(out) if job.trace else None,
-                  envelope=job.envelope, env={k: v for k, v in os.environ.items() if not k.startswith("ACCELPACT_")})
+                  envelope=job.envelope, spares=topo.spares,
+                  env={k: v for k, v in os.environ.items() if not k.startswith("ACCELPACT_")})
     spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed)
-    app = workload.build_job(spec, topo, workload.groups_of(aj))
-
-    faults = job.faults_for_attempt(attempt)
-    hooks = Hooks(injector=FaultInjector(FaultPlan(faults)) if faults else None, seeded_bug=job.seeded_bug)
     kind = wrapper(spec.wrapper).recovers
-    header = dict(affected=_failing_group(job, kind, topo.group(kind, rank)), scenario=job.scenario, seed=wl.seed)
-    training = aj.attach(app.module, app.optimizer, checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
-                         extra_state=lambda: app.cursor, trace_header=header, hooks=hooks)
-    pact = training.pact
+    holder: dict[str, Any] = {}
+
+    def build(tj: Any, extra: Any) -> tuple[Any, Any]:
+        """The workload on the job's current groups (at attach, and again after a hot swap)."""
+        app = workload.build_job(spec, topo, workload.groups_of(tj))
+        if extra is not None:
+            app.cursor = copy.deepcopy(extra)
+            app.step = app.cursor.kappa
+        holder["app"] = app
+        return app.module, app.optimizer
+
+    # a spare injects nothing: the job's faults name the processes it started with (a crash at step s
+    # of rank r strikes r's first process, not the spare that reruns step s under r's identity)
+    faults = job.faults_for_attempt(attempt) if rank < world else ()
+    hooks = Hooks(injector=FaultInjector(FaultPlan(faults)) if faults else None, seeded_bug=job.seeded_bug)
+    if aj.spare is not None:  # an idle spare reports under its own name (spare_path), not under a rank's
+        result.update(spare=aj.spare, outcome="spare-idle")
+        rank = -1
+    header = dict(affected=_failing_group(job, kind, topo.group(kind, max(rank, 0))), scenario=job.scenario, seed=wl.seed)
+    training = aj.attach(checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
+                         extra_state=lambda: holder["app"].cursor, trace_header=header, hooks=hooks, rebuild=build)
+    if training is None:  # a spare the job never needed
+        result.update(outcome="finished", exit_code=0, t_end=time.monotonic(), spare_used=False)
+        return 0
+    if aj.spare is None and training.spare_index is not None:  # a spare that took a dead rank's identity
+        rank = aj.rank
+        result.update(outcome="swapped-in", identity=rank, t_end=time.monotonic())
+        result = ResultFile(out, attempt, rank, {**result.data, "rank": rank, "outcome": "running", "pid": os.getpid(),
+                                                 "swapped_in": _jsonable(training.swaps[-1]), "frontier": training.frontier,
+                                                 "start_step": training.start_step, "t_ready": time.monotonic()})
+        result.update()
+        _record_exits(result)
+    app = holder["app"]
     setattr(app.groups, kind, None)  # the engine owns R now: no second reference keeps generation 0's alive
     start = training.start_step
-    if training.restored_extra is not None:
+    if training.restored_extra is not None and training.spare_index is None:
         app.cursor = training.restored_extra
     app.step = start
     prev_f = _previous_frontier(aj, run)
     replayed = max(0, (prev_f or 0) - start) if attempt > 0 else 0
     t_fault_ns = run.fault_time_ns(attempt - 1) if attempt > 0 else None
-    result.update(start_step=start, resumed_from=training.resumed_from, replayed_steps=replayed, frontier=start,
-                  t_fault=None if t_fault_ns is None else t_fault_ns / 1e9, t_ready=time.monotonic())
+    if training.spare_index is None:
+        result.update(start_step=start, resumed_from=training.resumed_from, replayed_steps=replayed, frontier=start,
+                      t_fault=None if t_fault_ns is None else t_fault_ns / 1e9, t_ready=time.monotonic())
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # under torchrun (see _on_supervisor_stop)
         _on_supervisor_stop()
-    result.at_exit["frontier"] = lambda: pact.guard.frontier
+    result.at_exit["frontier"] = lambda: training.pact.guard.frontier
 
     # committed steps go to an append-only file, one line each (O(1) per step, however long the run);
     # the result file is rewritten only with what stays bounded (RunDir.results() merges the two)
     steps_file = open(run.steps(attempt, rank), "a", buffering=1)
+    swaps = len(training.swaps)
     for step in training.steps(wl.steps):
+        loss = None
         with training.step(step):
-            loss = workload.train_step(app, step)
+            loss = workload.train_step(holder["app"], step)
+        if training.discarded:  # a hot swap discarded the step: the model was rebuilt, the step comes again
+            swaps = _record_swaps(result, training, swaps, run, attempt, job.trace)
+            continue
         saved = len(training.saved)
         report = training.boundary(loss)
+        pact = training.pact
+        if len(training.swaps) > swaps:  # a swap at the boundary: the step was committed before it
+            swaps = _record_swaps(result, training, swaps, run, attempt, job.trace)
         frontier = step + 1
         now = time.monotonic()
         value = float(pact.last_loss) if pact.last_loss is not None else float(loss)
@@ -250,6 +302,8 @@ def run_job(job: Job) -> int:
                 {"step": at, "seconds": took} for at, took in training.saved[saved:]]
         result.update(**changes)
     steps_file.close()
+    app = holder["app"]
+    pact = training.pact
 
     snap = workload.snapshot(app)
     final = run.final(rank)

@@ -1,0 +1,578 @@
+"""Hot swap (issue 13): a dead rank's identity taken by a spare, its state from a live replica, the
+uncommitted step discarded and rerun.  spec/protocol.md section 11 (the model's actions), spec/hotswap.md
+(this implementation).
+
+Who does what (read beside ``model/protocol.py``'s hot-swap actions):
+
+* The **keeper** (:mod:`accelpact.impl.keeper`, the process the launcher sees in place of a
+  training rank) is the failure detector of a crash: it sees its worker die (``waitpid``), posts a
+  *death notice* on the store (:func:`accelpact.impl.keeper.post_death`) and keeps the launcher from
+  taking one rank's death for the job's.
+* Every survivor's :class:`SwapWatcher` wakes on a notice and shuts down the sockets of every group
+  of its rank (the revoke of every communicator at once), so no survivor stays blocked on a live
+  peer that has left the step.  The engine's step and boundary then meet a failed collective and,
+  seeing the notice (:meth:`Notices.wait_new`), raise :class:`SwapNeeded` (model ``RankObserve``)
+  instead of taking the L2 path.
+* :class:`Swap` runs the episode on a survivor (``survivor``) or a spare (``spare``), in the model's
+  order: the decision (:func:`accelpact.model.hotswap.decide`, the contract extended with the facts),
+  ``RankClaimSpare`` (single assignment ``g{g}/spare/{dead}``; the pool is ``swap/next``),
+  ``SpareJoin``, ``RankDiscardStep``, the agreement on (F, g) over all of W (the spare arrives under
+  the dead identity with the F its predecessor published at its last commit), every group rebuilt in
+  generation g+1 (default group, control, checkpoint, shard, replicate, world; ``RankReplace``), the
+  model rebuilt on them by the user's ``rebuild`` factory, ``RankTransferState`` (a live replica
+  broadcasts its shard and optimizer state on the new group of R's kind), ``RankValidate`` (the
+  replicas' state checksums on every new group of R's kind), the release (``RankReady``,
+  ``RankDecideRelease``) and ``RankResume`` in g+1 with a fresh engine.
+* The discard is a *rebuild*: the survivors' committed state (parameters and optimizer state, which
+  a step in forward or backward has not touched) is moved into a freshly built wrapper, which is idle
+  by construction; gradients and the wrapper's runtime state of the step (FSDP's handles and hooks
+  mid-backward, DDP's reducer) go with the old one.  RNG and data cursor come back to F from the
+  state published at F.  Rebinding cached references, as an L1 repair does, cannot return a wrapper
+  interrupted mid-backward to idle on every wrapper; building a new one can, and the spare needs
+  exactly that code path anyway.
+
+Store keys (under the attempt's namespace): ``accelpact/swap/deaths`` and ``accelpact/swap/death/{n}``
+(the keeper's notices), ``accelpact/swap/next`` (spares taken), ``accelpact/g{g}/spare/{dead}``
+(the claim: a spare's index, or ``none``), ``accelpact/swap/assign/{k}`` (``{dead}:{g}``, what spare k
+waits for), ``accelpact/swap/state/r{rank}`` (F, RNG and extra state at the rank's last commit).
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import pickle
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .keeper import DEATHS_KEY, death_key
+
+__all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "claim", "export_state", "import_state",
+           "publish_state", "read_state", "rebuild_groups", "run_episode", "transfer", "validate", "wait_for_claim"]
+
+#: After a failure, how long a survivor waits for a death notice before it takes the failure for an
+#: ordinary one (L2 as before).  The keeper posts within milliseconds of the death (``waitpid``).
+NOTICE_GRACE_S = 3.0
+#: After the first notice, how long before the dead set is read: a concurrent crash (FailBench F2)
+#: is noticed by its own keeper a few milliseconds later.
+SETTLE_S = 0.3
+
+NEXT_KEY = "accelpact/swap/next"
+
+
+def assign_key(k: int) -> str:
+    return f"accelpact/swap/assign/{k}"
+
+
+def claim_key(g: int, dead: int) -> str:
+    return f"accelpact/g{g}/spare/{dead}"
+
+
+def state_key(rank: int) -> str:
+    return f"accelpact/swap/state/r{rank}"
+
+
+class SwapError(RuntimeError):
+    """The swap could not complete (no spare, a missing peer, a transfer or validation failure)."""
+
+
+class SwapNeeded(Exception):
+    """Raised out of the engine's step or boundary: a rank died and the job has spares.  Not an
+    error of the caller's: :class:`~accelpact.impl.api.Training` catches it and runs the swap."""
+
+    def __init__(self, point: str, dead: tuple[int, ...], error: BaseException | None) -> None:
+        super().__init__(f"rank(s) {list(dead)} died ({point}): hot swap")
+        self.point, self.dead, self.error = point, dead, error
+
+
+@dataclass
+class SwapRecord:
+    """One swap as the run's result names it."""
+
+    generation: int
+    point: str
+    dead: list[int]
+    spares: dict[int, int]          # dead rank -> spare index
+    sources: dict[int, int]         # dead rank -> the replica that sent its state
+    frontier: int
+    role: str                       # "survivor" or "spare"
+    durations_ms: dict[str, float] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------- notices
+class Notices:
+    """The keepers' death notices (``swap/deaths``, ``swap/death/{n}``), read in order."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.seen = 0  # notices handled by an earlier swap of this rank
+
+    def count(self) -> int:
+        return int(self.store.add(DEATHS_KEY, 0))
+
+    def read(self, upto: int) -> tuple[int, ...]:
+        return tuple(int(self.store.get(death_key(n)).decode()) for n in range(self.seen + 1, upto + 1))
+
+    def wait_new(self, grace_s: float = NOTICE_GRACE_S, settle_s: float = SETTLE_S) -> tuple[int, ...]:
+        """The ranks with a notice not yet handled; waits up to ``grace_s`` for the first, then
+        ``settle_s`` for concurrent ones.  Empty: no rank died (the failure is an ordinary one)."""
+        deadline = time.monotonic() + grace_s
+        n = self.count()
+        while n <= self.seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+            n = self.count()
+        if n <= self.seen:
+            return ()
+        time.sleep(settle_s)
+        n = self.count()
+        try:
+            self.store.wait([death_key(n)], datetime.timedelta(seconds=5))
+        except Exception:  # noqa: BLE001 - the keeper's set follows its add at once; read what is there
+            pass
+        return tuple(sorted(set(self.read(n))))
+
+    def handled(self, n: int) -> None:
+        self.seen = max(self.seen, n)
+
+
+class SwapWatcher:
+    """A thread that waits for the next death notice and then shuts down the sockets of every
+    group of this rank (``records``: socket records, :func:`accelpact.impl.revoke.hard_close`), so
+    that no survivor stays blocked in a collective with a live peer that left the step.  It revokes
+    once per notice; :meth:`stop` ends it within a slice."""
+
+    def __init__(self, store: Any, records: Callable[[], list], seen: int, slice_s: float = 0.02) -> None:
+        self.store = store.clone() if hasattr(store, "clone") else store
+        self.records = records
+        self.next = seen + 1
+        self.slice_s = slice_s
+        self.revoked: list[tuple[int, int]] = []  # (notice, sockets closed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="accelpact-swap-watcher", daemon=True)
+
+    def start(self) -> "SwapWatcher":
+        self._thread.start()
+        return self
+
+    def stop(self, join: bool = True) -> None:
+        self._stop.set()
+        if join and self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=self.slice_s * 10)
+
+    def _run(self) -> None:
+        from . import revoke
+
+        # polled with check(): a store wait that times out logs a c10d warning each time
+        while not self._stop.wait(self.slice_s):
+            try:
+                if not self.store.check([death_key(self.next)]):
+                    continue
+            except Exception:  # noqa: BLE001 - store lost: the watchdog handles it
+                continue
+            closed = sum(revoke.hard_close(rec) for rec in self.records() if rec is not None)
+            self.revoked.append((self.next, closed))
+            self.next += 1
+
+
+# ------------------------------------------------------------------------------------- state at F
+def publish_state(store: Any, rank: int, frontier: int, extra: Any) -> dict:
+    """At each committed boundary (jobs with spares): what the spare that may take this identity
+    needs beyond the replica's shard: F, the RNG state and the caller's extra state (the data cursor).
+    Returns the published record (the survivor's own copy, for its discard)."""
+    import torch
+
+    rec = {"frontier": int(frontier), "rng": torch.get_rng_state(), "extra": extra}
+    buf = io.BytesIO()
+    torch.save(rec, buf)
+    store.set(state_key(rank), buf.getvalue())
+    return rec
+
+
+def read_state(store: Any, rank: int) -> dict | None:
+    import torch
+
+    if not store.check([state_key(rank)]):
+        return None
+    return torch.load(io.BytesIO(store.get(state_key(rank))), weights_only=False)
+
+
+# ------------------------------------------------------------------------------------- the spare's wait
+def wait_for_claim(store: Any, k: int, abort_key: str, timeout_s: float, slice_s: float = 0.05) -> tuple[int, int] | str:
+    """Spare ``k`` idles on the control plane until a survivor assigns it a dead identity
+    (``(dead, g)``) or the job ends (the abort key's value: ``closed``, or an abort reason)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        # polled with check(): a store wait that times out logs a c10d warning each time
+        if store.check([assign_key(k)]):
+            dead, g = store.get(assign_key(k)).decode().split(":")
+            return int(dead), int(g)
+        if store.check([abort_key]):
+            return store.get(abort_key).decode()
+        time.sleep(slice_s)
+    return "deadline"
+
+
+# ------------------------------------------------------------------------------------- the state itself
+def _local(t: Any) -> Any:
+    """A tensor's local storage: a DTensor's local shard, a plain tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def _shard(p: Any) -> Any:
+    """A parameter's committed local shard, also mid-step: an FSDP1 flat parameter's ``_local_shard``
+    (its ``.data`` is the unsharded parameter between forward and backward), an FSDP2 parameter's
+    DTensor local shard (the optimizer's parameter; unsharding gathers into other storage), a plain
+    parameter itself."""
+    shard = getattr(p, "_local_shard", None)
+    return shard if shard is not None else _local(p)
+
+
+def _params(optimizer: Any) -> list:
+    """The parameters as the optimizer holds them (the sharded ones), in its order."""
+    return [p for grp in optimizer.param_groups for p in grp["params"]]
+
+
+def export_state(module: Any, optimizer: Any) -> tuple[dict, list]:
+    """This rank's committed state as (manifest, tensors): parameters' local shards in the optimizer's
+    order and buffers in ``named_buffers`` order, then every optimizer state tensor by parameter index
+    and key.  The manifest holds the rest (shapes, dtypes, scalars, hyper-parameters): what
+    :func:`import_state` needs to rebuild it in another wrapper built the same way."""
+    params = _params(optimizer)
+    tensors = [_shard(p).detach() for p in params] + [b.detach() for _, b in module.named_buffers()]
+    index = {id(p): i for i, p in enumerate(params)}
+    state: dict[int, dict] = {}
+    for p, st in optimizer.state.items():
+        i = index[id(p)]
+        entry: dict[str, tuple] = {}
+        for key in st:  # insertion order: the optimizer's own (state_dict() compares it)
+            v = st[key]
+            if hasattr(v, "shape") and hasattr(v, "dtype"):
+                loc = _local(v).detach()
+                entry[key] = ("t", str(loc.dtype), tuple(loc.shape), hasattr(v, "_local_tensor"), str(loc.device))
+                tensors.append(loc)
+            else:
+                entry[key] = ("v", v)
+        state[i] = entry
+    groups = [{k: v for k, v in grp.items() if k != "params"} for grp in optimizer.param_groups]
+    manifest = {"params": [(str(t.dtype), tuple(t.shape)) for t in tensors[:len(params)]],
+                "buffers": [(str(b.dtype), tuple(b.shape)) for _, b in module.named_buffers()],
+                "state": {i: state[i] for i in sorted(state)}, "groups": groups}
+    return manifest, tensors
+
+
+def state_slots(manifest: dict, device: Any) -> list:
+    """Empty tensors shaped as a manifest's, in its order (what a spare receives into)."""
+    import torch
+
+    out = [torch.empty(shape, dtype=getattr(torch, dt.split(".")[-1]), device=device) for dt, shape in manifest["params"]]
+    out += [torch.empty(shape, dtype=getattr(torch, dt.split(".")[-1]), device=device) for dt, shape in manifest["buffers"]]
+    for i in manifest["state"]:
+        for key in manifest["state"][i]:
+            spec = manifest["state"][i][key]
+            if spec[0] == "t":
+                dev = device if spec[4] != "cpu" else "cpu"  # e.g. Adam's step counter stays on the CPU
+                out.append(torch.empty(spec[2], dtype=getattr(torch, spec[1].split(".")[-1]), device=dev))
+    return out
+
+
+def import_state(module: Any, optimizer: Any, manifest: dict, tensors: list) -> None:
+    """Load (manifest, tensors) from :func:`export_state` into a wrapper built the same way and its
+    fresh optimizer: parameters and buffers copied into their local storage, the optimizer state
+    rebuilt on the new parameters (a DTensor state on the parameter's new mesh and placements)."""
+    import torch
+
+    params = _params(optimizer)
+    buffers = [b for _, b in module.named_buffers()]
+    if len(params) != len(manifest["params"]) or len(buffers) != len(manifest["buffers"]):
+        raise SwapError(f"state transfer: the rebuilt model has {len(params)} parameters and {len(buffers)} buffers, "
+                        f"the state has {len(manifest['params'])} and {len(manifest['buffers'])}: rebuild it as it was built")
+    it = iter(tensors)
+    with torch.no_grad():
+        for p in list(params) + list(buffers):
+            src = next(it)
+            dst = _shard(p)
+            if dst.shape != src.shape:
+                raise SwapError(f"state transfer: local shape {tuple(dst.shape)} vs {tuple(src.shape)}")
+            dst.copy_(src)
+        order = params
+        optimizer.state.clear()
+        for i, entry in manifest["state"].items():
+            p = order[int(i)]
+            st: dict = {}
+            for key in entry:
+                spec = entry[key]
+                if spec[0] == "v":
+                    st[key] = spec[1]
+                    continue
+                loc = next(it).clone()
+                if spec[3]:
+                    from torch.distributed.tensor import DTensor
+
+                    st[key] = DTensor.from_local(loc, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                                 stride=p.stride())
+                else:
+                    st[key] = loc
+            optimizer.state[p] = st
+        for grp, saved in zip(optimizer.param_groups, manifest["groups"], strict=True):
+            grp.update(saved)
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return pickle.dumps(manifest)
+
+
+# ------------------------------------------------------------------------------------- the episode
+_GRAVEYARD: list = []  # the survivors' old groups: never destroyed (a gloo group with a dead peer may block in teardown)
+
+
+def claim(store: Any, g: int, dead: int, spares: int) -> int | None:
+    """RankClaimSpare for ``dead`` in generation ``g``: the first survivor to claim takes one spare
+    from the pool (``swap/next``) and writes its index into ``g{g}/spare/{dead}`` (single
+    assignment), then tells the spare (``swap/assign/{k}``).  Every survivor returns the claim that
+    stands (None: no spare left)."""
+    key = claim_key(g, dead)
+    if int(store.add(f"accelpact/g{g}/claimers/{dead}", 1)) == 1:
+        k = int(store.add(NEXT_KEY, 1)) - 1
+        value = str(k) if k < spares else "none"
+        stood = store.compare_set(key, "", value).decode()
+        if stood == value and value != "none":
+            store.set(assign_key(k), f"{dead}:{g}")
+    store.wait([key], datetime.timedelta(seconds=30))
+    v = store.get(key).decode()
+    return None if v == "none" else int(v)
+
+
+def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
+    """RankReplace for every group of the job (``RankReplace`` of the model's R, and with it the
+    default group, the control and checkpoint groups, shard, replicate and world): built in generation
+    ``g_next`` by the members only, under ``accelpact/g{g_next}/swap/<name>`` (the generation fences
+    every older member out), in one fixed order on every rank, registered with c10d; the new default
+    group installed.  ``job`` (a :class:`~accelpact.impl.api.TrainingJob`) is updated in place; its
+    old groups are unregistered and kept, never destroyed.  ``held``: further old groups of this rank
+    (R, which the engine holds rather than the job)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from .adapters.base import unregister_group
+    from .backends import backend
+
+    be, gloo = backend(job.backend), backend("gloo")
+    s, rank, topo = job.settings, job.rank, job.topology
+    pre = f"accelpact/g{g_next}/swap/"
+    world = list(range(job.world))
+
+    def make(b: Any, name: str, members: list[int], timeout_s: float) -> tuple[Any, Any]:
+        pg, rec = b.build_group(dist.PrefixStore(pre + name, job.attempt_store), members.index(rank), len(members),
+                                name=pre + name, global_ranks=members,
+                                device=job.device if b.device_type != "cpu" else None,
+                                connect_timeout_s=s.deadline_s, timeout_s=timeout_s)
+        b.register(pg, pre + name, members, job.attempt_store)
+        return pg, rec
+
+    training = [*job.groups.values(), *held]
+    old = [c10d._world.default_pg, job.control_group, job.checkpoint_group, *training]
+    for pg in training:
+        be.abort(pg)  # NCCL: the old communicators' kernels end before new ones take the device (gloo: nothing)
+    default, _ = make(be, "default", world, s.pg_timeout_s)
+    control, control_rec = make(gloo, "control", world, max(s.deadline_s, 1.0))
+    checkpoint, _ = make(gloo, "checkpoint", world, s.pg_timeout_s)
+    groups: dict[str, Any] = {}
+    records: dict[str, Any] = {}
+    for kind in ("shard", "replicate", "world"):
+        for i, members in enumerate(topo.groups_of_kind(kind)):
+            if rank in members:
+                groups[kind], records[kind] = make(be, f"{kind}{i}", list(members), s.collective_timeout_s)
+    for pg in old:
+        if pg is not None:
+            unregister_group(pg)
+            _GRAVEYARD.append(pg)
+    c10d._update_default_pg(default)
+    job.control_group, job.checkpoint_group = control, checkpoint
+    job.groups, job.records, job._mesh = groups, records, None
+    job.control_record = control_rec
+    job.generation = g_next
+
+
+def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    from .backends import wait_bounded
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    for t in tensors:
+        wait_bounded(pg.broadcast([t], opts), timeout_s)
+
+
+def transfer(pg: Any, members: tuple[int, ...], source: int, rank: int, module: Any, optimizer: Any,
+             device: Any, timeout_s: float) -> int:
+    """RankTransferState on the new group of R's kind of a dead identity: ``source`` (a live replica)
+    broadcasts its manifest and then its state tensors; the spare loads them into its rebuilt model
+    (:func:`import_state`), any other member receives and drops them.  Returns the bytes moved."""
+    import torch
+
+    root = members.index(source)
+    if rank == source:
+        manifest, tensors = export_state(module, optimizer)
+        blob = torch.frombuffer(bytearray(manifest_bytes(manifest)), dtype=torch.uint8)
+        size = torch.tensor([blob.numel()], dtype=torch.int64)
+    else:
+        size = torch.zeros(1, dtype=torch.int64)
+    from .backends import backend_of
+
+    b = backend_of(pg)
+    _broadcast(pg, [b.place(size, pg)], root, timeout_s)
+    if rank != source:
+        blob = torch.empty(int(size[0]), dtype=torch.uint8)
+    moved = b.place(blob, pg)
+    _broadcast(pg, [moved], root, timeout_s)
+    if rank != source:
+        manifest = pickle.loads(moved.cpu().numpy().tobytes())
+        tensors = state_slots(manifest, device)
+    _broadcast(pg, tensors, root, timeout_s)
+    if rank != source and module is not None:
+        import_state(module, optimizer, manifest, tensors)
+    return int(size[0]) + sum(t.numel() * t.element_size() for t in tensors)
+
+
+def validate(pg: Any, members: tuple[int, ...], rank: int, module: Any, optimizer: Any, timeout_s: float) -> str:
+    """RankValidate on a new group of R's kind: an all-reduce that counts the members, then every
+    member's state checksum compared (:func:`accelpact.impl.digest.state_checksum`); raises
+    :class:`SwapError` naming the ranks that differ.  Returns this rank's checksum (hex)."""
+    import torch
+
+    from .backends import backend_of, wait_bounded
+    from .digest import checksum_hex, state_checksum
+
+    device = backend_of(pg).device_for(pg)
+    one = torch.ones(1, device=device)
+    wait_bounded(pg.allreduce([one]), timeout_s)
+    if int(one[0]) != len(members):
+        raise SwapError(f"validation all-reduce gave {int(one[0])}, expected {len(members)}")
+    mine = state_checksum(module, optimizer, device)
+    outs = [torch.empty_like(mine) for _ in members]
+    wait_bounded(pg.allgather([outs], [mine]), timeout_s)
+    differing = [members[i] for i, o in enumerate(outs) if not torch.equal(o, mine)]
+    if differing:
+        raise SwapError(f"after the swap, replica checksums differ from rank {rank}'s on rank(s) {differing}")
+    return checksum_hex(mine)
+
+
+def _exit_on(cp: Any, trace: Any, g: int, reason: str, action: str, detail: dict) -> None:
+    """Fail-stop inside a swap: record ``action``, write the job abort (every other rank follows,
+    through its watchdog or its own wait), exit with the reason's code."""
+    from accelpact.model.state import PC_EXITED
+
+    from .exitcodes import claim_exit, code_for, exit_now
+
+    claim_exit()
+
+    def record() -> None:
+        trace.action(action, g, "fail", {"pc": PC_EXITED, "reason": reason}, detail)
+        try:
+            cp.abort(reason)
+        except Exception:  # noqa: BLE001 - store lost: peers' watchdogs exit on their own
+            pass
+
+    exit_now(code_for(reason), reason, trace, record=record, claimed=True)
+
+
+def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead: tuple[int, ...], claims: dict[int, int],
+                rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any, rng: Any, trace: Any,
+                old: tuple[Any, Any] | None = None, held: tuple = ()) -> tuple[Any, Any, SwapRecord]:
+    """The swap after the claim, on a survivor (``old``: its module and optimizer) or the spare
+    (``old`` None; ``job`` already carries the dead identity): agreement on (F, g) over all of W,
+    every group rebuilt in g+1, the model rebuilt by ``rebuild(job, extra)`` with RNG ``rng``, the
+    survivor's own committed state moved into it, each dead identity's state sent by a live replica
+    on the new group of R's kind (``Wrapper.recovers``), validation there, the release.  Returns the new module,
+    optimizer and the record.  Any failure ends this rank (and, through the abort, the job: L2)."""
+    import torch
+
+    from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_ARRIVED, PC_READY,
+                                       PC_REBOUND, PC_REPLACED, PC_VALIDATED, REASON_DEADLINE, REASON_EXCEPTION)
+
+    from .controlplane import ControlPlane
+
+    cp = ControlPlane(job.attempt_store, job.rank, job.world, prefix="accelpact/")
+    s, rank, topo = job.settings, job.rank, job.topology
+    t: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        t[name] = round((now - mark) * 1e3, 3)
+        mark = now
+
+    sources: dict[int, int] = {}
+    kind = "replicate"
+    try:
+        count, last = cp.arrive(g, frontier)
+        trace.action("RankArrive", g, "ok", {"pc": PC_ARRIVED, "frontier": frontier}, {"count": count, "last": last, "swap": True})
+        if last:
+            dec = cp.decide_agreement(g)
+            trace.action("RankDecideAgreement", g, "ok" if dec == DECISION_COMMIT else "fail", {"pc": PC_ARRIVED}, {"decision": dec})
+        dec = cp.await_agreement(g, time.monotonic() + s.deadline_s)
+        if dec != DECISION_COMMIT:
+            reason = dec.split(":", 1)[-1]
+            _exit_on(cp, trace, g, reason, "RankExit", {"decision": dec})
+        trace.action("RankAwaitAgreement", g, "ok", {"pc": PC_AGREED}, {"decision": dec})
+        lap("agree")
+        rebuild_groups(job, g + 1, held)
+        lap("replace")
+        module, optimizer = rebuild(job, extra)
+        from .wrappers import wrapper_of
+
+        kind = wrapper_of(module).recovers
+        trace.action("RankReplace", g, "ok", {"pc": PC_REPLACED, "comm": f"accelpact/g{g + 1}/swap/{kind}"},
+                     {"groups": sorted(job.groups) + ["default", "control", "checkpoint"], "swap": True})
+        torch.set_rng_state(rng)
+        if old is not None:  # RankDiscardStep's effect: the committed state, in a wrapper that is idle
+            manifest, tensors = export_state(*old)
+            import_state(module, optimizer, manifest, tensors)
+            old = None
+        trace.action("RankRebind", g, "ok", {"pc": PC_REBOUND, "refs_stale": 0}, {"rebuilt": True})
+        lap("rebuild")
+        moved = 0
+        done: set[tuple[int, ...]] = set()
+        for d in dead:
+            members = topo.group(kind, d)
+            if rank not in members or members in done:
+                continue
+            done.add(members)
+            live = [m for m in members if m not in dead]
+            src = live[0]
+            for x in members:
+                if x in dead:
+                    sources[x] = src
+            holds = rank in dead or rank == src  # the spare loads the state, the source sends it
+            moved = transfer(job.groups[kind], members, src, rank, module if holds else None,
+                             optimizer if holds else None, job.device, s.deadline_s)
+            if rank == src:
+                trace.action("RankTransferState", g, "ok", {"pc": PC_ARRIVED},
+                             {"to": [x for x in members if x in dead], "bytes": moved})
+        lap("transfer")
+        digest = validate(job.groups[kind], topo.group(kind, rank), rank, module, optimizer, s.deadline_s)
+        trace.action("RankValidate", g, "ok", {"pc": PC_VALIDATED}, {"digest": digest})
+        lap("validate")
+        count, last = cp.ready(g)
+        trace.action("RankReady", g, "ok", {"pc": PC_READY}, {"count": count, "last": last})
+        if last:
+            dec = cp.decide_release(g)
+            trace.action("RankDecideRelease", g, "ok" if dec == DECISION_RELEASE else "fail", {"pc": PC_READY}, {"decision": dec})
+        dec = cp.await_release(g, time.monotonic() + s.deadline_s)
+        if dec != DECISION_RELEASE:
+            _exit_on(cp, trace, g, dec.split(":", 1)[-1], "RankExit", {"decision": dec})
+        lap("release")
+    except Exception as exc:  # noqa: BLE001 - any failure of the swap ends this rank (fail-stop), and so the job
+        # a communication failure (c10d's RuntimeError subclasses, sockets' OSError) is a wait on peers
+        # failing (deadline); anything else is an error of the swap itself
+        own = isinstance(exc, SwapError) or not isinstance(exc, (RuntimeError, OSError))
+        _exit_on(cp, trace, g, REASON_EXCEPTION if own else REASON_DEADLINE, "RankFail" if own else "RankTimeout",
+                 {"error": f"{type(exc).__name__}: {exc}"[:500], "swap": True})
+        raise  # not reached: _exit_on ends the process
+    record = SwapRecord(generation=g, point=point, dead=list(dead), spares=dict(claims), sources=sources,
+                        frontier=frontier, role=role, durations_ms=t)
+    return module, optimizer, record

@@ -1,0 +1,282 @@
+"""The keeper: one rank's process as the launcher sees it, so that one rank's death is not the job's.
+
+``python -m accelpact.impl.keeper -- CMD [ARGS...]`` (the ``--`` may be left out) runs ``CMD`` as
+this rank's worker.
+
+Why it exists (hot swap, issue 13; spec/hotswap.md).  torchrun's elastic agent
+(``torch/distributed/elastic/agent/server/api.py``, ``SimpleElasticAgent._invoke_run``) polls its
+worker group, and as soon as *any* worker has exited non-zero the group is ``FAILED``: the agent
+stops every worker of the group (``_stop_workers``: SIGTERM, then SIGKILL, to each worker's process
+group) and starts them all again (``_restart_workers``), or gives up when no restart is left.  A
+crashed rank would thereby end its survivors before a spare could take its place.  The keeper sits
+between the agent and the training process: the agent sees the keeper, the keeper sees the worker.
+
+* ``ACCELPACT_SPARES`` unset or ``0`` (no spares): the keeper ``exec``\\ s the command, so there is no
+  extra process and nothing differs from running the command directly.
+* Otherwise the command runs as a child in the keeper's process group (the agent's kill of the group
+  reaches it directly); SIGTERM and SIGINT sent to the keeper are forwarded to it.
+
+  - The child exits 0: the keeper exits 0.
+  - The child exits with a code > 0 (a fail-stop exit: 70, 71, 72, 73, 1, ...): the keeper exits
+    with that code at once, so torchrun sees exactly what it saw before and an L2 restart happens
+    exactly as before.
+  - The child is killed by a signal (a crash) and this is a training rank
+    (``RANK < WORLD_SIZE - ACCELPACT_SPARES``): the keeper posts a *death notice* on the job's store
+    (:func:`post_death`, under ``attempt{TORCHELASTIC_RESTART_COUNT}/``) and stays alive, so the agent
+    sees nothing.  The survivors and a spare take over (:mod:`accelpact.impl.hotswap`).  The keeper
+    then waits for the job's end on :data:`ABORT_KEY`: the value :data:`CLOSED` (the job finished
+    without this process) -> exit 0; any other value (an abort reason: ``deadline``, ``rejected``,
+    ``exception``, ...: the job fails as a whole, L2) -> exit ``128 + signal``.  The wait is bounded
+    by ``ACCELPACT_KEEPER_WAIT_S`` (seconds, default 86400) and ends early, also with
+    ``128 + signal``, if the store cannot be reached.
+  - A spare's own death (``RANK >= WORLD_SIZE - ACCELPACT_SPARES``): exit ``128 + signal`` at once,
+    no notice.
+  - If the keeper itself was asked to stop (SIGTERM/SIGINT, e.g. the agent stopping the group), a
+    child killed by a signal is no crash: exit ``128 + signal``, no notice.
+
+Every non-zero exit the keeper decides on its own prints one line on stderr saying why.  A malformed
+``ACCELPACT_SPARES``, ``RANK``, ``WORLD_SIZE`` or ``ACCELPACT_KEEPER_WAIT_S`` exits 2 naming the variable.
+
+A training rank's keeper imports torch's store client in a background thread while its worker runs
+(so a notice is posted within milliseconds of the death); without spares it imports nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death",
+           "wait_for_end"]
+
+#: Environment variable: how many spare processes the job has (0: no keeper process at all).
+SPARES_ENV = "ACCELPACT_SPARES"
+#: Environment variable: after posting a death notice, how long (seconds) the keeper waits for the
+#: job's end at most.
+WAIT_ENV = "ACCELPACT_KEEPER_WAIT_S"
+DEFAULT_WAIT_S = 86400.0
+
+#: Store keys, under the attempt's namespace (``attempt{TORCHELASTIC_RESTART_COUNT}/``).
+#: The count of death notices posted (``add``): notice n is at :func:`death_key` (n), n = 1, 2, ...
+DEATHS_KEY = "accelpact/swap/deaths"
+#: The job-wide abort key (:attr:`accelpact.impl.controlplane.ControlPlane.abort_key` with the
+#: default prefix).
+ABORT_KEY = "accelpact/abort"
+#: The abort key's value when the job ended normally (same value as
+#: :data:`accelpact.impl.watchdog.CLOSED`, repeated here so the keeper imports nothing heavy).
+CLOSED = "closed"
+
+#: How often the keeper looks at the abort key while it waits for the job's end.
+POLL_S = 0.1
+#: The timeout of the keeper's store connection (connect and every request).
+STORE_TIMEOUT_S = 30.0
+
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 127
+
+
+def death_key(n: int) -> str:
+    """The key of death notice ``n`` (1-based); its value is the dead rank, as a decimal string."""
+    return f"accelpact/swap/death/{n}"
+
+
+def post_death(store: Any, rank: int) -> int:
+    """Post a death notice for ``rank`` on ``store`` (already prefixed with the attempt's namespace):
+    ``n = add(DEATHS_KEY, 1)`` then ``set(death_key(n), str(rank))``.  Returns n."""
+    n = int(store.add(DEATHS_KEY, 1))
+    store.set(death_key(n), str(rank))
+    return n
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def wait_for_end(store: Any, timeout_s: float, poll_s: float = POLL_S) -> str:
+    """Wait until :data:`ABORT_KEY` holds a value on ``store``; return it ("" when ``timeout_s``
+    passed first).  Polls with ``check`` (no store wait that times out, so nothing is logged while
+    it waits); a store error propagates (the store cannot be reached)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store.check([ABORT_KEY]):
+            value = _s(store.get(ABORT_KEY))
+            if value:
+                return value
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return ""
+        time.sleep(min(poll_s, left))
+
+
+class UsageError(Exception):
+    """A malformed environment variable or command line: exit 2."""
+
+
+def _env_int(env: Mapping[str, str], name: str, lo: int, default: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        if default is None:
+            raise UsageError(f"{name} is not set; the keeper needs it (torchrun and run_local set it)")
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not an integer") from None
+    if value < lo:
+        raise UsageError(f"{name}={raw!r} must be >= {lo}")
+    return value
+
+
+def _env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise UsageError(f"{name}={raw!r} must be a number of seconds > 0")
+    return value
+
+
+def _command(argv: Sequence[str]) -> list[str]:
+    cmd = list(argv)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("usage: python -m accelpact.impl.keeper -- CMD [ARGS...]: no command given")
+    return cmd
+
+
+def _say(msg: str) -> None:
+    try:
+        print(f"accelpact keeper (pid {os.getpid()}, rank {os.environ.get('RANK', '?')}): {msg}", file=sys.stderr,
+              flush=True)
+    except OSError:  # stderr gone: the exit code still says it
+        pass
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _notify_and_wait(env: Mapping[str, str], rank: int, sig: int, wait_s: float) -> int:
+    """A training rank's worker crashed: post the notice, then wait for the job's end (exit code)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    code = 128 + sig
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    try:
+        addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    except (KeyError, ValueError) as exc:
+        _say(f"worker killed by {_signame(sig)}; no death notice: MASTER_ADDR/MASTER_PORT unusable ({exc!r}); "
+             f"exiting {code}")
+        return code
+    try:
+        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+        s = dist.PrefixStore(f"attempt{attempt}", store)
+        n = post_death(s, rank)
+    except Exception as exc:  # noqa: BLE001 - any store failure (connect, reset, timeout) means no notice
+        _say(f"worker killed by {_signame(sig)}; could not post the death notice on {addr}:{port} ({exc}); "
+             f"exiting {code}")
+        return code
+    try:
+        value = wait_for_end(s, wait_s)
+    except Exception as exc:  # noqa: BLE001 - a lost store ends the wait: the job cannot finish through it
+        _say(f"worker killed by {_signame(sig)} (death notice {n} posted); the store became unreachable while "
+             f"waiting for the job's end ({exc}); exiting {code}")
+        return code
+    if value == CLOSED:
+        return 0
+    if not value:
+        _say(f"worker killed by {_signame(sig)} (death notice {n} posted); the job did not end within "
+             f"{WAIT_ENV}={wait_s:g}s; exiting {code}")
+        return code
+    _say(f"worker killed by {_signame(sig)} (death notice {n} posted); the job aborted ({value!r}); exiting {code}")
+    return code
+
+
+def _warm_import() -> None:
+    try:
+        import torch.distributed  # noqa: F401 - imported for its side effect: later imports are free
+    except Exception:  # noqa: BLE001 - posting the notice imports it again and reports the failure
+        pass
+
+
+def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """The keeper's logic; returns its exit code (never returns when it ``exec``\\ s)."""
+    env = os.environ if env is None else env
+    cmd = _command(argv)
+    spares = _env_int(env, SPARES_ENV, 0, default=0)
+    if spares == 0:
+        try:
+            os.execvp(cmd[0], cmd)
+        except OSError as exc:
+            _say(f"cannot run {cmd[0]!r}: {exc.strerror}")
+            return EXIT_NOT_FOUND
+    rank = _env_int(env, "RANK", 0)
+    world = _env_int(env, "WORLD_SIZE", 1)
+    if spares >= world:
+        raise UsageError(f"{SPARES_ENV}={spares} leaves no training rank in WORLD_SIZE={world}")
+    wait_s = _env_seconds(env, WAIT_ENV, DEFAULT_WAIT_S)
+    training = rank < world - spares
+
+    stopping: list[int] = []
+    proc: subprocess.Popen | None = None
+
+    def forward(signum: int, _frame: Any) -> None:
+        stopping.append(signum)
+        if proc is not None:
+            proc.send_signal(signum)  # a no-op once the child is reaped (no pid reuse)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        proc = subprocess.Popen(cmd, env=dict(env))
+    except OSError as exc:
+        _say(f"cannot run {cmd[0]!r}: {exc.strerror}")
+        return EXIT_NOT_FOUND
+    if stopping:  # asked to stop before the child existed
+        proc.send_signal(stopping[0])
+    if training:
+        # import torch's store client while the worker runs (about a second on a loaded node), so that
+        # a death is posted within milliseconds of it: survivors wait for the notice before they act
+        threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
+    rc = proc.wait()
+    # The child is gone: a stop request from now on ends the keeper as it would a plain worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if rc >= 0:
+        return rc  # 0, or a fail-stop exit: torchrun sees it unchanged
+    sig = -rc
+    if stopping:
+        _say(f"worker ended by {_signame(sig)} after the keeper was asked to stop ({_signame(stopping[0])}); "
+             f"exiting {128 + sig}")
+        return 128 + sig
+    if not training:
+        _say(f"spare (rank {rank} >= {world - spares}) killed by {_signame(sig)}; no death notice; exiting {128 + sig}")
+        return 128 + sig
+    return _notify_and_wait(env, rank, sig, wait_s)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Hot swap's building blocks (impl/hotswap.py), one process each: the state a spare receives, the
+single-assignment claim and its pool, the death notices, the decision.  The end-to-end swaps (a real
+SIGKILL, a spare taking the identity, bit-identical to an uninterrupted run) are the conformance
+scenarios ``*-spare*`` (conformance/test_conformance.py) and tests/test_demo.py's path (d)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+
+from accelpact.impl import hotswap
+from accelpact.impl.keeper import post_death
+
+
+def _store():
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10))
+
+
+def _model_and_optim(seed: int, steps: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5), torch.nn.Linear(5, 3))
+    model.register_buffer("seen", torch.zeros(2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    for i in range(steps):
+        model(torch.randn(4, 6)).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.seen += i
+    return model, opt
+
+
+def test_state_moves_bit_for_bit_into_a_model_built_the_same_way():
+    """What a spare receives (export -> import into a fresh build) equals the source exactly: every
+    parameter, buffer and optimizer state entry, in the optimizer's own order (its state_dict)."""
+    src, src_opt = _model_and_optim(0, 3)
+    dst, dst_opt = _model_and_optim(1, 0)  # other values, no optimizer state yet
+    manifest, tensors = hotswap.export_state(src, src_opt)
+    received = [t.clone() for t in tensors]  # what crosses the wire
+    hotswap.import_state(dst, dst_opt, manifest, received)
+    for (n, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+    sa, sb = src_opt.state_dict(), dst_opt.state_dict()
+    assert list(sa["state"]) == list(sb["state"])
+    for i in sa["state"]:
+        assert list(sa["state"][i]) == list(sb["state"][i])
+        for k in sa["state"][i]:
+            assert torch.equal(torch.as_tensor(sa["state"][i][k]), torch.as_tensor(sb["state"][i][k])), (i, k)
+    assert sa["param_groups"] == sb["param_groups"]
+    # one more step on both gives the same result: nothing of the state was left behind
+    x = torch.randn(4, 6)
+    for m, o in ((src, src_opt), (dst, dst_opt)):
+        m(x).pow(2).sum().backward()
+        o.step()
+    assert all(torch.equal(a, b) for a, b in zip(src.parameters(), dst.parameters(), strict=True))
+
+
+def test_slots_match_the_manifest_and_a_wrong_build_is_refused():
+    src, src_opt = _model_and_optim(0, 2)
+    manifest, tensors = hotswap.export_state(src, src_opt)
+    slots = hotswap.state_slots(manifest, torch.device("cpu"))
+    assert [(t.dtype, t.shape) for t in slots] == [(t.dtype, t.shape) for t in tensors]
+    other = torch.nn.Linear(6, 3)
+    with pytest.raises(hotswap.SwapError, match="rebuild it as it was built"):
+        hotswap.import_state(other, torch.optim.AdamW(other.parameters()), manifest, tensors)
+
+
+def test_claim_is_single_assignment_and_the_pool_runs_out():
+    """RankClaimSpare: every survivor that claims for the same dead rank gets the same spare; each
+    dead rank takes its own; with the pool empty the claim stands as None (L2)."""
+    store = _store()
+    first = [hotswap.claim(store, 0, 1, spares=2) for _ in range(3)]
+    assert first == [0, 0, 0]
+    assert store.get(hotswap.assign_key(0)).decode() == "1:0"
+    assert hotswap.claim(store, 0, 3, spares=2) == 1
+    assert hotswap.claim(store, 0, 2, spares=2) is None
+    assert not store.check([hotswap.assign_key(2)])
+    # a later generation claims afresh, from what is left of the pool
+    assert hotswap.claim(store, 1, 1, spares=2) is None
+
+
+def test_spare_waits_for_its_assignment_or_the_end_of_the_job():
+    store = _store()
+    assert hotswap.wait_for_claim(store, 0, "accelpact/abort", timeout_s=0.2) == "deadline"
+    store.set(hotswap.assign_key(0), "3:2")
+    assert hotswap.wait_for_claim(store, 0, "accelpact/abort", timeout_s=5) == (3, 2)
+    store.set("accelpact/abort", "closed")
+    assert hotswap.wait_for_claim(store, 1, "accelpact/abort", timeout_s=5) == "closed"
+
+
+def test_notices_are_read_once_in_order():
+    store = _store()
+    notices = hotswap.Notices(store)
+    assert notices.wait_new(grace_s=0.1, settle_s=0) == ()
+    post_death(store, 3)
+    post_death(store, 1)
+    assert notices.wait_new(grace_s=1, settle_s=0) == (1, 3)
+    notices.handled(notices.count())
+    assert notices.wait_new(grace_s=0.1, settle_s=0) == ()
+    post_death(store, 2)
+    assert notices.wait_new(grace_s=1, settle_s=0) == (2,)
+
+
+def test_published_state_round_trips():
+    store = _store()
+    torch.manual_seed(5)
+    torch.rand(3)
+    rec = hotswap.publish_state(store, 2, 7, {"kappa": 7})
+    back = hotswap.read_state(store, 2)
+    assert back is not None and back["frontier"] == 7 and back["extra"] == {"kappa": 7}
+    assert torch.equal(back["rng"], rec["rng"]) and torch.equal(back["rng"], torch.get_rng_state())
+    assert hotswap.read_state(store, 0) is None
+
+
+@pytest.mark.parametrize("point,spare,replica,level", [
+    ("backward", True, True, "L1"), ("boundary", True, True, "L1"), ("forward", True, True, "L1"),
+    ("optimizer", True, True, "L2"), ("backward", False, True, "L2"), ("backward", True, False, "L2"),
+])
+def test_the_engine_decides_with_the_models_function(point, spare, replica, level):
+    """The survivor's decision is the model's (model/hotswap.py ``decide``), read against the default
+    envelope: a swap only where a spare is left, a replica lives and the point can be discarded."""
+    from accelpact.model import hotswap as model_swap
+    from accelpact.model.contract import DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, ObservationKey, default_envelope
+
+    key = ObservationKey(DEFAULT_PLATFORM, "fsdp1-hybrid", point, DEFAULT_OBJECTIVE)
+    dec = model_swap.decide(default_envelope(), key, True, died=True, spare=spare, replica=replica)
+    assert dec.level == level, dec.reason
