@@ -29,6 +29,7 @@ PLAN: dict[str, tuple[list[str] | None, list[str], bool]] = {
     "check": (["--worlds", "2x2,4x2", "--repeat", "1"], [], False),
     "rebind": (["--quick"], [], True),
     "validate": (["--quick"], ["--sizes-mb", "1,4,16,64,256,1024", "--repeat", "5"], True),
+    "transfer": (["--quick"], ["--sizes-mb", "1,4,16,64,256", "--repeat", "5"], True),
     "controlplane": (["--quick"], [], True),
     "leaks": (["--quick"], [], True),
     "repair": (["--quick"], [], True),

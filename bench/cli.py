@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "check": "accelpact.bench.check",
     "rebind": "accelpact.bench.rebind",
     "validate": "accelpact.bench.validate",
+    "transfer": "accelpact.bench.transfer",
     "controlplane": "accelpact.bench.controlplane",
     "leaks": "accelpact.bench.leaks",
     "repair": "accelpact.bench.repair",

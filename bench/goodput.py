@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                                   out=str(Path(args.out) / "accelpact"), json=None, timeout=args.timeout)
     result: dict[str, Any] = {}
     reasons: dict[str, str] = {}
-    rec, _, _ = recovery.measure(rec_args, say=lambda m: print(f"goodput: {m}", flush=True))
+    rec, _, _, _ = recovery.measure(rec_args, say=lambda m: print(f"goodput: {m}", flush=True), swap=False)
     result["accelpact"] = {"l1": rec["l1"], "l2": rec["l2"], "complete": rec["complete"], "config": rec["config"]}
     l1 = rec["l1"]["fault_to_frontier_s"]["median"]
     l2 = rec["l2"]["fault_to_frontier_s"]["median"]

@@ -123,6 +123,23 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     # ten faults in one job: ten successive repairs (DDP keeps the model search small)
     add(("2x2", "ddp", "boundary", "ten", "-", 10), "2x2-ddp-ten-repairs", t22, "ddp",
         [_trigger(t22, "ddp", "boundary", step=s) for s in range(1, 11)], steps=12)
+    # hot swap (issue 13): a rank SIGKILLed with spares in the job.  A spare takes its identity, the state
+    # comes from a live replica, the step in flight is discarded and rerun (L1), per wrapper and point;
+    # L2 when the dead rank's replica died too, or when a second death finds no spare left; FailBench's
+    # F2 (ranks r and r+2) with two spares where a replica survives (DDP 3x1)
+    for swapped in ("fsdp1-hybrid", "fsdp2-hybrid", "ddp"):
+        w = SHORT[swapped]
+        topo, prefix = (Topology(2, 1, spares=1), "2x1") if swapped == "ddp" else (Topology(2, 2, spares=1), "2x2")
+        group = WRAPPERS[swapped].recovers
+        for at in ("forward", "backward", "boundary"):
+            add((prefix, swapped, at, "crash-swap", "-", 1), f"{prefix}-{w}-spare1-{at}-crash-r1", topo, swapped,
+                [Fault(STEP, at, "crash", (1,), group)])
+    add(("2x2", "fsdp1-hybrid", "backward", "crash-swap-no-replica", "-", 2), "2x2-fsdp1-spare2-backward-crash-r1-r3",
+        Topology(2, 2, spares=2), "fsdp1-hybrid", [Fault(STEP, "backward", "crash", (1, 3), "replicate")])
+    add(("2x2", "fsdp1-hybrid", "backward", "crash-swap-no-spare", "-", 2), "2x2-fsdp1-spare1-backward-crash-r0-r1",
+        Topology(2, 2, spares=1), "fsdp1-hybrid", [Fault(STEP, "backward", "crash", (0, 1), "replicate")])
+    add(("3x1", "ddp", "backward", "crash-swap-f2", "-", 2), "3x1-ddp-spare2-backward-crash-r0-r2",
+        Topology(3, 1, spares=2), "ddp", [Fault(STEP, "backward", "crash", (0, 2), "world")])
     # a few 4x2 cases (symmetric scripts only: the model search is larger there)
     for at in ("boundary", "forward"):
         name = f"4x2-fsdp1-{'repair' if at == 'boundary' else 'reject-' + at}"

@@ -9,6 +9,13 @@ its ranks.  With ``--fault``, the named ranks' replicate-group connections are s
 thread outside this script's code at the named point; AccelPact replaces the group and training
 goes on from the same step (L1).  ``crash@backward:4:1`` SIGKILLs rank 1 instead: every rank exits,
 torchrun restarts them (``--max-restarts 1``) and they resume from the last committed checkpoint.
+With spares (hot swap), the same crash costs no restart: a spare takes rank 1's identity, its shard
+comes from rank 3 (its replica), every rank reruns step 4 (the keeper hides the death from torchrun)::
+
+    ACCELPACT_SPARES=1 torchrun --standalone --nproc-per-node 5 -m accelpact.impl.keeper -- \\
+        python examples/fsdp2_hsdp.py --replicas 2 --fault crash@backward:4:1
+
+(``ACCELPACT_SPARES``: the last that many of torchrun's workers are spares; the keeper reads it too.)
 """
 from common import batch, make_model, parse_args, save_final
 import torch
@@ -18,28 +25,39 @@ from torch.distributed.fsdp import fully_shard
 import accelpact
 
 
-def main() -> None:
-    args = parse_args(__doc__, "runs/example-fsdp2")
-    job = accelpact.init(replicas=args.replicas, trace_dir=args.out, faults=args.fault)
+def build(job, extra):
+    """The wrapped model and its optimizer on the job's current groups: at attach, and again on every
+    rank when a hot swap rebuilds the groups (with spares); AccelPact moves the state into them."""
     model = make_model(job.device)
     for block in model:
         fully_shard(block, mesh=job.mesh)  # ("replicate", "shard"): shard in a replica, replicate across
     fully_shard(model, mesh=job.mesh)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    run = job.attach(model, optim, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+
+
+def main() -> None:
+    args = parse_args(__doc__, "runs/example-fsdp2")
+    job = accelpact.init(replicas=args.replicas, trace_dir=args.out, faults=args.fault)
+    run = job.attach(rebuild=build, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every)
+    if run is None:  # a spare the job never needed
+        return
 
     for step in run.steps(args.steps):  # from the last committed checkpoint after a restart
         x, y = batch(step, job.rank, job.device)
+        loss = None
         with run.step(step):
-            loss = nn.functional.mse_loss(model(x), y)
+            loss = nn.functional.mse_loss(run.module(x), y)
             loss.backward()
-            optim.step()
-            optim.zero_grad(set_to_none=True)
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        if run.discarded:  # a rank died in this step and a spare took its place: the step comes again
+            print(f"rank {job.rank}: step {step}: rank(s) {run.swaps[-1].dead} replaced by a spare, step rerun")
+            continue
         report = run.boundary(loss.detach())  # a failed replicate group is repaired here
         if report is not None:
             print(f"rank {job.rank}: step {step}: replicate group repaired in {report.total_ns / 1e6:.1f} ms")
 
-    save_final(f"{args.out}/final-r{job.rank}.pt", model, optim)
+    save_final(f"{args.out}/final-r{job.rank}.pt", run.module, run.optimizer)
     job.close()
 
 

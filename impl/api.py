@@ -230,7 +230,8 @@ class TrainingJob:
     def attach(self, model: Any = None, optimizer: Any = None, *, checkpoint_dir: str | os.PathLike | None = None,
                checkpoint_every: int = 0, extra_state: Callable[[], Any] | None = None,
                trace_header: Mapping[str, Any] | None = None, hooks: Any = None,
-               rebuild: Callable[["TrainingJob", Any], tuple[Any, Any]] | None = None) -> "Training | None":
+               rebuild: Callable[["TrainingJob", Any], tuple[Any, Any]] | None = None,
+               warmup: Callable[[], Any] | None = None) -> "Training | None":
         """Attach the recovery engine to a wrapped ``model`` and its ``optimizer``.
 
         Restores the latest committed checkpoint under ``checkpoint_dir`` first (model, optimizer,
@@ -247,7 +248,8 @@ class TrainingJob:
         model on every rank, spec/hotswap.md); with it, ``model`` and ``optimizer`` may be omitted
         (``rebuild(job, None)`` builds them).  On a spare, ``attach`` idles until the spare takes a
         dead rank's identity and returns the training at that rank's frontier, or returns None when
-        the job ended without needing it.
+        the job ended without needing it.  ``warmup()``: what a spare runs while it idles, before
+        any claim (load your data, import your model's code) so that a swap does not wait for it.
         """
         if self.training is not None:
             raise ApiError("attach: this job already has an attached model; one model per job")
@@ -257,7 +259,7 @@ class TrainingJob:
         if self.spare is not None:
             assert rebuild is not None
             return self._join_as_spare(rebuild, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                                       extra_state=extra_state, trace_header=trace_header, hooks=hooks)
+                                       extra_state=extra_state, trace_header=trace_header, hooks=hooks, warmup=warmup)
         if model is None or optimizer is None:
             if rebuild is None:
                 raise ApiError("attach: pass the wrapped model and its optimizer, or rebuild=fn to build them")
@@ -316,7 +318,8 @@ class TrainingJob:
         return Trace(path or RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
 
     def _join_as_spare(self, rebuild: Callable[["TrainingJob", Any], tuple[Any, Any]], *, checkpoint_dir: Any,
-                       checkpoint_every: int, extra_state: Any, trace_header: Any, hooks: Any) -> "Training | None":
+                       checkpoint_every: int, extra_state: Any, trace_header: Any, hooks: Any,
+                       warmup: Callable[[], Any] | None = None) -> "Training | None":
         """A spare: idle on the control plane until a survivor's claim hands it a dead identity
         (``SpareJoin``), then the swap's episode as that rank (:func:`accelpact.impl.hotswap.run_episode`:
         agreement, every group built in g+1, the model built by ``rebuild``, the state received from a
@@ -333,13 +336,16 @@ class TrainingJob:
 
         k = self.spare
         assert k is not None
+        hotswap.warm_up()
+        if warmup is not None:
+            warmup()
         got = hotswap.wait_for_claim(self.attempt_store, k, "accelpact/abort", self.settings.spare_wait_s)
         if isinstance(got, str):
             if got == "closed":
                 return None
             exit_now(code_for(got if got in ("rejected", "mismatch", "deadline", "exception") else "deadline"), got, None)
         assert not isinstance(got, str)
-        dead, g = got
+        dead, g, point = got
         published = hotswap.read_state(self.attempt_store, dead)
         if published is None:
             raise hotswap.SwapError(f"spare {k}: rank {dead} published no state at its last commit; cannot take its identity")
@@ -358,7 +364,7 @@ class TrainingJob:
         dead_set = tuple(r for r in range(self.world) if self.attempt_store.check([hotswap.claim_key(g, r)]))
         claims = {r: int(self.attempt_store.get(hotswap.claim_key(g, r)).decode()) for r in dead_set}
         module, optimizer, record = hotswap.run_episode(
-            self, role="spare", g=g, frontier=published["frontier"], point="", dead=dead_set, claims=claims,
+            self, role="spare", g=g, frontier=published["frontier"], point=point, dead=dead_set, claims=claims,
             rebuild=rebuild, extra=copy.deepcopy(published["extra"]), rng=published["rng"], trace=trace)
         notices.handled(n)
         self.spare = None
@@ -369,7 +375,13 @@ class TrainingJob:
         training.swaps.append(record)
         training._notices = notices
         self.training = training
-        training._engage(module, optimizer, generation=g + 1, frontier=published["frontier"], trace=trace)
+        frontier = published["frontier"]
+        training._engage(module, optimizer, generation=g + 1, frontier=frontier, trace=trace)
+        if point == "boundary" and ckpt is not None and ckpt.due(frontier):
+            # the death struck at the boundary of F: the survivors go on to that boundary's checkpoint
+            # (collective over W), which this spare's identity never reached
+            cursor = extra_state() if extra_state is not None else None
+            training.saved.append((frontier, ckpt.save(frontier, module, optimizer, cursor=cursor)))
         return training
 
     def previous_frontier(self) -> int | None:
@@ -577,7 +589,7 @@ class Training:
                                 replica=replica)
         if not dec.preserve:
             pact._reject(dec.reason)
-        claims = {d: hotswap.claim(job.attempt_store, g, d, job.spares) for d in need.dead}
+        claims = {d: hotswap.claim(job.attempt_store, g, d, job.spares, need.point) for d in need.dead}
         if any(k is None for k in claims.values()):
             pact._reject(f"rank(s) {[d for d, k in claims.items() if k is None]} died and no spare is left to take "
                          "their identity")

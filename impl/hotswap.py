@@ -199,15 +199,16 @@ def read_state(store: Any, rank: int) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------- the spare's wait
-def wait_for_claim(store: Any, k: int, abort_key: str, timeout_s: float, slice_s: float = 0.05) -> tuple[int, int] | str:
+def wait_for_claim(store: Any, k: int, abort_key: str, timeout_s: float,
+                   slice_s: float = 0.05) -> tuple[int, int, str] | str:
     """Spare ``k`` idles on the control plane until a survivor assigns it a dead identity
-    (``(dead, g)``) or the job ends (the abort key's value: ``closed``, or an abort reason)."""
+    (``(dead, g, point)``) or the job ends (the abort key's value: ``closed``, or an abort reason)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         # polled with check(): a store wait that times out logs a c10d warning each time
         if store.check([assign_key(k)]):
-            dead, g = store.get(assign_key(k)).decode().split(":")
-            return int(dead), int(g)
+            dead, g, point = store.get(assign_key(k)).decode().split(":")
+            return int(dead), int(g), point
         if store.check([abort_key]):
             return store.get(abort_key).decode()
         time.sleep(slice_s)
@@ -327,7 +328,7 @@ def manifest_bytes(manifest: dict) -> bytes:
 _GRAVEYARD: list = []  # the survivors' old groups: never destroyed (a gloo group with a dead peer may block in teardown)
 
 
-def claim(store: Any, g: int, dead: int, spares: int) -> int | None:
+def claim(store: Any, g: int, dead: int, spares: int, point: str = "") -> int | None:
     """RankClaimSpare for ``dead`` in generation ``g``: the first survivor to claim takes one spare
     from the pool (``swap/next``) and writes its index into ``g{g}/spare/{dead}`` (single
     assignment), then tells the spare (``swap/assign/{k}``).  Every survivor returns the claim that
@@ -338,7 +339,7 @@ def claim(store: Any, g: int, dead: int, spares: int) -> int | None:
         value = str(k) if k < spares else "none"
         stood = store.compare_set(key, "", value).decode()
         if stood == value and value != "none":
-            store.set(assign_key(k), f"{dead}:{g}")
+            store.set(assign_key(k), f"{dead}:{g}:{point}")
     store.wait([key], datetime.timedelta(seconds=30))
     v = store.get(key).decode()
     return None if v == "none" else int(v)
@@ -460,6 +461,30 @@ def validate(pg: Any, members: tuple[int, ...], rank: int, module: Any, optimize
     return checksum_hex(mine)
 
 
+def _store_barrier(store: Any, key: str, world: int, timeout_s: float, what: str) -> None:
+    """Count this rank in at ``key`` and wait until all ``world`` ranks did, at most ``timeout_s``
+    (:class:`SwapError` naming how many came)."""
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while (n := int(store.add(key, 0))) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {n} of {world} ranks {what} within {timeout_s} s")
+        time.sleep(0.005)
+
+
+def warm_up() -> None:
+    """What a spare does while it idles: import what building a wrapped model and its groups imports
+    (seconds on a loaded node), so that the swap does not wait for it."""
+    import importlib
+
+    for name in ("torch.distributed.fsdp", "torch.distributed.tensor", "torch.distributed.device_mesh",
+                 "torch.nn.parallel", "torch.distributed.checkpoint", "torch.distributed.algorithms.join"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a build without it: the rebuild imports what it needs
+            pass
+
+
 def _exit_on(cp: Any, trace: Any, g: int, reason: str, action: str, detail: dict) -> None:
     """Fail-stop inside a swap: record ``action``, write the job abort (every other rank follows,
     through its watchdog or its own wait), exit with the reason's code."""
@@ -534,6 +559,9 @@ def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead:
             import_state(module, optimizer, manifest, tensors)
             old = None
         trace.action("RankRebind", g, "ok", {"pc": PC_REBOUND, "refs_stale": 0}, {"rebuilt": True})
+        # every rank of W has its model on the new groups before any transfer starts: a slow build (a
+        # spare's first) is waited for here, under its own deadline, not inside a collective's
+        _store_barrier(job.attempt_store, f"accelpact/g{g}/swap-rebuilt", job.world, s.deadline_s, "rebuilt its model")
         lap("rebuild")
         moved = 0
         done: set[tuple[int, ...]] = set()
@@ -569,7 +597,7 @@ def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead:
     except Exception as exc:  # noqa: BLE001 - any failure of the swap ends this rank (fail-stop), and so the job
         # a communication failure (c10d's RuntimeError subclasses, sockets' OSError) is a wait on peers
         # failing (deadline); anything else is an error of the swap itself
-        own = isinstance(exc, SwapError) or not isinstance(exc, (RuntimeError, OSError))
+        own = isinstance(exc, SwapError) or not isinstance(exc, (RuntimeError, OSError, TimeoutError))
         _exit_on(cp, trace, g, REASON_EXCEPTION if own else REASON_DEADLINE, "RankFail" if own else "RankTimeout",
                  {"error": f"{type(exc).__name__}: {exc}"[:500], "swap": True})
         raise  # not reached: _exit_on ends the process

@@ -279,4 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # no interpreter teardown: the warm-up thread may still be importing torch, and finalizing under
+    # a daemon thread inside a C extension's import can hang
+    os._exit(code)

@@ -241,7 +241,8 @@ def run_job(job: Job) -> int:
         rank = -1
     header = dict(affected=_failing_group(job, kind, topo.group(kind, max(rank, 0))), scenario=job.scenario, seed=wl.seed)
     training = aj.attach(checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
-                         extra_state=lambda: holder["app"].cursor, trace_header=header, hooks=hooks, rebuild=build)
+                         extra_state=lambda: holder["app"].cursor, trace_header=header, hooks=hooks, rebuild=build,
+                         warmup=workload.vocab_size)  # a spare reads the corpus while it idles
     if training is None:  # a spare the job never needed
         result.update(outcome="finished", exit_code=0, t_end=time.monotonic(), spare_used=False)
         return 0

@@ -25,6 +25,11 @@ from typing import Any, Mapping
 FAILURE_PHASES = ("boundary", "forward", "backward", "optimizer")
 IN_FLIGHT_PHASES = ("forward", "backward", "optimizer")
 LEVELS = ("L1", "L2")
+#: The hot-swap facts of a key (C1.2), in the envelope file's field order.
+SWAP_FACTS = ("died", "spare", "replica")
+#: Where survivors may stand when a rank died for a swap to be qualifiable (C1.2): the committed
+#: boundary, or forward/backward, whose uncommitted step is discarded in place.
+SWAP_PHASES = ("forward", "backward", "boundary")
 ENVELOPE_FORMAT = "accelpact-envelope/1"
 
 
@@ -34,18 +39,30 @@ class EnvelopeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ObservationKey:
-    """K = (platform, resource profile, failure phase, objective) (C1)."""
+    """K = (platform, resource profile, failure phase, objective) (C1), and the hot-swap facts (C1.2):
+    ``died`` (a rank of the episode died in training), ``spare`` (a spare is left for each dead rank)
+    and ``replica`` (each dead rank has a live replica).  Without a death the facts are all false and
+    the key is the classic one."""
 
     platform: str
     profile: str
     phase: str
     objective: str
+    died: bool = False
+    spare: bool = False
+    replica: bool = False
 
     def as_tuple(self) -> tuple[str, str, str, str]:
         return (self.platform, self.profile, self.phase, self.objective)
 
+    @property
+    def facts(self) -> tuple[str, ...]:
+        """The hot-swap facts that hold, by name (empty without a death)."""
+        return tuple(n for n in SWAP_FACTS if getattr(self, n))
+
     def __str__(self) -> str:
-        return "(" + ", ".join(self.as_tuple()) + ")"
+        facts = self.facts
+        return "(" + ", ".join(self.as_tuple()) + (f"; {', '.join(facts)}" if facts else "") + ")"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +105,7 @@ class Envelope:
                     "profile": e.key.profile,
                     "phase": e.key.phase,
                     "objective": e.key.objective,
+                    **{n: True for n in e.key.facts},
                     "actions": list(e.actions),
                     **({"evidence": dict(e.evidence)} if e.evidence else {}),
                 }
@@ -107,7 +125,10 @@ def default_envelope(
     profiles: tuple[str, ...] = ("hsdp", "fsdp1-hybrid", "fsdp2-hybrid", "ddp"),
     objective: str = DEFAULT_OBJECTIVE,
 ) -> Envelope:
-    """L1 and L2 at the committed boundary, L2 for every in-flight phase, for each profile.
+    """L1 and L2 at the committed boundary, L2 for every in-flight phase, for each profile; and a
+    hot swap (a rank died, a spare left, a live replica: C1.2) L1 and L2 at the boundary, in forward
+    and in backward (evidence: the conformance corpus's ``*-spare*`` scenarios, one per wrapper and
+    point).  A death without a spare or a replica, or in ``optimizer``, is outside it: L2.
 
     The shipped default covers ``cpu-gloo`` only: the one platform whose cells this project's
     conformance corpus has run.  Any other platform (``cuda-nccl`` included) is not in it, so every
@@ -117,6 +138,9 @@ def default_envelope(
         for phase in FAILURE_PHASES:
             acts = ("L1", "L2") if phase == "boundary" else ("L2",)
             entries.append(EnvelopeEntry(ObservationKey(platform, profile, phase, objective), acts))
+        for phase in SWAP_PHASES:
+            entries.append(EnvelopeEntry(ObservationKey(platform, profile, phase, objective, died=True, spare=True,
+                                                        replica=True), ("L1", "L2")))
     return Envelope(tuple(entries))
 
 
@@ -141,9 +165,16 @@ def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision
     2. a failed guard is L2 (outstanding gradients, a busy wrapper, tau != F);
     3. a key not in the envelope is L2 (never guessed);
     4. L1 only when the entry lists it.
+
+    A key with ``died`` (a hot swap, C3.2) is decided in this order instead: a phase outside
+    :data:`SWAP_PHASES` is L2 (``optimizer.step()`` may be half applied); no spare left is L2; no live
+    replica is L2; a failed guard is L2 (after the discard: the survivors stand at the boundary);
+    a key not in the envelope is L2; L1 only when the entry lists it.
     """
     if key.phase not in FAILURE_PHASES:
         return Decision("L2", f"unknown failure phase {key.phase!r}")
+    if key.died:
+        return _decide_swap(envelope, key, guards_ok)
     if key.phase in IN_FLIGHT_PHASES:
         return Decision("L2", f"failure in flight ({key.phase}): not at a committed boundary")
     if not guards_ok:
@@ -157,10 +188,31 @@ def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision
     return Decision("L2", f"key {key} is qualified for L2 only")
 
 
+def _decide_swap(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision:
+    if key.phase not in SWAP_PHASES:
+        return Decision("L2", f"a rank died while the survivors were in {key.phase}: the update may be half applied")
+    if not key.spare:
+        return Decision("L2", "a rank died and no spare is left to take its identity")
+    if not key.replica:
+        return Decision("L2", "a rank died and none of its replicas lives: its shard exists nowhere else")
+    if not guards_ok:
+        return Decision("L2", "guard failed: not a clean committed boundary")
+    entry = envelope.lookup(key)
+    if entry is None:
+        notice = unqualified_notice(envelope, key.platform)
+        return Decision("L2", f"key {key} is outside the envelope: no swap" + (f": {notice}" if notice else ""))
+    if "L1" not in entry.actions:
+        return Decision("L2", f"key {key} is qualified for L2 only: no swap")
+    if key.phase in IN_FLIGHT_PHASES:
+        return Decision("L1", f"a rank died in {key.phase}: discard the uncommitted step in place, swap in a spare, "
+                              "rerun the step")
+    return Decision("L1", "a rank died at the committed boundary: swap in a spare")
+
+
 # ---------------------------------------------------------------------------------------
 # Envelope files (C6.1): JSON, or TOML with the same structure.
 
-_ENTRY_FIELDS = {"platform", "profile", "phase", "objective", "actions", "evidence"}
+_ENTRY_FIELDS = {"platform", "profile", "phase", "objective", "actions", "evidence", *SWAP_FACTS}
 _TOP_FIELDS = ("format", "entries", "comment", "platform_info")
 
 
@@ -223,14 +275,27 @@ def envelope_from_mapping(data: Any, *, source: str = "<envelope>") -> Envelope:
             raise EnvelopeError(f"{where}.actions: must be a non-empty list drawn from {list(LEVELS)}, got {acts!r}")
         if len(set(acts)) != len(acts):
             raise EnvelopeError(f"{where}.actions: duplicate level in {acts!r}")
-        if "L1" in acts and item["phase"] != "boundary":
+        for name in SWAP_FACTS:
+            if name in item and not isinstance(item[name], bool):
+                raise EnvelopeError(f"{where}.{name}: must be true or false, got {item[name]!r}")
+        facts = {n: bool(item.get(n, False)) for n in SWAP_FACTS}
+        if (facts["spare"] or facts["replica"]) and not facts["died"]:
+            raise EnvelopeError(f"{where}: 'spare' and 'replica' describe a death; set \"died\": true with them")
+        swap = facts["died"] and facts["spare"] and facts["replica"]
+        if "L1" in acts and swap and item["phase"] not in SWAP_PHASES:
+            raise EnvelopeError(f"{where}.actions: a swap is only qualifiable in {list(SWAP_PHASES)}, not in phase "
+                                f"{item['phase']!r} (the update may be half applied); use [\"L2\"]")
+        if "L1" in acts and facts["died"] and not swap:
+            raise EnvelopeError(f"{where}.actions: L1 after a death needs a spare and a live replica "
+                                "(\"spare\": true, \"replica\": true); use [\"L2\"]")
+        if "L1" in acts and not facts["died"] and item["phase"] != "boundary":
             raise EnvelopeError(
                 f"{where}.actions: L1 is only qualifiable at the committed boundary, not in phase {item['phase']!r}; "
                 "use [\"L2\"] for in-flight phases"
             )
         evidence = item.get("evidence", {})
         _check_evidence(where, evidence)
-        key = ObservationKey(item["platform"], item["profile"], item["phase"], item["objective"])
+        key = ObservationKey(item["platform"], item["profile"], item["phase"], item["objective"], **facts)
         if key in seen:
             raise EnvelopeError(f"{where}: duplicate key {key} (first at entries[{seen[key]}])")
         seen[key] = i

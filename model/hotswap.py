@@ -8,17 +8,15 @@ SpareJoin), the spare receives the state from the replica (RankTransferState), t
 discard the uncommitted step in place (RankDiscardStep), and the job releases at F with zero lost
 steps (L1); otherwise it is L2, as before.  spec/protocol.md, section "Hot swap (issue 13)".
 
-The contract (``model/contract.py``, ``decide``) does not know these facts yet: :func:`decide` here
-is the contract's C3 extended with them (``died``, ``spare``, ``replica``), falling back to the
-contract's own ``decide`` when no rank died.  The proposed change to ``model/contract.py`` is the
-same function with the facts as fields of ``ObservationKey`` (spec/protocol.md, P16.7).
+The facts (``died``, ``spare``, ``replica``) are fields of the contract's ``ObservationKey`` (C1.2)
+and the contract's ``decide`` decides on them (C3.2); :func:`decide` here builds that key.
 
 Pure functions of (config, state); no I/O.
 """
 
 from __future__ import annotations
 
-from .contract import FAILURE_PHASES, Decision, Envelope, ObservationKey
+from .contract import SWAP_PHASES, Decision, Envelope, ObservationKey
 from .contract import decide as contract_decide
 from .state import PC_CRASHED, PC_EXITED, PC_JOINED, PC_RESTARTED, Config, State
 
@@ -38,46 +36,22 @@ __all__ = [
 #: Where a survivor may stand when a rank died for the swap to be L1: at the committed boundary, or
 #: inside forward/backward, whose uncommitted step it can discard in place (RankDiscardStep).  Inside
 #: ``optimizer.step()`` (a wrapper whose optimizer step uses R) the update may be half applied: L2.
-SWAP_POINTS = ("forward", "backward", "boundary")
+SWAP_POINTS = SWAP_PHASES  # the contract's (C1.2)
 DISCARDABLE = ("forward", "backward")
 
 
 def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool, *, died: bool = False, spare: bool = False,
            replica: bool = False) -> Decision:
-    """The contract's decision (C3) with the hot-swap facts of the observation key.
-
-    ``died``: a rank of the episode died in training (its heartbeat stopped); ``spare``: a spare is
-    left for every dead rank not yet claimed; ``replica``: each of them has a live replica (a live
-    member of its replicate group holding state).  Without ``died`` this is the contract's ``decide``.
-    With it, in this order:
-
-    1. a failure phase outside :data:`SWAP_POINTS` is L2 (``optimizer.step()`` may be half applied);
-    2. no spare left is L2;
-    3. no live replica is L2 (the dead rank's shard exists nowhere else);
-    4. a failed guard is L2;
-    5. L1 only when the envelope's entry for the key at the committed boundary lists L1 (the discard
-       brings an in-flight rank back to that boundary);
-    6. then L1: a swap, after discarding the uncommitted step in place when the phase is in flight.
-    """
-    if not died:
-        return contract_decide(envelope, key, guards_ok)
-    if key.phase not in FAILURE_PHASES:
-        return Decision("L2", f"unknown failure phase {key.phase!r}")
-    if key.phase not in SWAP_POINTS:
-        return Decision("L2", f"a rank died while the survivors were in {key.phase}: the update may be half applied")
-    if not spare:
-        return Decision("L2", "a rank died and no spare is left to take its identity")
-    if not replica:
-        return Decision("L2", "a rank died and none of its replicas lives: its shard exists nowhere else")
-    if not guards_ok:
-        return Decision("L2", "guard failed: not a clean committed boundary")
-    at_boundary = ObservationKey(key.platform, key.profile, "boundary", key.objective)
-    entry = envelope.lookup(at_boundary)
-    if entry is None or "L1" not in entry.actions:
-        return Decision("L2", f"key {at_boundary} is not qualified for L1: no swap")
-    if key.phase in DISCARDABLE:
-        return Decision("L1", f"a rank died in {key.phase}: discard the uncommitted step in place, swap in a spare, rerun the step")
-    return Decision("L1", "a rank died at the committed boundary: swap in a spare")
+    """The contract's decision (C3) on ``key`` with the hot-swap facts (C1.2): ``died`` (a rank of
+    the episode died in training), ``spare`` (a spare is left for every dead rank not yet claimed),
+    ``replica`` (each of them has a live replica, a live member of its replicate group holding
+    state).  The facts become fields of the observation key and :func:`accelpact.model.contract.decide`
+    decides (its C3.2 order for a death: a point outside forward, backward and the boundary, no spare,
+    no live replica, a failed guard, a key outside the envelope: L2; else the entry's levels).  The
+    implementation calls this same function with the facts it observed."""
+    full = ObservationKey(key.platform, key.profile, key.phase, key.objective, died=died, spare=died and spare,
+                          replica=died and replica)
+    return contract_decide(envelope, full, guards_ok)
 
 
 # --------------------------------------------------------------------------------------

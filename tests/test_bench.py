@@ -20,7 +20,7 @@ from accelpact.cli import main as cli_main
 FIGURES = ("repair_total_ms_median_2x2", "repair_total_ms_max_100", "rebind_us_median_L32", "phase5_ms_median_L32",
            "guard_overhead_pct", "l2_over_l1_fault_to_frontier", "torchft_over_accelpact_fault_to_frontier",
            "control_plane_ms_W1024", "step_control_ms_W1024")
-QUICK = ("explore", "check", "rebind", "validate", "controlplane", "leaks", "repair", "guard", "goodput")
+QUICK = ("explore", "check", "rebind", "validate", "transfer", "controlplane", "leaks", "repair", "guard", "goodput")
 
 
 def _number(x, where: str) -> float:
@@ -81,6 +81,10 @@ def test_bench_all_quick_writes_every_result_and_the_summary_reads_them(tmp_path
             _stats(r[k], f"rebind.{r['wrapper']}.{k}")
     assert rebind["headline"]["rebind_us_median_L32"] is None  # the quick run has no L=32
 
+    transfer = _doc(res, "transfer")
+    for r in transfer["results"]:
+        assert r["ok"] is True, r  # the spare's state equals the replica's after every transfer
+        _stats(r["ms"], f"transfer.{r['size_mb']}")
     validate = _doc(res, "validate")
     for r in validate["results"]:
         assert r["ok"] is True and r["state_bytes"] > 0
@@ -195,6 +199,7 @@ def test_summary_prefers_the_first_folder_and_passes_reasons_on(tmp_path: Path, 
     ["bench", "leaks", "--wrappers", "fsdp3"],
     ["bench", "guard", "--blocks", "1"],
     ["bench", "goodput", "--repeat", "0"],
+    ["bench", "transfer", "--sizes-mb", "0"],
 ])
 def test_bad_flags_exit_2_before_running_anything(argv: list[str], capsys) -> None:
     assert cli_main(argv) == 2
@@ -202,7 +207,7 @@ def test_bad_flags_exit_2_before_running_anything(argv: list[str], capsys) -> No
 
 
 def test_bench_modules_do_not_import_torch() -> None:
-    mods = ", ".join(f"accelpact.bench.{m}" for m in ("cli", "common", "all", "summary", "rebind", "validate", "controlplane",
+    mods = ", ".join(f"accelpact.bench.{m}" for m in ("cli", "common", "all", "summary", "rebind", "validate", "transfer", "controlplane",
                                                        "leaks", "repair", "guard", "goodput", "torchft_run"))
     code = f"import sys, {mods}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -19,6 +19,7 @@ from accelpact.model.contract import (
     ENVELOPE_FORMAT,
     FAILURE_PHASES,
     IN_FLIGHT_PHASES,
+    SWAP_PHASES,
     Envelope,
     EnvelopeEntry,
     EnvelopeError,
@@ -113,14 +114,51 @@ def test_c3_in_flight_is_l2_even_where_the_envelope_lists_l1():
 
 
 def test_c1_default_envelope_shape():
-    """C1, C5.3: every profile has one entry per failure phase; L1 only at the boundary; L2 everywhere."""
+    """C1, C5.3: every profile has one entry per failure phase; L1 only at the boundary; L2 everywhere.
+    C1.2: and one hot-swap entry (died, spare, replica) per swappable phase, L1 and L2."""
     env = default_envelope()
     profiles = {e.key.profile for e in env.entries}
     assert profiles == {"hsdp", "fsdp1-hybrid", "fsdp2-hybrid", "ddp"}
-    assert len(env.entries) == len(profiles) * len(FAILURE_PHASES)
-    for e in env.entries:
+    classic = [e for e in env.entries if not e.key.died]
+    swaps = [e for e in env.entries if e.key.died]
+    assert len(classic) == len(profiles) * len(FAILURE_PHASES)
+    assert sorted((e.key.profile, e.key.phase) for e in swaps) == sorted((p, ph) for p in profiles for ph in SWAP_PHASES)
+    for e in classic:
         assert ("L1" in e.actions) == (e.key.phase == "boundary")
         assert "L2" in e.actions
+    for e in swaps:
+        assert e.key.spare and e.key.replica and e.actions == ("L1", "L2")
+
+
+@pytest.mark.parametrize("phase,spare,replica,guards,level,why", [
+    ("backward", True, True, True, "L1", "discard the uncommitted step"),
+    ("boundary", True, True, True, "L1", "swap in a spare"),
+    ("optimizer", True, True, True, "L2", "half applied"),
+    ("backward", False, True, True, "L2", "no spare"),
+    ("backward", True, False, True, "L2", "none of its replicas"),
+    ("backward", True, True, False, "L2", "guard failed"),
+])
+def test_c3_5_a_death_is_decided_on_the_hot_swap_facts(phase, spare, replica, guards, level, why):
+    """C3.5: with ``died`` the key's facts decide, in order, and the envelope's swap entry admits L1."""
+    key = ObservationKey("cpu-gloo", "fsdp1-hybrid", phase, "zero-replay", died=True, spare=spare, replica=replica)
+    d = decide(default_envelope(), key, guards_ok=guards)
+    assert d.level == level and why in d.reason, d
+
+
+def test_c3_5_a_swap_outside_the_envelope_is_l2_and_the_file_format_refuses_bad_swap_entries():
+    key = ObservationKey("cpu-gloo", "ddp", "boundary", "zero-replay", died=True, spare=True, replica=True)
+    classic_only = Envelope(tuple(e for e in default_envelope().entries if not e.key.died))
+    assert decide(classic_only, key, True).level == "L2"
+    base = {"platform": "cpu-gloo", "profile": "ddp", "objective": "zero-replay", "actions": ["L1"]}
+    for bad, needle in (({**base, "phase": "optimizer", "died": True, "spare": True, "replica": True}, "only qualifiable in"),
+                        ({**base, "phase": "backward", "died": True, "spare": True}, "needs a spare and a live replica"),
+                        ({**base, "phase": "backward", "spare": True, "replica": True}, "set \"died\": true"),
+                        ({**base, "phase": "boundary", "died": "yes"}, "must be true or false")):
+        with pytest.raises(EnvelopeError, match=needle):
+            envelope_from_mapping({"format": ENVELOPE_FORMAT, "entries": [bad]})
+    # a swap entry round-trips through the file format
+    env = envelope_from_mapping(default_envelope().to_json())
+    assert env == default_envelope()
 
 
 keys = st.builds(

@@ -30,7 +30,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT_S = 240.0
 
 
-def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 1, max_restarts: int = 0) -> str:
+def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 1, max_restarts: int = 0,
+             spares: int = 0) -> str:
     """Run ``examples/<script>`` under ``nnodes`` torchrun agents of ``nproc`` workers each; the
     agents' combined output.  Fails the test on a non-zero agent exit or on the timeout."""
     out.mkdir(parents=True, exist_ok=True)
@@ -40,9 +41,12 @@ def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 
         rdzv = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                 "--rdzv-id", out.name, "--local-addr", "127.0.0.1"]
     cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(nproc),
-           "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", str(EXAMPLES / script),
+           "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
+           *(["-m", "accelpact.impl.keeper", "--", sys.executable] if spares else []), str(EXAMPLES / script),
            "--out", str(out), *extra]
     env = {k: v for k, v in worker_env().items() if not k.startswith("ACCELPACT_")}
+    if spares:
+        env["ACCELPACT_SPARES"] = str(spares)
     # these tests are about the repair and bit-identity, not detection: on 2 shared cores with up to 8
     # workers a rank can be descheduled past the detector's 0.8 s default (spec/detection.md)
     env["ACCELPACT_DEAD_AFTER_S"] = "5"
@@ -124,4 +128,15 @@ def test_fsdp2_two_agents_restart_from_checkpoint(tmp_path, fsdp2_reference):
     torchrun("fsdp2_hsdp.py", out, "--fault", "crash@backward:4:1", nproc=2, nnodes=2, max_restarts=1)
     assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [0, 1, 2, 3], \
         "every worker of both agents must run a second attempt"
+    assert_bit_identical(fsdp2_reference, out, 4)
+
+
+def test_fsdp2_crash_hot_swapped_by_a_spare(tmp_path, fsdp2_reference):
+    """Issue 13 in a user's script: 4 workers and 1 spare under one torchrun agent, each behind the
+    keeper; SIGKILL of rank 1 in step 4's backward: no restart (max-restarts 0, the agent exits 0),
+    the spare takes rank 1's identity with rank 3's shard, every rank reruns step 4, bit-identical."""
+    out = tmp_path / "swap"
+    text = torchrun("fsdp2_hsdp.py", out, "--replicas", "2", "--fault", "crash@backward:4:1", nproc=5, spares=1)
+    assert text.count("replaced by a spare, step rerun") == 3, f"every survivor reports the swap:\n{text[-3000:]}"
+    assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [], "no second attempt: nothing restarted"
     assert_bit_identical(fsdp2_reference, out, 4)

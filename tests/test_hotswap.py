@@ -74,7 +74,7 @@ def test_claim_is_single_assignment_and_the_pool_runs_out():
     store = _store()
     first = [hotswap.claim(store, 0, 1, spares=2) for _ in range(3)]
     assert first == [0, 0, 0]
-    assert store.get(hotswap.assign_key(0)).decode() == "1:0"
+    assert store.get(hotswap.assign_key(0)).decode() == "1:0:"
     assert hotswap.claim(store, 0, 3, spares=2) == 1
     assert hotswap.claim(store, 0, 2, spares=2) is None
     assert not store.check([hotswap.assign_key(2)])
@@ -85,8 +85,8 @@ def test_claim_is_single_assignment_and_the_pool_runs_out():
 def test_spare_waits_for_its_assignment_or_the_end_of_the_job():
     store = _store()
     assert hotswap.wait_for_claim(store, 0, "accelpact/abort", timeout_s=0.2) == "deadline"
-    store.set(hotswap.assign_key(0), "3:2")
-    assert hotswap.wait_for_claim(store, 0, "accelpact/abort", timeout_s=5) == (3, 2)
+    store.set(hotswap.assign_key(0), "3:2:backward")
+    assert hotswap.wait_for_claim(store, 0, "accelpact/abort", timeout_s=5) == (3, 2, "backward")
     store.set("accelpact/abort", "closed")
     assert hotswap.wait_for_claim(store, 1, "accelpact/abort", timeout_s=5) == "closed"
 
