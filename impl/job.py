@@ -193,7 +193,8 @@ class Job:
 
     ``faults``: every attempt's faults (``Fault.attempt``); ``seeded_bug``: a deliberately broken
     engine for the conformance suite's teeth (:data:`accelpact.impl.hooks.SEEDED_BUGS`), never set
-    by users; ``envelope``: the path of an envelope file (None: the default envelope)."""
+    by users; ``envelope``: the path of an envelope file (None: the default envelope);
+    ``dead_after_s``: the failure detector's silence threshold (None: its default, spec/detection.md)."""
 
     topology: Topology
     workload: Workload
@@ -208,9 +209,10 @@ class Job:
     pg_timeout_s: float = 120.0
     seeded_bug: str | None = None
     envelope: str | None = None
+    dead_after_s: float | None = None
 
     FIELDS = ("scenario", "topology", "workload", "faults", "backend", "out", "trace", "deadline_s",
-              "collective_timeout_s", "step_deadline_s", "pg_timeout_s", "seeded_bug", "envelope")
+              "collective_timeout_s", "step_deadline_s", "pg_timeout_s", "seeded_bug", "envelope", "dead_after_s")
 
     def __post_init__(self) -> None:
         if self.step_deadline_s is None:
@@ -237,8 +239,9 @@ class Job:
             raise JobError(str(exc)) from None
         seconds = {k: check_seconds(k, j[k], JobError) for k in ("deadline_s", "collective_timeout_s", "pg_timeout_s")
                    if k in j}
-        if j.get("step_deadline_s") is not None:
-            seconds["step_deadline_s"] = check_seconds("step_deadline_s", j["step_deadline_s"], JobError)
+        for k in ("step_deadline_s", "dead_after_s"):
+            if j.get(k) is not None:
+                seconds[k] = check_seconds(k, j[k], JobError)
         bug = j.get("seeded_bug")
         if bug is not None and bug not in SEEDED_BUGS:
             raise JobError(f"seeded_bug: {bug!r} is not a seeded bug; use one of {list(SEEDED_BUGS)} or null")
@@ -259,7 +262,8 @@ class Job:
                 "faults": [f.to_json() for f in self.faults], "backend": self.backend, "out": self.out,
                 "trace": self.trace, "deadline_s": self.deadline_s, "collective_timeout_s": self.collective_timeout_s,
                 "step_deadline_s": self.step_deadline_s, "pg_timeout_s": self.pg_timeout_s,
-                "seeded_bug": self.seeded_bug, "envelope": self.envelope}
+                "seeded_bug": self.seeded_bug, "envelope": self.envelope,
+                **({"dead_after_s": self.dead_after_s} if self.dead_after_s is not None else {})}
 
     def replace(self, **changes: Any) -> "Job":
         """A copy with ``changes``, validated again (``faults`` may be mappings)."""
