@@ -57,7 +57,7 @@ __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "c
 NOTICE_GRACE_S = 3.0
 #: After the first notice, how long before the dead set is read: a concurrent crash (FailBench F2)
 #: is noticed by its own keeper a few milliseconds later.
-SETTLE_S = 0.3
+SETTLE_S = 0.1
 
 NEXT_KEY = "accelpact/swap/next"
 
@@ -99,6 +99,7 @@ class SwapRecord:
     frontier: int
     role: str                       # "survivor" or "spare"
     durations_ms: dict[str, float] = field(default_factory=dict)
+    t_resume: float = 0.0           # time.monotonic() when the release came: training again at F
 
 
 # ------------------------------------------------------------------------------------- notices
@@ -602,5 +603,5 @@ def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead:
                  {"error": f"{type(exc).__name__}: {exc}"[:500], "swap": True})
         raise  # not reached: _exit_on ends the process
     record = SwapRecord(generation=g, point=point, dead=list(dead), spares=dict(claims), sources=sources,
-                        frontier=frontier, role=role, durations_ms=t)
+                        frontier=frontier, role=role, durations_ms=t, t_resume=time.monotonic())
     return module, optimizer, record

@@ -532,32 +532,31 @@ def _span(t0, t1):
 def swap_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
     """One entry per hot swap (generation g) of ``attempt``: the dead ranks, the spare each took,
     the replica that sent its state, the frontier F it resumed at, phase durations (max over ranks,
-    ms) and fault-to-frontier (the death's ``Fault*`` record until the last rank trained again at F;
-    needs ``"trace": true``).  Lost steps: 0 by construction of the check (F is the frontier of the
-    death, every rank resumes there: the worker records it)."""
+    ms) and fault-to-frontier (the death's ``Fault*`` record of g until the last rank's release, the
+    moment it trains again at F; needs ``"trace": true``).  Read from every rank's swap records (a
+    spare's ``swapped_in`` and the ``swaps`` it took part in afterwards)."""
     by_gen: dict[int, dict] = {}
+    run = RunDir(res.out)
     for (a, _r), r in res.results.items():
         if a != attempt:
             continue
-        swaps = r.get("swaps") or ([r["swapped_in"]] if r.get("swapped_in") else [])
-        for sw in swaps:
+        for sw in list(r.get("swaps") or []) + ([r["swapped_in"]] if r.get("swapped_in") else []):
             g = int(sw["generation"])
             e = by_gen.setdefault(g, {"generation": g, "dead": sw["dead"], "spares": sw["spares"], "sources": {},
-                                      "frontier": sw["frontier"], "point": "", "durations_ms": {},
-                                      "t_fault": None, "t_frontier": None, "replayed_steps": 0})
+                                      "frontier": sw["frontier"], "point": "", "durations_ms": {}, "t_resume": None,
+                                      "replayed_steps": 0})
             e["sources"].update(sw.get("sources") or {})
             e["point"] = sw.get("point") or e["point"]
             for k, v in (sw.get("durations_ms") or {}).items():
                 e["durations_ms"][k] = max(e["durations_ms"].get(k, 0.0), v)
-            if r.get("t_fault") is not None:
-                e["t_fault"] = r["t_fault"] if e["t_fault"] is None else min(e["t_fault"], r["t_fault"])
-            if r.get("t_frontier") is not None and "swapped_in" not in r:
-                e["t_frontier"] = r["t_frontier"] if e["t_frontier"] is None else max(e["t_frontier"], r["t_frontier"])
+            if sw.get("t_resume"):
+                e["t_resume"] = max(e["t_resume"] or 0.0, float(sw["t_resume"]))
     out = []
     for g in sorted(by_gen):
         e = by_gen[g]
-        t0, t1 = e.pop("t_fault"), e.pop("t_frontier")
-        e["fault_to_frontier_s"] = (t1 - t0) if t0 is not None and t1 is not None else None
+        t1 = e.pop("t_resume")
+        t0 = run.fault_time_ns(attempt, gen=g)
+        e["fault_to_frontier_s"] = (t1 - t0 / 1e9) if t0 is not None and t1 is not None else None
         out.append(e)
     return out
 
