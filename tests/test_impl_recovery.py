@@ -310,8 +310,10 @@ def test_in_flight_backward_failure_every_rank_exits_70(ranks):
     faults = [{"step": 1, "at": "backward", "kind": "collective_timeout", "ranks": [1], "group": "world"}]
     run = ranks.run(ddp_worker, 4, init_group=True, steps=3, faults=faults, reference=False)
     assert run.codes == {0: 70, 1: 70, 2: 70, 3: 70}, run.explain()
-    # rank 1 broke the group itself: it observes (and rejects) for sure
-    assert "RankReject" in run.actions(1), run.explain()
+    # someone observed it in backward and rejected it; rank 1 broke the group itself, but a peer's
+    # rejection can still reach its watchdog first (measured once in CI: rank 1 ended by RankExit)
+    assert any("RankReject" in run.actions(r) for r in range(4)), run.explain()
+    assert run.actions(1)[-1] in ("RankReject", "RankExit"), run.explain()
     for r in range(4):
         acts = run.actions(r)
         obs = [x for x in run.trace(r) if x.get("action") == "RankObserve"]
