@@ -340,7 +340,7 @@ class Pact:
         observed, err = self._probe(loss)
         t_obs = time.monotonic_ns()
         if observed:
-            self.control.publish_revoke(self.gen, self.groups.key)
+            self._publish_revoke_or_lose_store(self.gen)
         failed = self._failure_flag(observed)
         if not failed:
             self.watchdog.disarm()
@@ -367,6 +367,19 @@ class Pact:
         except Exception as exc:  # noqa: BLE001 - any error at the post-commit collective is R's failure, observed
             return True, exc
         return False, None
+
+    def _publish_revoke_or_lose_store(self, g: int) -> None:
+        """Publish R's revoke of generation ``g``; if the store is gone, this rank's store operation
+        failed: ``RankLoseStore`` (exit 72), as the watchdog's poll would end it a moment later
+        (an uncaught store error here ended the rank with a crash code, 1)."""
+        try:
+            self.control.publish_revoke(g, self.groups.key)
+        except Exception as exc:  # noqa: BLE001 - any store failure: the store is lost to this rank
+            if self.control.reachable():
+                raise
+            claim_exit()
+            self.watchdog.lose_store(exc, claimed=True)
+            raise _Exited from exc
 
     def _failure_flag(self, observed: bool) -> list[int]:
         """The failure flag OR-ed over W (control group, :func:`accelpact.impl.flag.or_allreduce`:
@@ -537,7 +550,7 @@ class Pact:
         blocked on R wake up) and every rank records the observation."""
         with self._hold():
             if ep.member:
-                self.control.publish_revoke(ep.g, self.groups.key)
+                self._publish_revoke_or_lose_store(ep.g)
                 self.hooks.written()
             self._act("RankObserve", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier,
                                               tau=self.guard.tau),

@@ -128,3 +128,31 @@ def test_the_engine_decides_with_the_models_function(point, spare, replica, leve
     key = ObservationKey(DEFAULT_PLATFORM, "fsdp1-hybrid", point, DEFAULT_OBJECTIVE)
     dec = model_swap.decide(default_envelope(), key, True, died=True, spare=spare, replica=replica)
     assert dec.level == level, dec.reason
+
+
+def test_the_swaps_validation_sees_a_transfer_that_left_something_behind():
+    """Phase 6 after a swap compares the spare's state checksum with its replicas'
+    (``hotswap.validate``, :func:`accelpact.impl.digest.state_checksum`): equal after a full
+    transfer; different when the transfer drops the optimizer state, or one parameter's shard."""
+    from accelpact.impl.digest import state_checksum
+
+    cpu = torch.device("cpu")
+    src, src_opt = _model_and_optim(0, 3)
+    manifest, tensors = hotswap.export_state(src, src_opt)
+    want = state_checksum(src, src_opt, cpu)
+
+    dst, dst_opt = _model_and_optim(1, 0)
+    hotswap.import_state(dst, dst_opt, manifest, [t.clone() for t in tensors])
+    assert torch.equal(state_checksum(dst, dst_opt, cpu), want)
+
+    no_optim = {**manifest, "state": {}}
+    n_params = len(manifest["params"]) + len(manifest["buffers"])
+    dst, dst_opt = _model_and_optim(1, 0)
+    hotswap.import_state(dst, dst_opt, no_optim, [t.clone() for t in tensors[:n_params]])
+    assert not torch.equal(state_checksum(dst, dst_opt, cpu), want)
+
+    stale = [t.clone() for t in tensors]
+    stale[0] = stale[0] + 1e-3  # one parameter's shard from another step
+    dst, dst_opt = _model_and_optim(1, 0)
+    hotswap.import_state(dst, dst_opt, manifest, stale)
+    assert not torch.equal(state_checksum(dst, dst_opt, cpu), want)
