@@ -177,15 +177,7 @@ def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision
         return _decide_swap(envelope, key, guards_ok)
     if key.phase in IN_FLIGHT_PHASES:
         return Decision("L2", f"failure in flight ({key.phase}): not at a committed boundary")
-    if not guards_ok:
-        return Decision("L2", "guard failed: not a clean committed boundary")
-    entry = envelope.lookup(key)
-    if entry is None:
-        notice = unqualified_notice(envelope, key.platform)
-        return Decision("L2", f"key {key} is outside the envelope" + (f": {notice}" if notice else ""))
-    if "L1" in entry.actions:
-        return Decision("L1", f"key {key} qualified for L1")
-    return Decision("L2", f"key {key} is qualified for L2 only")
+    return _by_entry(envelope, key, guards_ok, f"key {key} qualified for L1")
 
 
 def _decide_swap(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision:
@@ -195,18 +187,25 @@ def _decide_swap(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> De
         return Decision("L2", "a rank died and no spare is left to take its identity")
     if not key.replica:
         return Decision("L2", "a rank died and none of its replicas lives: its shard exists nowhere else")
+    if key.phase in IN_FLIGHT_PHASES:
+        why = f"a rank died in {key.phase}: discard the uncommitted step in place, swap in a spare, rerun the step"
+    else:
+        why = "a rank died at the committed boundary: swap in a spare"
+    return _by_entry(envelope, key, guards_ok, why, ": no swap")
+
+
+def _by_entry(envelope: Envelope, key: ObservationKey, guards_ok: bool, l1_reason: str, l2_suffix: str = "") -> Decision:
+    """The last checks of both orders (C3 steps 2-5, C3.5 steps 4-7): the guard, then the envelope's
+    entry for ``key``: outside it L2, L1 only where the entry lists it."""
     if not guards_ok:
         return Decision("L2", "guard failed: not a clean committed boundary")
     entry = envelope.lookup(key)
     if entry is None:
         notice = unqualified_notice(envelope, key.platform)
-        return Decision("L2", f"key {key} is outside the envelope: no swap" + (f": {notice}" if notice else ""))
-    if "L1" not in entry.actions:
-        return Decision("L2", f"key {key} is qualified for L2 only: no swap")
-    if key.phase in IN_FLIGHT_PHASES:
-        return Decision("L1", f"a rank died in {key.phase}: discard the uncommitted step in place, swap in a spare, "
-                              "rerun the step")
-    return Decision("L1", "a rank died at the committed boundary: swap in a spare")
+        return Decision("L2", f"key {key} is outside the envelope{l2_suffix}" + (f": {notice}" if notice else ""))
+    if "L1" in entry.actions:
+        return Decision("L1", l1_reason)
+    return Decision("L2", f"key {key} is qualified for L2 only{l2_suffix}")
 
 
 # ---------------------------------------------------------------------------------------
