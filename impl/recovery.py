@@ -239,6 +239,7 @@ class Pact:
         self.last_loss: float | None = None
         self._step = frontier
         self._episode: _Episode | None = None  # the recovery in progress
+        self._observed_gen = -1  # the generation whose failure this rank last recorded (RankObserve)
         self._pg = groups.affected
         self._record: _revoke.SocketRecord | None = groups.record
         # keep no second reference to R's communicator: after a repair the adapters' walker would
@@ -340,7 +341,8 @@ class Pact:
         observed, err = self._probe(loss)
         t_obs = time.monotonic_ns()
         if observed:
-            self._publish_revoke_or_lose_store(self.gen)
+            # a member observes before any effect of its observation (revoke, flag) reaches a peer
+            self._observe(self.gen, member=True, failed=(self.groups.index,), error=err)
         failed = self._failure_flag(observed)
         if not failed:
             self.watchdog.disarm()
@@ -455,8 +457,10 @@ class Pact:
         if not dead:
             return
         self.watchdog.disarm()
-        self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
-                  {"error": repr(exc)[:300], "dead": list(dead), "swap": True})
+        if self._observed_gen != self.gen:  # a member at the boundary has recorded it already
+            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
+                      {"error": repr(exc)[:300], "dead": list(dead), "swap": True})
+            self._observed_gen = self.gen
         raise SwapNeeded(point, dead, exc) from exc
 
     def _on_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
@@ -502,7 +506,8 @@ class Pact:
         ep = _Episode(self.gen, self.groups.index in failed, tuple(failed), t0, t_obs, err)
         ep.revoke_to_observe_ns = self._revoke_latency(ep)
         self._episode = ep
-        self._observe(ep)
+        if not ep.member:  # a member recorded its RankObserve at the boundary, before its flag
+            self._observe(ep.g, member=False, failed=ep.failed, error=None)
         member = (self._replace, self._rebind, self._validate) if ep.member else (None, None, None)
         phases = (
             ("guard", (self._guard,)),
@@ -545,17 +550,22 @@ class Pact:
         return -1
 
     # ---- Phase 1: RankObserve -------------------------------------------------------------------
-    def _observe(self, ep: _Episode) -> None:
-        """RankObserve at the boundary: a member of a failed group publishes R's revoke (peers
-        blocked on R wake up) and every rank records the observation."""
+    def _observe(self, g: int, *, member: bool, failed: tuple[int, ...], error: BaseException | None) -> None:
+        """RankObserve at the boundary.  A member of a failed group (its collective on R failed)
+        records it first and then publishes R's revoke, so that peers blocked on R wake up: the
+        record precedes every effect of the observation (the revoke, its failure flag), as in the
+        model a peer can only learn of a failure that a member observed.  If the store is gone
+        the publish ends the rank by RankLoseStore, after its RankObserve.  A rank outside the
+        failed groups records it once the failure flag told it which groups failed."""
         with self._hold():
-            if ep.member:
-                self._publish_revoke_or_lose_store(ep.g)
-                self.hooks.written()
             self._act("RankObserve", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier,
                                               tau=self.guard.tau),
-                      {"member": ep.member, "failed_groups": list(ep.failed),
-                       "error": repr(ep.error)[:200] if ep.error else None})
+                      {"member": member, "failed_groups": list(failed),
+                       "error": repr(error)[:200] if error else None})
+            self._observed_gen = g
+        if member:
+            self._publish_revoke_or_lose_store(g)
+            self.hooks.written()
 
     def _observe_in_flight(self, point: str, exc: BaseException) -> None:
         """RankObserve of an in-flight failure, then RankReject: the contract says L2 (C3 rule 1).
