@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test test-fast lint explore bench clean
+.PHONY: demo test test-fast lint explore nightly bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,11 @@ lint: $(STAMP)
 
 explore: $(STAMP)
 	$(BIN)/accelpact explore --nodes 2 --ranks-per-node 2 --max-faults 2
+
+# The nightly profile: 2x2 with three faults and 3x2 with two, each stopped at ten minutes
+# (model/engine_nightly.py; not in CI).
+nightly: $(STAMP)
+	$(BIN)/python -m accelpact.model.engine_nightly --budget 600 --json build/nightly.json
 
 bench: $(STAMP)
 	$(BIN)/accelpact bench explore

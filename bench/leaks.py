@@ -78,6 +78,7 @@ def leaks_rank(ctx, wrapper: str, nodes: int, ranks_per_node: int, repairs: int,
         if step == 0:
             rows.append(_measure("attach"))
         elif rep is not None:
+            pact.wait_retired()  # the replaced group is destroyed off the repair's path, a few tens of ms later
             rows.append({**_measure(len(pact.reports)), "total_ms": rep.total_ns / 1e6})
     job.close()  # nobody leaves before everyone is done
     return {"rank": job.rank, "gen": pact.gen, "rows": rows}

@@ -180,9 +180,12 @@ class Backend:
         from torch.distributed.distributed_c10d import GroupName
 
         w = c10d._world
-        for other, other_name in w.pg_names.items():
-            if other_name == name and other is not pg:
-                raise ValueError(f"process-group name {name!r} is already registered; use a per-generation name (e.g. '{name}@g2')")
+        try:  # c10d's own name registry: O(1), where a scan of ``pg_names`` grows with every group of the job
+            holder = c10d._resolve_process_group(GroupName(name))
+        except RuntimeError:  # not registered
+            holder = None
+        if holder is not None and holder is not pg:
+            raise ValueError(f"process-group name {name!r} is already registered; use a per-generation name (e.g. '{name}@g2')")
         mapping = {g: i for i, g in enumerate(global_ranks)}
         helper = getattr(c10d, "_register_pg_in_world", None)
         if helper is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import queue
 import sys
 import threading
 import time
@@ -90,8 +91,15 @@ class RevokedWhilePending(RuntimeError):
 #: repair in a hundred a gloo op on R stays blocked (measured: ``accelpact bench repair``, 2x2, an
 #: unloaded machine), and the repair then waits this grace out.  R is revoked (it failed, and is
 #: being replaced), so nothing is lost by abandoning its op early: 1.0 s made the slowest of 100
-#: repairs 1,089 ms, 0.2 s makes it 291 ms.
+#: repairs 1,089 ms, 0.2 s makes it 291 ms.  The grace counts from when the revoke took effect here
+#: (the watcher's shutdown), no longer from when the waiting op first looked (up to 50 ms later).
+#: Shorter graces were tried on gloo: 0.02 s and 0.05 s abandon, under load, ops that would have
+#: failed by themselves, and an abandoned op's reaper then holds its group (threads, sockets) for
+#: longer (``test_ten_repairs_no_leak`` saw +4 fds in 2 of 8 and 1 of 8 runs at load ~4; 0 of 8 at 0.2 s).
 REVOKE_GRACE_S = 0.2
+#: How often a pending op on R looks for R's revoke (the watcher's record, else the store key): the
+#: first look after one interval, so a healthy op (about 1 ms) makes no store round trip.
+REVOKE_CHECK_S = 0.02
 
 #: With spares: how long the failure detector's suspicion of a dead peer waits for the keeper's
 #: death notice before it ends the job (a process that is stopped, not dead, gets no notice).
@@ -203,6 +211,39 @@ class _Episode:
     durations: dict[str, int] = field(default_factory=dict)
 
 
+_RETIRE_QUEUE: "queue.SimpleQueue[tuple[list, threading.Event]]" = queue.SimpleQueue()
+_RETIRE_LOCK = threading.Lock()
+_RETIRER: threading.Thread | None = None
+
+
+def _retirer() -> None:
+    while True:
+        box, done = _RETIRE_QUEUE.get()
+        try:
+            box.clear()  # the group's destructor runs here, if this was its last reference
+        except Exception:  # noqa: BLE001 - a destructor's error must not end the retiring thread
+            pass
+        done.set()
+
+
+def _retire_off_path(box: list) -> threading.Event:
+    """Drop the references in ``box`` (a replaced communicator) on the retiring thread (one per
+    process, started on first use; a queue put costs microseconds, where starting a thread per
+    repair cost 0.1-0.4 ms in phase 5).  Destroying a gloo ``ProcessGroup`` tears down its pairs
+    and worker threads: 20-25 ms per group between two processes here, with the GIL released (the
+    main thread stalls 0.15 ms), which inside phase 5 sat on the repair's critical path.  If
+    something else still holds the group (a reaped work, a socket record), it is destroyed where
+    that reference goes, as before.  Returns the event set once ``box`` was emptied."""
+    global _RETIRER
+    with _RETIRE_LOCK:
+        if _RETIRER is None or not _RETIRER.is_alive():
+            _RETIRER = threading.Thread(target=_retirer, name="accelpact-retire", daemon=True)
+            _RETIRER.start()
+    done = threading.Event()
+    _RETIRE_QUEUE.put((box, done))
+    return done
+
+
 class Pact:
     """The attached engine of one rank.  Create with :func:`attach`.
 
@@ -240,6 +281,7 @@ class Pact:
         self._step = frontier
         self._episode: _Episode | None = None  # the recovery in progress
         self._observed_gen = -1  # the generation whose failure this rank last recorded (RankObserve)
+        self._retiring: list[threading.Event] = []  # replaced communicators being destroyed (phase 5)
         self._pg = groups.affected
         self._record: _revoke.SocketRecord | None = groups.record
         # keep no second reference to R's communicator: after a repair the adapters' walker would
@@ -415,21 +457,26 @@ class Pact:
         before that)."""
         from .backends import backend_of, wait_bounded
 
-        seen = None  # when this rank first knew of the revoke (its watcher's, or the store key)
+        backend = backend_of(self._pg)
+        grace = REVOKE_GRACE_S
+        seen = None  # when R's revoke took effect here (the watcher's shutdown), or this wait first saw its key
 
         def revoke_check() -> None:
             nonlocal seen
-            if seen is None and (any(r[0] == self.gen for r in self.watchdog.revocations)
-                                 or self.control.revoked(self.gen, self.groups.key)):
-                seen = time.monotonic()
-            if seen is not None and time.monotonic() - seen > REVOKE_GRACE_S:
-                raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {REVOKE_GRACE_S} s after "
+            if seen is None:
+                mine = [r[3] for r in self.watchdog.revocations if r[0] == self.gen]
+                if mine:
+                    seen = mine[0] / 1e9  # time.monotonic_ns's clock is time.monotonic's
+                elif self.control.revoked(self.gen, self.groups.key):
+                    seen = time.monotonic()
+            if seen is not None and time.monotonic() - seen > grace:
+                raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {grace} s after "
                                           f"generation {self.gen}'s revoke")
 
-        budget = (backend_of(self._pg).timeout_of(self._pg) or self.deadline_s) + REVOKE_GRACE_S
+        budget = (backend.timeout_of(self._pg) or self.deadline_s) + grace
         try:
             try:
-                wait_bounded(work, budget, check=revoke_check)  # raises the op's own error, if any
+                wait_bounded(work, budget, check=revoke_check, check_every_s=REVOKE_CHECK_S)  # raises the op's own error, if any
             except RevokedWhilePending:
                 threading.Thread(target=_reap, args=(work, self._pg), name="accelpact-reaper", daemon=True).start()
                 raise
@@ -488,6 +535,14 @@ class Pact:
         self.watchdog.disarm()
         if self.detector is not None:
             self.detector.close(timeout_s=0)
+
+    def wait_retired(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the communicators that phase 5 replaced are destroyed (their threads and
+        sockets gone: that happens off the repair's critical path, a few tens of ms after it);
+        False if one is still being destroyed after ``timeout_s``.  For measurements of what a
+        repair leaves behind; training need not call it."""
+        deadline = time.monotonic() + timeout_s
+        return all(ev.wait(max(deadline - time.monotonic(), 0.0)) for ev in self._retiring)
 
     def retire(self) -> None:
         """After a hot swap: this engine (generation g) gives way to the next one on the rebuilt model;
@@ -659,7 +714,9 @@ class Pact:
             if not check.ok and not skip:
                 raise RebindError(f"{stale} of {check.total} cached references still name the generation-{ep.g} "
                                   f"communicator after rebinding: {check.detail}")
+        retiring = [old_pg]  # this frame's last reference: the old group is destroyed off the critical path
         del old_pg
+        self._retiring = [ev for ev in self._retiring if not ev.is_set()] + [_retire_off_path(retiring)]
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=stale),
                   {"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t})
 

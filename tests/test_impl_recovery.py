@@ -102,6 +102,7 @@ def ddp_worker(ctx, steps: int = 4, faults=(), deadline_s: float = 8.0, step_dea
                 opt.zero_grad(set_to_none=True)
             rep = pact.boundary(loss)
             if rep is not None and measure:
+                assert pact.wait_retired(), "the replaced communicator was still being destroyed after 10 s"
                 rows.append(_measure(step, rep))
 
     results: dict = {}

@@ -95,3 +95,33 @@ def test_hard_close_skips_reused_fd():
         a.close()
         b.close()
 
+
+
+def test_connected_tcp_tells_connected_tcp_sockets_from_the_rest():
+    """What the record keeps: connected TCP sockets only; never a listener (shutting a group's LISTEN
+    socket down aborts the process), a unix socket, a pipe or a closed fd.  Checked against the
+    kernel's own table (/proc/net/tcp), and the socket is left working."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    try:
+        est = revoke.established_inodes()
+        for s in (client, server):
+            assert revoke.connected_tcp(s.fileno())
+            assert os.fstat(s.fileno()).st_ino in est
+        assert not revoke.connected_tcp(listener.fileno())
+        assert os.fstat(listener.fileno()).st_ino not in est
+        assert not revoke.connected_tcp(a.fileno())
+        assert not revoke.connected_tcp(r)
+        closed = os.dup(r)
+        os.close(closed)
+        assert not revoke.connected_tcp(closed)
+        client.sendall(b"x")  # the check's duplicate was closed, the socket is still connected
+        assert server.recv(1) == b"x"
+    finally:
+        for s in (client, server, listener, a, b):
+            s.close()
+        os.close(r)
+        os.close(w)

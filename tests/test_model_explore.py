@@ -240,3 +240,20 @@ def test_bench_dispatcher(capsys):
     (row,) = data["results"]
     assert row["reduced"]["states"] < row["unreduced"]["states"]
     assert cli_main(["bench", "explore", "--configs", "9x9"]) == 2
+
+
+def test_nightly_profile_stops_at_its_budget_and_says_how_far_it_got(tmp_path, capsys):
+    """``make nightly``'s runner: a configuration still running at the budget is stopped there (not
+    left to run for hours and fill memory), reported with the states and BFS level it reached and
+    no verdict, and the profile fails (exit 1)."""
+    from accelpact.model.engine_nightly import main as nightly_main
+
+    out = tmp_path / "nightly.json"
+    rc = nightly_main(["--configs", "2x2-f3", "--budget", "0.5", "--quiet", "--json", str(out)])
+    assert rc == 1
+    row = json.loads(out.read_text())["results"][0]
+    assert row["name"] == "2x2-f3" and "numbers" not in row
+    assert row["over_budget"]["states"] >= 1 << 16  # the first progress call, after 65,536 expanded states
+    assert row["over_budget"]["level"] >= 1
+    assert "did not finish within the budget of 0.5 s: stopped at" in capsys.readouterr().out
+    assert nightly_main(["--configs", "2x2-f9"]) == 2  # an unknown configuration is refused by name
