@@ -457,8 +457,6 @@ class Pact:
         before that)."""
         from .backends import backend_of, wait_bounded
 
-        backend = backend_of(self._pg)
-        grace = REVOKE_GRACE_S
         seen = None  # when R's revoke took effect here (the watcher's shutdown), or this wait first saw its key
 
         def revoke_check() -> None:
@@ -469,11 +467,11 @@ class Pact:
                     seen = mine[0] / 1e9  # time.monotonic_ns's clock is time.monotonic's
                 elif self.control.revoked(self.gen, self.groups.key):
                     seen = time.monotonic()
-            if seen is not None and time.monotonic() - seen > grace:
-                raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {grace} s after "
+            if seen is not None and time.monotonic() - seen > REVOKE_GRACE_S:
+                raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {REVOKE_GRACE_S} s after "
                                           f"generation {self.gen}'s revoke")
 
-        budget = (backend.timeout_of(self._pg) or self.deadline_s) + grace
+        budget = (backend_of(self._pg).timeout_of(self._pg) or self.deadline_s) + REVOKE_GRACE_S
         try:
             try:
                 wait_bounded(work, budget, check=revoke_check, check_every_s=REVOKE_CHECK_S)  # raises the op's own error, if any
