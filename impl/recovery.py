@@ -617,8 +617,7 @@ class Pact:
                        "error": repr(error)[:200] if error else None})
             self._observed_gen = g
         if member:
-            self._publish_revoke_or_lose_store(g)
-            self.hooks.written()
+            self._publish_revoke_or_lose_store(g)  # after its record: no write-to-record window here
 
     def _observe_in_flight(self, point: str, exc: BaseException) -> None:
         """RankObserve of an in-flight failure, then RankReject: the contract says L2 (C3 rule 1).
