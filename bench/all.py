@@ -4,8 +4,8 @@
 and a half on a 2-core machine.  Without it: the full sizes, results in ``bench/results/`` (read by
 ``accelpact bench summary``), plots beside them; the better part of an hour on 2 shared cores.
 
-``recovery`` has no quick run of its own: ``goodput`` runs the same launches
-(:func:`accelpact.bench.recovery.measure`, on the 2-rank world).  A benchmark that fails does not
+``recovery`` has no quick run of its own: ``goodput`` runs its L1 and L2 launches (the same job,
+:func:`accelpact.bench.recovery._job`, on the 2-rank world).  A benchmark that fails does not
 stop the others; the exit status is 1 if any failed.
 """
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         if args.quick and quick_argv is None:
             rows.append({"benchmark": name, "rc": None, "wall_s": 0.0,
-                         "note": "no quick run: goodput runs the same launches (recovery.measure)"})
+                         "note": "no quick run: goodput runs its L1 and L2 launches (recovery._job)"})
             continue
         argv = list((quick_argv or []) if args.quick else full_argv) + ["--json", str(results / f"{name}.json")]
         if plots and not args.quick and not args.no_plots:

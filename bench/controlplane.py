@@ -32,6 +32,14 @@ Two questions, each measured on the real code of :mod:`accelpact.impl.controlpla
    W = 1024, labelled as such (nothing at W > 8 is measured for this part): the ring's 2(W-1) hops
    priced at the W = 2 measurement, and a least-squares fit ``a + b (W - 1)`` over the measured W
    (inflated: W > 2 processes share two cores).
+
+4. **Per step, fault-free, simulated ranks** (``--flag-worlds``, default 16,64,256,1024): the
+   engine's flag itself (:func:`accelpact.impl.flag.or_allreduce`) with W ranks as threads of one
+   fresh process, each with its own TCPStore connection and gloo group (pairs connected lazily:
+   each rank connects to the log2 W peers it exchanges with).  A rank's CPU time per flag is the
+   per-rank work a real job pays (O(log W) exchanges); the wall time here serialises W ranks on two
+   cores and is only an upper bound.  The headline ``step_control_ms_W1024`` is that CPU time at
+   W = 1024 plus the progress ``store.set``.
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proc-worlds", default=None, help="real-process W, comma-separated (default 2,4,8; quick 2)")
     p.add_argument("--trials", type=int, default=None, help="recoveries per W (default 10; quick 3)")
     p.add_argument("--iters", type=int, default=None, help="fault-free boundaries timed per real W (default 300; quick 50)")
+    p.add_argument("--flag-worlds", default=None,
+                   help="simulated W for the fault-free flag (a thread and a gloo group per rank, one process), "
+                        "comma-separated (default 16,64,256,1024; quick 4,16; empty: none)")
+    p.add_argument("--flag-iters", type=int, default=None, help="flags timed per simulated W (default 10; quick 5)")
     p.add_argument("--ranks-per-node", type=int, default=8,
                    help="M of the simulated N x M world: the failed replicate group has W/M members (default 8)")
     p.add_argument("--saturate-s", type=float, default=None,
@@ -309,6 +321,108 @@ def measure_procs(world: int, trials: int, iters: int, rpn: int, out: str, timeo
             "progress_set_ms": common.stats([x for r in res for x in r["set_s"]], 1e3)}
 
 
+# ------------------------------------------------------------------- the per-step flag, simulated ranks
+
+def flag_sim(world: int, iters: int) -> dict[str, Any]:
+    """In this process (call it in a fresh one: it leaves ``world`` gloo groups behind): ``world``
+    simulated ranks, each a thread with its own TCPStore connection and its own ``ProcessGroupGloo``
+    (lazy pair connection, one worker thread), all on loopback, running the engine's fault-free
+    failure flag (:func:`accelpact.impl.flag.or_allreduce`, the doubling above ``RING_MAX_WORLD``)
+    ``iters`` times, each started from a barrier, one rank raising the flag every other time (the
+    OR is checked on every rank).  Per rank and flag: wall time and the thread's CPU time
+    (``time.thread_time``: the rank's own work, which is what a rank of a real job spends; the wall
+    time here is W ranks serialised on two cores and the GIL, an upper bound)."""
+    import os
+    import resource
+
+    os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")  # pairs connect on first use: log2 W peers per rank
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.impl.flag import RING_MAX_WORLD, or_allreduce, rounds
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    torch.set_num_threads(1)
+    to = datetime.timedelta(seconds=600)
+    master = dist.TCPStore("127.0.0.1", 0, None, True, timeout=to, wait_for_workers=False)
+    pgs: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def build(r: int) -> None:
+        try:
+            st = dist.TCPStore("127.0.0.1", master.port, None, False, timeout=to)
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = to
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            opts._threads = 1
+            pgs[r] = dist.ProcessGroupGloo(dist.PrefixStore("flag", st), r, world, opts)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=build, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise common.BenchError(f"flag simulation at W={world}: building the groups failed: {errors[0]}")
+    setup_s = time.monotonic() - t0
+    barrier = threading.Barrier(world)
+    wall = [[0.0] * iters for _ in range(world)]
+    cpu = [[0.0] * iters for _ in range(world)]
+    wrong: list[str] = []
+
+    def loop(r: int) -> None:
+        flag = torch.zeros(8, dtype=torch.int64)
+        for i in range(iters):
+            barrier.wait()
+            t, c = time.perf_counter(), time.thread_time()
+            flag.zero_()
+            if i % 2 and r == (7 * i) % world:
+                flag[3] = 1
+            or_allreduce(pgs[r], flag)
+            wall[r][i], cpu[r][i] = time.perf_counter() - t, time.thread_time() - c
+            if int(flag[3]) != i % 2 or int(flag.sum()) != i % 2:
+                wrong.append(f"rank {r}, flag {i}: {flag.tolist()}")
+
+    threads = [threading.Thread(target=loop, args=(r,)) for r in range(world)]
+    t1 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if wrong:
+        raise common.BenchError(f"flag simulation at W={world}: wrong OR: {wrong[:3]}")
+    ring = world <= RING_MAX_WORLD
+    return {"world": world, "iters": iters, "algorithm": "ring" if ring else "doubling",
+            "rounds": 2 * (world - 1) if ring else rounds(world), "setup_s": setup_s, "run_s": time.monotonic() - t1,
+            "cpu_ms_per_rank": common.stats((x for row in cpu for x in row), 1e3),
+            "wall_ms_slowest_rank": common.stats((max(wall[r][i] for r in range(world)) for i in range(iters)), 1e3),
+            "native_threads": len(os.listdir("/proc/self/task"))}
+
+
+def measure_flag(world: int, iters: int, timeout: float) -> dict[str, Any]:
+    """:func:`flag_sim` in a fresh interpreter (its groups and threads go with it)."""
+    import json
+    import os
+    import subprocess
+
+    code = ("import json, os, sys; from accelpact.bench.controlplane import flag_sim; "
+            f"print(json.dumps(flag_sim({world}, {iters}))); sys.stdout.flush(); os._exit(0)")
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", OMP_NUM_THREADS="1")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise common.BenchError(f"flag simulation at W={world}: over {timeout:.0f} s") from exc
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise common.BenchError(f"flag simulation at W={world} failed (rc={out.returncode}): {out.stderr[-1500:]}")
+    return json.loads(lines[-1])
+
+
 def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     """Least squares y = a + b x; None with fewer than two distinct x."""
     if len(set(xs)) < 2:
@@ -325,13 +439,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         sims = common.parse_list(args.sim_worlds) if args.sim_worlds else ([8, 64] if args.quick else [64, 256, 1024])
         procs = common.parse_list(args.proc_worlds) if args.proc_worlds is not None else ([2] if args.quick else [2, 4, 8])
+        flags = (common.parse_list(args.flag_worlds) if args.flag_worlds is not None
+                 else ([4, 16] if args.quick else [16, 64, 256, 1024]))
     except ValueError as exc:
         print(f"accelpact bench controlplane: error: {exc}", file=sys.stderr)
         return 2
     trials = args.trials if args.trials is not None else (3 if args.quick else 10)
     iters = args.iters if args.iters is not None else (50 if args.quick else 300)
-    if trials < 1 or iters < 1 or any(w < 2 for w in sims + procs) or args.ranks_per_node < 1:
-        print("accelpact bench controlplane: error: --trials, --iters >= 1; worlds >= 2", file=sys.stderr)
+    flag_iters = args.flag_iters if args.flag_iters is not None else (5 if args.quick else 10)
+    if trials < 1 or iters < 1 or flag_iters < 1 or any(w < 2 for w in sims + procs + flags) or args.ranks_per_node < 1:
+        print("accelpact bench controlplane: error: --trials, --iters, --flag-iters >= 1; worlds >= 2", file=sys.stderr)
         return 2
     rows: list[dict[str, Any]] = []
     try:
@@ -341,6 +458,10 @@ def run(args: argparse.Namespace) -> int:
         for w in sims:
             print(f"controlplane: W={w} simulated ranks (threads): {trials} recoveries", flush=True)
             rows.append(simulate(w, trials, args.ranks_per_node, prefix=f"bench/sim{w}/"))
+        flag_rows = []
+        for w in flags:
+            print(f"controlplane: W={w} simulated ranks (a thread and a gloo group each): {flag_iters} fault-free flags", flush=True)
+            flag_rows.append(measure_flag(w, flag_iters, args.timeout))
         sat_s = args.saturate_s if args.saturate_s is not None else (0.5 if args.quick else 2.0)
         saturation = []
         if sat_s > 0:
@@ -394,6 +515,9 @@ def run(args: argparse.Namespace) -> int:
                   "store ops per recovery / 100": (xs, [r["ops_per_recovery"] / 100 for r in rows])}
         if real:
             series["fault-free flag all-reduce per step (ms)"] = ([r["world"] for r in real], [r["flag_ms"]["median"] for r in real])
+        if flag_rows:
+            series["fault-free flag, a rank's CPU per step (ms, simulated ranks)"] = (
+                [r["world"] for r in flag_rows], [r["cpu_ms_per_rank"]["median"] for r in flag_rows])
         common.line_plot(args.plot, "control plane versus W (W <= 8: processes; above: threads on one store)", "W",
                          "milliseconds (ops / 100)", series, logx=True, logy=True)
     # The engine's flag (impl/flag.py) above RING_MAX_WORLD ranks: ceil(log2 W) sequential exchanges;
@@ -410,18 +534,32 @@ def run(args: argparse.Namespace) -> int:
         if step_modelled is not None:
             print(f"fault-free control plane per step at W=1024 (the engine's doubling flag, {rounds(1024)} rounds priced at "
                   f"the W=2 exchange, + the progress set): {step_modelled:.2f} ms (modelled, not measured)", flush=True)
-    headline: dict[str, Any] = {"control_plane_ms_W1024": None, "step_control_ms_W1024": step_modelled,
+    if flag_rows:
+        common.print_table("fault-free flag per step, simulated ranks (one process: a thread + a gloo group per rank): ms",
+                           ["W", "algorithm", "sequential hops", "per-rank CPU med", "p90", "max",
+                            "slowest rank wall med (serialised: upper bound)"],
+                           [[r["world"], r["algorithm"], r["rounds"], common.fmt(r["cpu_ms_per_rank"]["median"], digits=3),
+                             common.fmt(r["cpu_ms_per_rank"]["p90"], digits=3), common.fmt(r["cpu_ms_per_rank"]["max"], digits=3),
+                             common.fmt(r["wall_ms_slowest_rank"]["median"])] for r in flag_rows])
+    flag_big = next((r for r in flag_rows if r["world"] == 1024), None)
+    progress = w2["progress_set_ms"]["median"] if w2 else 0.0
+    step_measured = (flag_big["cpu_ms_per_rank"]["median"] + progress) if flag_big else None
+    headline: dict[str, Any] = {"control_plane_ms_W1024": None, "step_control_ms_W1024": step_measured,
+                                "step_control_latency_ms_W1024_modelled": step_modelled,
+                                "step_control_wall_ms_W1024_serialised": flag_big["wall_ms_slowest_rank"]["median"] if flag_big else None,
                                 "step_control_ms_extrapolated_W1024": extrapolated,
                                 "ops_per_recovery_W1024": None, "store_bound_ms_W1024": None,
                                 "store_ops_per_s_max": ops_s}
     reasons: dict[str, str] = {}
-    if step_modelled is None:
-        reasons["step_control_ms_W1024"] = "no W=2 real-process run here (see --proc-worlds)"
+    if step_measured is None:
+        reasons["step_control_ms_W1024"] = f"no W=1024 flag simulation here (--flag-worlds {flags})"
     else:
         headline["step_control_W1024_basis"] = (
-            f"modelled: the engine's failure flag above {RING_MAX_WORLD} ranks is recursive doubling (impl/flag.py), {rounds(1024)} "
-            "sequential exchanges at W=1024, each priced at the measured W=2 exchange, plus the progress store.set; "
-            f"only W={[r['world'] for r in real]} real processes were run; gloo's ring would be "
+            f"measured: a rank's CPU time for the fault-free failure flag (impl/flag.py, recursive doubling above {RING_MAX_WORLD} "
+            f"ranks: {rounds(1024)} exchanges) with 1,024 simulated ranks (a thread and a gloo group each, one process), "
+            "plus the worker's progress store.set (W=2 processes); the latency of those 10 sequential exchanges, priced at "
+            "the W=2 exchange, is step_control_latency_ms_W1024_modelled; the wall time with 1,024 ranks serialised on two "
+            "cores is step_control_wall_ms_W1024_serialised (an upper bound); gloo's ring would be "
             + (f"{extrapolated:.0f} ms (step_control_ms_extrapolated_W1024)" if extrapolated is not None else "linear in W"))
     big = next((r for r in rows if r["world"] == 1024), None)
     if big is not None:
@@ -434,9 +572,9 @@ def run(args: argparse.Namespace) -> int:
     for k, v in headline.items():
         if v is None and k not in reasons:
             reasons[k] = "not measured in this run (see the flags)"
-    common.write_result(args, "controlplane", {"sim_worlds": sims, "proc_worlds": procs, "trials": trials, "iters": iters,
-                                               "ranks_per_node": args.ranks_per_node},
-                        {"rows": rows, "flag_fit_ms": None if fit is None else {"a": fit[0], "b_per_rank": fit[1],
+    common.write_result(args, "controlplane", {"sim_worlds": sims, "proc_worlds": procs, "flag_worlds": flags, "trials": trials,
+                                               "iters": iters, "flag_iters": flag_iters, "ranks_per_node": args.ranks_per_node},
+                        {"rows": rows, "flag_sim": flag_rows, "flag_fit_ms": None if fit is None else {"a": fit[0], "b_per_rank": fit[1],
                                                                                "at_1024": fitted},
                          "store_throughput": saturation},
                         headline, reasons, t0)

@@ -1,21 +1,31 @@
-"""``accelpact bench goodput``: fault-to-frontier of AccelPact L1, torchrun restart (L2) and torchft.
+"""``accelpact bench goodput``: fault-to-frontier and whole-run time of AccelPact L1, torchrun restart
+(L2) and torchft, against the checkpoint's age (the paper's Tables III and IV).
 
-The same 2-rank world for all three (the workload's ``CharLM``, DDP-style data parallelism over two
-ranks, gloo on loopback), ``--repeat`` faults each, measured in the same run:
+The same 2-rank world for all (the workload's ``CharLM``, DDP-style data parallelism over two ranks,
+gloo on loopback), each step padded to ``--step-s`` of device time (default 1 s:
+``WorkloadSpec.pad_s``, a sleep at the start of the step, so the host is idle as under a GPU step
+and two CPU cores are not computing for a second), measured in one run:
 
+* **baseline**: the same job with no fault, under torchrun and (with torchft) under torchft's own
+  launcher: the wall time each method loses time against ("lost" = whole run - its baseline).
 * **L1** (AccelPact in-place repair): a boundary failure of the world group (``collective_timeout``
-  on rank 1 after a step committed), repaired in place; fault to every rank resumed at F.
+  on rank 1 after a step committed) at each fault step, repaired in place; detection = the fault
+  until the last rank's ``RankObserve``, fault-to-frontier = until every rank resumed at F.
 * **L2** (torchrun restart from the last DCP checkpoint): an in-flight failure (exception in
-  backward), every rank exits 70, torchrun restarts the job, which reloads checkpoint C and replays
-  F - C steps; fault to every rank back at F.  Both launches are those of ``accelpact bench
-  recovery`` (:func:`accelpact.bench.recovery.measure`) with ``--wrapper ddp`` on 1x2.
+  backward) at each fault step, one per torchrun attempt; every rank exits 70, torchrun restarts the
+  job, which reloads checkpoint C and replays the checkpoint's age A = F - C steps; detection = the
+  fault until the last worker exited, then respawn + reload, then the replay.
 * **torchft** (optional, :mod:`accelpact.bench.torchft_run` under an interpreter that has torchft):
   two replica groups of one rank, a lighthouse, the same boundary fault (the gloo communicator's
-  sockets shut down after a commit); fault to both replicas ready again (quorum + ``configure``)
-  for the interrupted step, and fault to that step committed.
+  sockets shut down after a commit); torchft sees it in the next step's all-reduce (detection: that
+  step ends uncommitted), reconfigures at the next quorum and runs the step again; fault-to-frontier
+  = until both replicas are ready again for the interrupted step.
 
-Ratios are of medians measured in this run.  ``goodput_at_mtbf`` is derived, not measured:
-``1 - fault_to_frontier / MTBF`` for a job that fails every MTBF seconds.
+The fault steps put every age in ``--ages`` behind a checkpoint: checkpoints every k = max(A) + 1
+steps, faults at k(r+1) + A for repeat r and age A (ascending), so an L2 restart replays exactly A
+steps (checked: ``replayed_steps``).  L1 and torchft lose no committed step whatever A is; they
+fail at the same steps.  Ratios are of medians measured in this run.  ``goodput_at_mtbf`` is
+derived, not measured: ``1 - fault_to_frontier / MTBF`` for a job that fails every MTBF seconds.
 
 torchft is looked for in ``--torchft-python``, then ``$ACCELPACT_TORCHFT_PYTHON``, then
 ``runs/tft-venv/bin/python`` (a venv whose ``.pth`` reuses ``.venv``'s torch 2.13.0; see
@@ -35,19 +45,33 @@ from typing import Any
 
 from . import common
 
-__all__ = ["add_arguments", "run", "find_torchft"]
+__all__ = ["add_arguments", "run", "find_torchft", "fault_plan"]
 
 MTBF_S = (600.0, 3600.0, 6 * 3600.0)
+DEFAULT_AGES = "1,5,10,20"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_common(p, "goodput")
-    p.add_argument("--repeat", type=int, default=None, help="faults per method (default 5; quick 1)")
+    p.add_argument("--ages", default=None, help=f"checkpoint ages A (steps since the last checkpoint) at the faults, "
+                                                f"comma-separated (default {DEFAULT_AGES}; quick 1)")
+    p.add_argument("--step-s", type=float, default=None, help="each step's device time, seconds (default 1.0; quick 0.02)")
+    p.add_argument("--repeat", type=int, default=None, help="faults per age and method (default 2; quick 1)")
     p.add_argument("--layers", type=int, default=2, help="wrapped layers of the workload (default %(default)s)")
     p.add_argument("--torchft", choices=("auto", "on", "off"), default=None,
                    help="torchft arm: auto = if an interpreter with torchft is found (default; quick: off)")
     p.add_argument("--torchft-python", default=None, metavar="PATH", help="interpreter that has torchft next to torch 2.13.0")
-    p.add_argument("--timeout", type=float, default=600.0, help="bound on each launch, seconds")
+    p.add_argument("--no-baseline", action="store_true", help="skip the fault-free run (no lost-time figures)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="bound on each launch, seconds")
+
+
+def fault_plan(ages: list[int], repeat: int) -> tuple[int, list[tuple[int, int]], int]:
+    """(checkpoint interval k, [(fault step, age)], steps): checkpoints every k = max(ages) + 1
+    steps; repeat r's fault of age A strikes step k(r+1) + A (ages ascending), after checkpoint
+    k(r+1) and before the next, so a restart replays A steps; the job runs two steps past the last."""
+    k = max(ages) + 1
+    plan = [(k * (r + 1) + a, a) for r in range(repeat) for a in sorted(ages)]
+    return k, plan, plan[-1][0] + 2
 
 
 def find_torchft(explicit: str | None) -> tuple[str | None, str]:
@@ -70,10 +94,10 @@ def find_torchft(explicit: str | None) -> tuple[str | None, str]:
     return None, "torchft is not importable: " + "; ".join(tried)
 
 
-def _torchft(python: str, repeat: int, layers: int, out: Path, timeout: float) -> dict[str, Any]:
-    fault_steps = [4 + 3 * i for i in range(repeat)]
-    cmd = [python, "-m", "accelpact.bench.torchft_run", "launch", "--steps", str(fault_steps[-1] + 3),
-           "--fault-steps", ",".join(map(str, fault_steps)), "--layers", str(layers), "--out", str(out),
+def _torchft(python: str, fault_steps: list[int], steps: int, layers: int, pad_s: float, out: Path,
+             timeout: float) -> dict[str, Any]:
+    cmd = [python, "-m", "accelpact.bench.torchft_run", "launch", "--steps", str(steps),
+           "--fault-steps", ",".join(map(str, fault_steps)), "--layers", str(layers), "--pad-s", str(pad_s), "--out", str(out),
            "--bound", str(timeout)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -82,104 +106,209 @@ def _torchft(python: str, repeat: int, layers: int, out: Path, timeout: float) -
     res = json.loads(lines[-1])
     res.pop("replicas", None)
     res["fault_steps"] = fault_steps
-    res["fault_to_frontier_s"] = common.stats([f["fault_to_frontier_s"] for f in res["faults"]])
-    res["fault_to_commit_s"] = common.stats([f["fault_to_commit_s"] for f in res["faults"]])
+    for key in ("fault_to_detect_s", "fault_to_frontier_s", "fault_to_commit_s"):
+        res[key] = common.stats([f.get(key) for f in res["faults"]])
     res["configure_ms"] = common.stats(res.get("configure_s", []), 1e3)
-    res["complete"] = (not res["timed_out"] and res["codes"] == [0, 0] and len(res["faults"]) == repeat
+    res["complete"] = (not res["timed_out"] and res["codes"] == [0, 0] and len(res["faults"]) == len(fault_steps)
                        and all(f["fault_to_frontier_s"] is not None for f in res["faults"]))
     return res
 
 
+def _check(args: argparse.Namespace) -> tuple[list[int], float, int] | str:
+    try:
+        ages = common.parse_list(args.ages or ("1" if args.quick else DEFAULT_AGES))
+    except ValueError as exc:
+        return f"--ages: {exc}"
+    if not ages or any(a < 1 for a in ages) or len(set(ages)) != len(ages):
+        return f"--ages: distinct ages >= 1 steps, got {args.ages}"
+    step_s = args.step_s if args.step_s is not None else (0.02 if args.quick else 1.0)
+    if not step_s >= 0:
+        return f"--step-s must be >= 0 seconds, got {args.step_s}"
+    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 2)
+    if repeat < 1:
+        return "--repeat must be >= 1"
+    return ages, step_s, repeat
+
+
 def run(args: argparse.Namespace) -> int:
+    from accelpact.impl.launch import l1_episodes, l2_episodes, run_torchrun
+
     from . import recovery
 
     t0 = time.monotonic()
-    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
-    mode = args.torchft or ("off" if args.quick else "auto")
-    if repeat < 1:
-        print("accelpact bench goodput: error: --repeat must be >= 1", file=sys.stderr)
+    checked = _check(args)
+    if isinstance(checked, str):
+        print(f"accelpact bench goodput: error: {checked}", file=sys.stderr)
         return 2
-    rec_args = argparse.Namespace(repeat=repeat, nodes=1, ranks_per_node=2, wrapper="ddp", layers=args.layers, backend="gloo",
-                                  out=str(Path(args.out) / "accelpact"), json=None, timeout=args.timeout)
-    result: dict[str, Any] = {}
+    ages, step_s, repeat = checked
+    mode = args.torchft or ("off" if args.quick else "auto")
+    k, plan, steps = fault_plan(ages, repeat)
+    fault_steps = [s for s, _ in plan]
+    age_of = [a for _, a in plan]
+    rec_args = argparse.Namespace(nodes=1, ranks_per_node=2, wrapper="ddp", layers=args.layers, backend="gloo")
+    out = Path(args.out).resolve()
+    victim = 1
+
+    def job(name: str, faults: list[dict]):
+        return recovery._job(rec_args, out / name, f"bench-goodput-{name}", steps, faults, checkpoint_every=k, pad_s=step_s)
+
+    def say(m: str) -> None:
+        print(f"goodput: {m}", flush=True)
+
+    say(f"{steps} steps of {step_s:g} s device time, a checkpoint every {k}, {len(plan)} faults per method "
+        f"(ages {sorted(ages)} x {repeat}; fault steps {fault_steps}); about "
+        f"{(steps * (3 + 2 * (mode != 'off')) + sum(age_of)) * step_s / 60 + len(plan) * 0.15:.0f} min")
+    result: dict[str, Any] = {"plan": {"checkpoint_every": k, "steps": steps, "fault_steps": fault_steps, "ages": age_of,
+                                       "step_s": step_s}}
     reasons: dict[str, str] = {}
-    rec, _, _, _ = recovery.measure(rec_args, say=lambda m: print(f"goodput: {m}", flush=True), swap=False)
-    result["accelpact"] = {"l1": rec["l1"], "l2": rec["l2"], "complete": rec["complete"], "config": rec["config"]}
-    l1 = rec["l1"]["fault_to_frontier_s"]["median"]
-    l2 = rec["l2"]["fault_to_frontier_s"]["median"]
-    tft_med = None
+    base = None
+    if not args.no_baseline:
+        say("baseline: no fault")
+        base = run_torchrun(job("baseline", []), 2, max_restarts=0, timeout_s=args.timeout)
+        result["baseline"] = {"ok": base.ok(), "wall_s": base.wall_s}
+    say(f"L1: {len(plan)} boundary failures of the world group, repaired in place")
+    l1 = run_torchrun(job("l1", [{"step": s, "at": "boundary", "kind": "collective_timeout", "ranks": [victim], "group": "world"}
+                                 for s in fault_steps]), 2, max_restarts=0, timeout_s=args.timeout)
+    say(f"L2: {len(plan)} in-flight failures, one per torchrun attempt, each restarted from the checkpoint")
+    l2 = run_torchrun(job("l2", [{"step": s, "at": "backward", "kind": "exception", "ranks": [victim], "attempt": i}
+                                 for i, s in enumerate(fault_steps)]), 2, max_restarts=len(plan), timeout_s=args.timeout)
+    ep1, ep2 = l1_episodes(l1), l2_episodes(l2)
+    l1_res = {"ok": l1.ok(), "repairs": len(ep1), "wall_s": l1.wall_s,
+              "fault_to_frontier_s": common.stats(e["fault_to_frontier_s"] for e in ep1),
+              "fault_to_detect_s": common.stats(e.get("fault_to_observe_s") for e in ep1),
+              "replayed_steps": [e["replayed_steps"] for e in ep1],
+              "episodes": [{"age": a, "fault_to_detect_s": e.get("fault_to_observe_s"),
+                            "fault_to_frontier_s": e["fault_to_frontier_s"]} for e, a in zip(ep1, age_of, strict=False)]}
+    l2_res = {"ok": l2.ok(), "restarts": l2.restarts, "wall_s": l2.wall_s,
+              "fault_to_frontier_s": common.stats(e["fault_to_frontier_s"] for e in ep2),
+              "fault_to_detect_s": common.stats(e.get("fault_to_exit_s") for e in ep2),
+              "exit_to_ready_s": common.stats(e["exit_to_ready_s"] for e in ep2),
+              "replay_s": common.stats(e.get("ready_to_frontier_s") for e in ep2),
+              "replayed_steps": [e["replayed_steps"] for e in ep2],
+              "exit_codes": [e["exit_codes"] for e in ep2],
+              "episodes": [{"age": a, **{key: e.get(key) for key in ("replayed_steps", "fault_to_exit_s", "exit_to_ready_s",
+                                                                     "ready_to_frontier_s", "fault_to_frontier_s")}}
+                           for e, a in zip(ep2, age_of, strict=False)]}
+    complete = (l1.ok() and l2.ok() and len(ep1) == len(plan) and len(ep2) == len(plan)
+                and l2_res["replayed_steps"] == age_of and all(r == 0 for r in l1_res["replayed_steps"]))
+    if l2_res["replayed_steps"] != age_of:
+        say(f"L2 replayed {l2_res['replayed_steps']} steps where the plan's ages are {age_of}")
+    result["accelpact"] = {"l1": l1_res, "l2": l2_res, "complete": complete}
+    tft = None
     if mode == "off":
         reasons["torchft_over_accelpact_fault_to_frontier"] = "torchft arm off (--torchft off, the default of --quick)"
-        result["torchft"] = None
     else:
         python, why = find_torchft(args.torchft_python)
         if python is None:
             reasons["torchft_over_accelpact_fault_to_frontier"] = why
-            result["torchft"] = None
-            print(f"goodput: torchft skipped: {why}", flush=True)
+            say(f"torchft skipped: {why}")
             if mode == "on":
                 print(f"accelpact bench goodput: --torchft on: {why}", file=sys.stderr)
                 return 1
         else:
-            print(f"goodput: torchft: {repeat} boundary failures, 2 replica groups x 1 rank ({python}: {why})", flush=True)
+            say(f"torchft: {len(plan)} boundary failures, 2 replica groups x 1 rank ({python}: {why})")
             try:
-                result["torchft"] = _torchft(python, repeat, args.layers, Path(args.out).resolve() / "torchft", args.timeout)
-                result["torchft"]["python"] = python
-                result["torchft"]["version"] = why
-                tft_med = result["torchft"]["fault_to_frontier_s"]["median"]
+                tft = _torchft(python, fault_steps, steps, args.layers, step_s, out / "torchft", args.timeout)
+                tft["python"], tft["version"] = python, why
+                if not args.no_baseline:
+                    say("torchft baseline: no fault (its own launch has no torchrun agent: lost time is against this)")
+                    tft_base = _torchft(python, [], steps, args.layers, step_s, out / "torchft-baseline", args.timeout)
+                    tft["baseline_wall_s"] = tft_base["wall_s"]
             except (common.BenchError, subprocess.TimeoutExpired) as exc:
                 reasons["torchft_over_accelpact_fault_to_frontier"] = f"torchft run failed: {exc}"[:500]
-                result["torchft"] = None
-    rows = [["AccelPact L1 (in place)", l1, rec["l1"]["fault_to_frontier_s"], rec["l1"]["replayed_steps"]],
-            ["torchrun restart L2", l2, rec["l2"]["fault_to_frontier_s"], rec["l2"]["replayed_steps"]]]
-    if result.get("torchft"):
-        rows.append(["torchft (reconfigure)", tft_med, result["torchft"]["fault_to_frontier_s"],
-                     [f["failed_steps"] for f in result["torchft"]["faults"]]])
-    common.print_table("fault to frontier, same 2-rank world (gloo CPU, loopback): milliseconds",
-                       ["method", "n", "median", "p90", "max", "x L1", "replayed / failed steps"],
-                       [[name, s["n"], common.fmt(s["median"], 1e3), common.fmt(s["p90"], 1e3), common.fmt(s["max"], 1e3),
-                         common.fmt((med / l1) if med and l1 else None), replay] for name, med, s, replay in rows])
-    if result.get("torchft"):
-        t = result["torchft"]
-        print(f"torchft: fault to the interrupted step committed: median {common.fmt(t['fault_to_commit_s']['median'], 1e3)} ms; "
-              f"configure(): median {common.fmt(t['configure_ms']['median'])} ms, max {common.fmt(t['configure_ms']['max'])} ms "
-              f"(n={t['configure_ms']['n']}); fault-free step {common.fmt(t.get('step_s'), 1e3)} ms", flush=True)
-    result["goodput_at_mtbf"] = {f"{int(m)}s": {name: (1 - med / m) if med else None for name, med, _, _ in rows} for m in MTBF_S}
+    result["torchft"] = tft
+
+    # fault to frontier by age: L2 grows with A, L1 and torchft do not
+    by_age: dict[str, Any] = {}
+    for a in sorted(ages):
+        row: dict[str, Any] = {}
+        row["l1"] = common.stats(e["fault_to_frontier_s"] for e in l1_res["episodes"] if e["age"] == a)["median"]
+        row["l2"] = common.stats(e["fault_to_frontier_s"] for e in l2_res["episodes"] if e["age"] == a)["median"]
+        row["torchft"] = (common.stats(f["fault_to_frontier_s"] for f, fa in zip(tft["faults"], age_of, strict=False) if fa == a)["median"]
+                          if tft else None)
+        row["l2_over_l1"] = (row["l2"] / row["l1"]) if row["l1"] and row["l2"] else None
+        by_age[str(a)] = row
+    result["by_age"] = by_age
+    l1m, l2m = l1_res["fault_to_frontier_s"]["median"], l2_res["fault_to_frontier_s"]["median"]
+    tft_m = tft["fault_to_frontier_s"]["median"] if tft else None
+    walls = {"baseline": base.wall_s if base else None, "l1": l1.wall_s, "l2": l2.wall_s, "torchft": tft["wall_s"] if tft else None}
+    result["whole_run_s"] = walls
+    bases = {"l1": walls["baseline"], "l2": walls["baseline"], "torchft": tft.get("baseline_wall_s") if tft else None}
+    result["lost_s"] = {m: (walls[m] - b) if walls[m] is not None and b else None for m, b in bases.items()}
+    systems = [("AccelPact L1 (in place)", l1_res["fault_to_detect_s"], l1_res["fault_to_frontier_s"], l1.wall_s,
+                result["lost_s"]["l1"]),
+               ("torchrun restart L2", l2_res["fault_to_detect_s"], l2_res["fault_to_frontier_s"], l2.wall_s, result["lost_s"]["l2"])]
+    if tft:
+        systems.append(("torchft (reconfigure)", tft["fault_to_detect_s"], tft["fault_to_frontier_s"], tft["wall_s"],
+                        result["lost_s"]["torchft"]))
+    common.print_table(f"fault to frontier and whole run, 2 ranks, {step_s:g} s steps, {len(plan)} faults (gloo CPU, loopback)",
+                       ["method", "n", "detect med (ms)", "frontier med (ms)", "p90", "max", "x L1", "whole run (s)", "lost (s)"],
+                       [[name, f["n"], common.fmt(d["median"], 1e3), common.fmt(f["median"], 1e3), common.fmt(f["p90"], 1e3),
+                         common.fmt(f["max"], 1e3), common.fmt((f["median"] / l1m) if f["median"] and l1m else None),
+                         common.fmt(w), common.fmt(lost)]
+                        for name, d, f, w, lost in systems])
+    common.print_table("fault to frontier by checkpoint age A (medians, ms)", ["A (steps)", "L1", "L2", "torchft", "L2 / L1"],
+                       [[a, common.fmt(r["l1"], 1e3), common.fmt(r["l2"], 1e3), common.fmt(r["torchft"], 1e3),
+                         common.fmt(r["l2_over_l1"])] for a, r in by_age.items()])
+    if walls["baseline"]:
+        print(f"goodput: fault-free run {walls['baseline']:.1f} s for {steps} steps", flush=True)
+    if tft:
+        print(f"torchft: fault to the interrupted step committed: median {common.fmt(tft['fault_to_commit_s']['median'], 1e3)} ms; "
+              f"configure(): median {common.fmt(tft['configure_ms']['median'])} ms, max {common.fmt(tft['configure_ms']['max'])} ms "
+              f"(n={tft['configure_ms']['n']}); fault-free step {common.fmt(tft.get('step_s'), 1e3)} ms", flush=True)
+    result["goodput_at_mtbf"] = {f"{int(m)}s": {name: (1 - f["median"] / m) if f["median"] else None for name, _, f, _, _ in systems}
+                                 for m in MTBF_S}
+    a_min = str(min(ages))
     headline: dict[str, Any] = {
-        "l2_over_l1_fault_to_frontier": (l2 / l1) if l1 and l2 else None,
-        "torchft_over_accelpact_fault_to_frontier": (tft_med / l1) if tft_med and l1 else None,
-        "l1_fault_to_frontier_ms": None if l1 is None else l1 * 1e3,
-        "l2_fault_to_frontier_ms": None if l2 is None else l2 * 1e3,
-        "torchft_fault_to_frontier_ms": None if tft_med is None else tft_med * 1e3,
+        "l2_over_l1_fault_to_frontier": by_age[a_min]["l2_over_l1"],
+        "l2_over_l1_fault_to_frontier_by_age": {a: r["l2_over_l1"] for a, r in by_age.items()},
+        "torchft_over_accelpact_fault_to_frontier": (tft_m / l1m) if tft_m and l1m else None,
+        "l1_fault_to_frontier_ms": None if l1m is None else l1m * 1e3,
+        "l2_fault_to_frontier_ms": None if l2m is None else l2m * 1e3,
+        "torchft_fault_to_frontier_ms": None if tft_m is None else tft_m * 1e3,
+        "step_s": step_s,
     }
     if headline["l2_over_l1_fault_to_frontier"] is None:
         reasons["l2_over_l1_fault_to_frontier"] = "an L1 or L2 run did not complete (see the launch logs under --out)"
     if headline["torchft_over_accelpact_fault_to_frontier"] is None and "torchft_over_accelpact_fault_to_frontier" not in reasons:
         reasons["torchft_over_accelpact_fault_to_frontier"] = "a torchft or L1 fault-to-frontier is missing"
     if getattr(args, "plot", None):
-        _plot(args.plot, rows)
-    common.write_result(args, "goodput", {"repeat": repeat, "world": "1x2 (2 ranks)", "layers": args.layers, "torchft": mode},
-                        result, headline, reasons, t0)
-    complete = rec["complete"] and (result.get("torchft") is None or result["torchft"]["complete"])
-    return 0 if complete else 1
+        _plot(args.plot, by_age, systems, step_s)
+    common.write_result(args, "goodput", {"repeat": repeat, "ages": sorted(ages), "step_s": step_s, "world": "1x2 (2 ranks)",
+                                          "layers": args.layers, "torchft": mode}, result, headline, reasons, t0)
+    if not complete:
+        say(f"incomplete: L1 {len(ep1)}/{len(plan)} repairs (rc={l1.returncode}, {l1.log}), "
+            f"L2 {len(ep2)}/{len(plan)} restarts (rc={l2.returncode}, {l2.log})")
+    return 0 if complete and (tft is None or tft["complete"]) else 1
 
 
-def _plot(path: str, rows: list) -> None:
+def _plot(path: str, by_age: dict[str, Any], systems: list, step_s: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [r[0] for r in rows]
-    meds = [(r[1] or 0) * 1e3 for r in rows]
-    tops = [((r[2]["max"] or 0) * 1e3) for r in rows]
-    ax.bar(names, meds, color=["tab:green", "tab:red", "tab:blue"][: len(rows)], label="median")
-    ax.plot(names, tops, "k_", ms=25, mew=2, label="max")
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = [int(a) for a in by_age]
+    for key, label, color in (("l1", "AccelPact L1", "tab:green"), ("l2", "torchrun restart L2", "tab:red"),
+                              ("torchft", "torchft", "tab:blue")):
+        ys = [(by_age[a][key] or float("nan")) * 1e3 for a in by_age]
+        if any(y == y for y in ys):
+            ax.plot(xs, ys, "o-", color=color, label=label)
+    ax.set_xlabel("checkpoint age A at the fault (steps)")
+    ax.set_ylabel("fault to frontier, median (ms, log)")
     ax.set_yscale("log")
-    ax.set_ylabel("fault to frontier (ms, log)")
-    ax.set_title("same 2-rank world, gloo CPU, loopback", fontsize=9)
+    ax.set_title(f"2 ranks, {step_s:g} s steps, gloo CPU", fontsize=9)
     ax.legend(fontsize=8)
+    names = [s[0] for s in systems]
+    det = [(s[1]["median"] or 0) * 1e3 for s in systems]
+    rest = [max(((s[2]["median"] or 0) - (s[1]["median"] or 0)) * 1e3, 0.0) for s in systems]
+    bx.bar(names, det, color="tab:gray", label="detection")
+    bx.bar(names, rest, bottom=det, color="tab:orange", label="repair (to frontier)")
+    bx.set_yscale("log")
+    bx.set_ylabel("median over all ages (ms, log)")
+    bx.tick_params(axis="x", labelsize=7)
+    bx.legend(fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

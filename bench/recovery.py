@@ -59,8 +59,10 @@ def summarize(xs: list[float]) -> dict:
     return {"n": len(xs), "median": statistics.median(xs), "p90": _pct(xs, 0.9), "max": max(xs)}
 
 
-def _job(args, out: Path, scenario: str, steps: int, faults: list[dict], spares: int = 0) -> Job:
-    return Job(topology=Topology(args.nodes, args.ranks_per_node, spares=spares), workload=Workload(args.wrapper, args.layers, steps, 0, 2),
+def _job(args, out: Path, scenario: str, steps: int, faults: list[dict], spares: int = 0, checkpoint_every: int = 2,
+         pad_s: float = 0.0) -> Job:
+    return Job(topology=Topology(args.nodes, args.ranks_per_node, spares=spares),
+               workload=Workload(args.wrapper, args.layers, steps, 0, checkpoint_every, pad_s),
                out=str(out), scenario=scenario, backend=args.backend, trace=True, deadline_s=30.0,
                collective_timeout_s=60.0).replace(faults=faults)
 

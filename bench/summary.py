@@ -34,13 +34,13 @@ FIGURES: dict[str, tuple[str, list[tuple[str, str]], str]] = {
     "guard_overhead_pct": ("%", [("guard", "guard_overhead_pct")], "fault-free step time, engine on vs off, paired"),
     "l2_over_l1_fault_to_frontier": ("x", [("goodput", "l2_over_l1_fault_to_frontier"),
                                            ("recovery", "l2_over_l1_fault_to_frontier")],
-                                     "torchrun restart / in-place repair, fault to frontier, same run"),
+                                     "torchrun restart / in-place repair, fault to frontier, same run (goodput: at checkpoint age 1, the least replay)"),
     "torchft_over_accelpact_fault_to_frontier": ("x", [("goodput", "torchft_over_accelpact_fault_to_frontier")],
-                                                 "torchft reconfigure / AccelPact L1, fault to frontier, same run"),
+                                                 "torchft reconfigure / AccelPact L1, fault to frontier, same run (goodput: 1 s steps)"),
     "control_plane_ms_W1024": ("ms", [("controlplane", "control_plane_ms_W1024")],
                                "agreement + release, 1,024 simulated ranks on one TCPStore"),
     "step_control_ms_W1024": ("ms", [("controlplane", "step_control_ms_W1024")],
-                              "fault-free per-step control-plane cost at W=1,024"),
+                              "fault-free per-step control-plane cost at W=1,024: a rank's CPU for the failure flag, simulated ranks, + the progress set"),
 }
 
 

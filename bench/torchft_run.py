@@ -20,7 +20,10 @@ The fault is AccelPact's ``collective_timeout`` at the boundary: after step ``s 
 torchft sees the failure in the next step's gradient all-reduce, votes not to commit, and
 reconfigures at the next quorum.  Each replica writes, per step: quorum start, quorum ready (the
 replica group can train again), end, committed; and the duration of every ``configure``.
-``launch`` prints one JSON object with, per fault: ``fault_to_frontier_s`` = the fault until both
+``--pad-s`` sleeps at the start of every step (after the quorum), as AccelPact's workload pads its
+steps (``WorkloadSpec.pad_s``): the step's device time.
+``launch`` prints one JSON object with, per fault: ``fault_to_detect_s`` = the fault until the
+step it failed ended on both replicas (not committed), ``fault_to_frontier_s`` = the fault until both
 replicas are ready again (quorum and ``configure`` done) for the step the fault interrupted, and
 ``fault_to_commit_s`` = until that step is committed on both.
 """
@@ -86,6 +89,8 @@ def replica(args: argparse.Namespace) -> int:
         opt.zero_grad()  # start_quorum: synchronous, reconfigures the gloo group when the quorum changed
         t_ready = time.monotonic()
         step = manager.current_step()
+        if args.pad_s:
+            time.sleep(args.pad_s)  # the step's device time, as AccelPact's workload pads it (WorkloadSpec.pad_s)
         x, y = cursor.batch(step)
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -129,7 +134,7 @@ def launch(args: argparse.Namespace) -> int:
     for rid in (0, 1):
         cmd = [sys.executable, "-m", "accelpact.bench.torchft_run", "replica", "--replica-id", str(rid),
                "--lighthouse", lighthouse.address(), "--steps", str(args.steps), "--fault-steps", ",".join(map(str, args.fault_steps)),
-               "--victim", "1", "--layers", str(args.layers), "--timeout", str(args.timeout),
+               "--victim", "1", "--layers", str(args.layers), "--pad-s", str(args.pad_s), "--timeout", str(args.timeout),
                "--out", str(out / f"replica-{rid}.json")]
         log = open(out / f"replica-{rid}.log", "wb")  # noqa: SIM115 - closed with the process below
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
@@ -154,10 +159,11 @@ def launch(args: argparse.Namespace) -> int:
     res["faults"] = []
     for i, t_fault in enumerate(t_faults):
         t_next = t_faults[i + 1] if i + 1 < len(t_faults) else float("inf")
-        ready, commit = [], []
+        ready, commit, detect = [], [], []
         for r in reps:
             after = [x for x in r["rows"] if t_fault < x["t_end"] < t_next]
             failed = [x for x in after if not x["committed"]]
+            detect.append(failed[0]["t_end"] if failed else None)
             retry = next((x for x in after if failed and x["t_start"] >= failed[0]["t_end"]), None)
             done = next((x for x in after if x["committed"]), None)
             ready.append(retry["t_ready"] if retry else None)
@@ -165,6 +171,7 @@ def launch(args: argparse.Namespace) -> int:
         res["faults"].append({
             "t_fault": t_fault, "failed_steps": len(reps) and max(sum(1 for x in r["rows"] if t_fault < x["t_end"] < t_next
                                                                          and not x["committed"]) for r in reps),
+            "fault_to_detect_s": _span(t_fault, detect, len(reps)),
             "fault_to_frontier_s": _span(t_fault, ready, len(reps)), "fault_to_commit_s": _span(t_fault, commit, len(reps))})
     ok_rows = [x["t_end"] - x["t_start"] for r in reps for x in r["rows"] if x["committed"] and x["step"] > 1]
     res["step_s"] = sorted(ok_rows)[len(ok_rows) // 2] if ok_rows else None
@@ -182,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--steps", type=int, default=12)
         q.add_argument("--fault-steps", type=lambda t: [int(x) for x in t.split(",") if x], default=[6])
         q.add_argument("--layers", type=int, default=2)
+        q.add_argument("--pad-s", type=float, default=0.0)
         q.add_argument("--timeout", type=float, default=30.0)
         q.add_argument("--out", required=True)
         if name == "launch":

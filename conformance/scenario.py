@@ -142,7 +142,7 @@ def scenario_from_mapping(data: Any, *, source: str = "<scenario>") -> Scenario:
     if not isinstance(name, str) or not name or any(c.isspace() or c == "/" for c in name):
         raise ScenarioError(f"{source}.name: must be a non-empty string without spaces or '/', got {name!r}")
     topo = Topology.parse(data["topology"], f"{source}.topology", ScenarioError, max_side=MAX_SIDE)
-    work = Workload.parse(data["workload"], f"{source}.workload", ScenarioError, required=Workload.FIELDS)
+    work = Workload.parse(data["workload"], f"{source}.workload", ScenarioError, required=tuple(f for f in Workload.FIELDS if f not in Workload.OPTIONAL_IN_SCENARIO))
     if work.checkpoint_every < 1:
         raise ScenarioError(f"{source}.workload.checkpoint_every: must be >= 1 in a scenario (the model restarts from "
                             f"the last checkpoint C at or before F), got {work.checkpoint_every}")

@@ -98,7 +98,7 @@ def _group_fail(fault: "Fault", ctx: "FaultContext") -> None:
     # The cut comes from another thread, as a link failure comes from outside the rank's code path,
     # and is complete before the rank goes on: its next collective on the group meets it (a peer's
     # op fails at once; this rank's own op on its shut-down sockets usually does too, and otherwise
-    # the peers' revoke ends it within REVOKE_GRACE_S: gloo may notice a cut made while no op was
+    # the peers' revoke ends it REVOKE_GRACE_S after: gloo may notice a cut made while no op was
     # pending only at its timeout, about one run in a dozen, spec/detection.md).  A cut delayed
     # until the op is pending comes too late at the boundary: the all-reduce takes about 1 ms.
     cut = threading.Thread(target=revoke.hard_close, args=(rec,), name="accelpact-fault-cut", daemon=True)

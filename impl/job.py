@@ -146,15 +146,19 @@ class Topology:
 @dataclass(frozen=True, slots=True)
 class Workload:
     """The training workload (``impl/workload.py``): which wrapper, how deep, how long, which seed,
-    how often a durable checkpoint is committed (0: never)."""
+    how often a durable checkpoint is committed (0: never), and (benchmarks) how long each step's
+    device time is padded to (``pad_s``, :attr:`accelpact.impl.workload.WorkloadSpec.pad_s`; 0: none)."""
 
     wrapper: str = "fsdp1-hybrid"
     layers: int = 4
     steps: int = 8
     seed: int = 0
     checkpoint_every: int = 0
+    pad_s: float = 0.0
 
-    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every")
+    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every", "pad_s")
+    #: what a scenario file need not say (benchmarks' knobs; the conformance corpus never pads)
+    OPTIONAL_IN_SCENARIO = ("pad_s",)
 
     @classmethod
     def parse(cls, raw: Any, where: str = "workload", error: type[FieldError] = FieldError,
@@ -166,10 +170,11 @@ class Workload:
             raise error(f"{where}.wrapper: {d['wrapper']!r} is not one of {list(WRAPPER_NAMES)}")
         return cls(d["wrapper"], check_int(f"{where}.layers", d["layers"], 1, 256, error),
                    check_int(f"{where}.steps", d["steps"], 1, None, error), check_int(f"{where}.seed", d["seed"], 0, None, error),
-                   check_int(f"{where}.checkpoint_every", d["checkpoint_every"], 0, None, error))
+                   check_int(f"{where}.checkpoint_every", d["checkpoint_every"], 0, None, error),
+                   0.0 if d["pad_s"] == 0 and not isinstance(d["pad_s"], bool) else check_seconds(f"{where}.pad_s", d["pad_s"], error))
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.FIELDS}
+        return {k: getattr(self, k) for k in self.FIELDS if k != "pad_s" or self.pad_s}
 
     @property
     def recovers(self) -> str:

@@ -495,12 +495,14 @@ PHASES = ("observe", "agree", "retire", "rebuild", "rebind", "validate", "releas
 
 def l1_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
     """One entry per in-place repair (generation g) of ``attempt``: phase durations (max over ranks,
-    seconds), fault time (earliest ``Fault*`` record of g) and fault-to-frontier (latest
-    ``RankResume`` of g minus the fault; the frontier F is kept, so this is the time until the job
-    trains again at F).  Needs ``"trace": true``."""
+    seconds), fault time (earliest ``Fault*`` record of g), fault-to-observe (the latest
+    ``RankObserve`` of g minus the fault: detection) and fault-to-frontier (latest ``RankResume`` of
+    g minus the fault; the frontier F is kept, so this is the time until the job trains again at
+    F).  Needs ``"trace": true``."""
     ranks = sorted(r for (a, r) in res.results if a == attempt)
     faults: dict[int, int] = {}
     resumes: dict[int, int] = {}
+    observed: dict[int, int] = {}
     run = RunDir(res.out)
     for r in ranks:
         for rec in run.records(attempt, r):
@@ -511,6 +513,8 @@ def l1_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
                 faults[g] = min(faults.get(g, rec["t_ns"]), rec["t_ns"])
             elif rec["action"] == "RankResume":
                 resumes[g] = max(resumes.get(g, rec["t_ns"]), rec["t_ns"])
+            elif rec["action"] == "RankObserve":
+                observed[g] = max(observed.get(g, rec["t_ns"]), rec["t_ns"])
     episodes = []
     for g in sorted(resumes):
         reports = [rep for r in ranks for rep in res.results[(attempt, r)].get("reports", [])
@@ -520,6 +524,7 @@ def l1_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
         episodes.append({
             "generation": g, "phases_s": phases, "replayed_steps": 0,
             "refs_rebound": max((rep.get("refs_rebound", 0) for rep in reports), default=0),
+            "fault_to_observe_s": None if t_fault is None or g not in observed else (observed[g] - t_fault) / 1e9,
             "fault_to_frontier_s": None if t_fault is None else (resumes[g] - t_fault) / 1e9,
         })
     return episodes
@@ -563,7 +568,10 @@ def swap_episodes(res: LaunchResult, attempt: int = 0) -> list[dict]:
 
 def l2_episodes(res: LaunchResult) -> list[dict]:
     """One entry per torchrun restart (attempt a >= 1): exit codes of attempt a-1, checkpoint C,
-    replayed steps F - C, and fault-to-frontier (fault of a-1 until attempt a is back at F)."""
+    replayed steps F - C, and fault-to-frontier (fault of a-1 until attempt a is back at F), split
+    into fault-to-exit (detection: the fault until the last worker of a-1 exited), exit-to-ready
+    (torchrun's respawn, imports, rendezvous, the checkpoint's reload) and ready-to-frontier (the
+    replay)."""
     episodes = []
     for a in res.attempts:
         if a == 0:
@@ -573,14 +581,17 @@ def l2_episodes(res: LaunchResult) -> list[dict]:
         t_front = [r.get("t_frontier") for r in cur.values()]
         fronts = [float(t) for t in t_front if t is not None]
         done = t_fault is not None and len(fronts) == len(t_front)
+        t_exit = max((r.get("t_exit") or 0 for r in prev.values()), default=None)
+        t_ready = max((r.get("t_ready") or 0 for r in cur.values()), default=None)
         episodes.append({
             "attempt": a,
             "exit_codes": sorted({r.get("exit_code") for r in prev.values()}, key=lambda c: (c is None, c)),
             "resumed_from": max((r.get("resumed_from") or 0 for r in cur.values()), default=0),
             "replayed_steps": max((r.get("replayed_steps", 0) for r in cur.values()), default=0),
             # last exit of a-1 until every rank of a is attached again (torchrun respawn + import + reload)
-            "exit_to_ready_s": _span(max((r.get("t_exit") or 0 for r in prev.values()), default=None),
-                                     max((r.get("t_ready") or 0 for r in cur.values()), default=None)),
+            "exit_to_ready_s": _span(t_exit, t_ready),
+            "fault_to_exit_s": _span(t_fault, t_exit),
+            "ready_to_frontier_s": _span(t_ready, max(fronts)) if done else None,
             "fault_to_frontier_s": (max(fronts) - t_fault) if done and t_fault is not None else None,
         })
     return episodes

@@ -87,16 +87,17 @@ class RevokedWhilePending(RuntimeError):
 
 
 #: Grace between R's revoke (its sockets shut down by the watchdog) and giving up on an op on R
-#: that is still pending.  Normally the op fails within milliseconds of the shutdown; in about one
-#: repair in a hundred a gloo op on R stays blocked (measured: ``accelpact bench repair``, 2x2, an
-#: unloaded machine), and the repair then waits this grace out.  R is revoked (it failed, and is
-#: being replaced), so nothing is lost by abandoning its op early: 1.0 s made the slowest of 100
-#: repairs 1,089 ms, 0.2 s makes it 291 ms.  The grace counts from when the revoke took effect here
-#: (the watcher's shutdown), no longer from when the waiting op first looked (up to 50 ms later).
-#: Shorter graces were tried on gloo: 0.02 s and 0.05 s abandon, under load, ops that would have
-#: failed by themselves, and an abandoned op's reaper then holds its group (threads, sockets) for
-#: longer (``test_ten_repairs_no_leak`` saw +4 fds in 2 of 8 and 1 of 8 runs at load ~4; 0 of 8 at 0.2 s).
-REVOKE_GRACE_S = 0.2
+#: that is still pending.  Normally the op fails within milliseconds of the shutdown; but a gloo op
+#: on sockets that were cut while no op was pending (the fault's own rank) may stay blocked, in
+#: 5-8 repairs of 100 for 50 ms or more and in about 1 of 50 until its timeout (measured:
+#: ``accelpact bench repair``, 2x2, an unloaded machine), and the repair then waits this grace
+#: out.  R is revoked (it failed, and is being replaced), so nothing is lost by abandoning its op
+#: early: the slowest of 100 repairs took 1,089 ms at 1.0 s, 216 ms at 0.2 s, 113 ms at 0.05 s and
+#: 59 ms at 0.02 s.  The grace counts from when the revoke took effect here (the watcher's
+#: shutdown).  An abandoned op goes to a reaper thread that holds its group until the op ends;
+#: :meth:`Pact.wait_retired` waits for the reapers too (graces under 0.2 s once showed as +4 fds in
+#: ``test_ten_repairs_no_leak`` under load, when it did not: the reaper had not let go yet).
+REVOKE_GRACE_S = 0.02
 #: How often a pending op on R looks for R's revoke (the watcher's record, else the store key): the
 #: first look after one interval, so a healthy op (about 1 ms) makes no store round trip.
 REVOKE_CHECK_S = 0.02
@@ -106,14 +107,19 @@ REVOKE_CHECK_S = 0.02
 NOTICE_WAIT_S = 3.0
 
 
-def _reap(work, group) -> None:
+def _reap(box: list, done: threading.Event) -> None:
     """Hold an abandoned op's group until the op ends (its own timeout at the latest): dropping
-    the last reference to a gloo group joins its worker threads, which would block the caller."""
+    the last reference to a gloo group joins its worker threads, which would block the caller.
+    ``box`` = [work, group], emptied here (a thread's ``args`` tuple would hold them until the thread
+    ends, after ``done``); ``done`` is set once the op ended and the references went
+    (:meth:`Pact.wait_retired`)."""
     try:
-        work.wait()
+        box[0].wait()
     except Exception:  # noqa: BLE001 - the op failed, as expected of an abandoned op
         pass
-    del group
+    finally:
+        box.clear()  # the group's destructor runs here, if this was its last reference
+        done.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,8 +457,9 @@ class Pact:
         result is not trusted, :func:`revoke.aborted`).
 
         :func:`backends.wait_bounded` polls the op's completion, not its future (an NCCL op's future
-        completes when the op is enqueued); on gloo the future still wakes the wait, so no latency is
-        added.  Bounded: past the group's own collective timeout plus ``REVOKE_GRACE_S`` the wait
+        completes when the op is enqueued); on gloo it blocks in ``work.wait`` slices of
+        ``REVOKE_CHECK_S`` instead (:attr:`Backend.sliced_wait`: the fault-free path is one blocking
+        wait, 0.13 ms cheaper per step than waking on the future).  Bounded: past the group's own collective timeout plus ``REVOKE_GRACE_S`` the wait
         gives up with the op's timeout error (NCCL: ``DistBackendError``; gloo's op fails at its timeout
         before that)."""
         from .backends import backend_of, wait_bounded
@@ -474,9 +481,12 @@ class Pact:
         budget = (backend_of(self._pg).timeout_of(self._pg) or self.deadline_s) + REVOKE_GRACE_S
         try:
             try:
-                wait_bounded(work, budget, check=revoke_check, check_every_s=REVOKE_CHECK_S)  # raises the op's own error, if any
+                wait_bounded(work, budget, check=revoke_check, check_every_s=REVOKE_CHECK_S,  # raises the op's own error, if any
+                             sliced=backend_of(self._pg).sliced_wait)
             except RevokedWhilePending:
-                threading.Thread(target=_reap, args=(work, self._pg), name="accelpact-reaper", daemon=True).start()
+                reaped = threading.Event()
+                self._retiring.append(reaped)
+                threading.Thread(target=_reap, args=([work, self._pg], reaped), name="accelpact-reaper", daemon=True).start()
                 raise
             if _revoke.aborted(self._record):
                 raise RevokedWhilePending(f"{what} on {self.groups.key} completed on a communicator that generation "
@@ -536,8 +546,11 @@ class Pact:
 
     def wait_retired(self, timeout_s: float = 10.0) -> bool:
         """Wait until the communicators that phase 5 replaced are destroyed (their threads and
-        sockets gone: that happens off the repair's critical path, a few tens of ms after it);
-        False if one is still being destroyed after ``timeout_s``.  For measurements of what a
+        sockets gone: that happens off the repair's critical path, a few tens of ms after it) and
+        every op abandoned on a revoked R has ended (its reaper then lets go of its group: a gloo op
+        that stays blocked on sockets cut while no op was pending ends only at the group's collective
+        timeout, so its thread and sockets are held that long; seen in 5 of 16 runs of
+        ``test_ten_repairs_no_leak``); False if one is still held after ``timeout_s``.  For measurements of what a
         repair leaves behind; training need not call it."""
         deadline = time.monotonic() + timeout_s
         return all(ev.wait(max(deadline - time.monotonic(), 0.0)) for ev in self._retiring)

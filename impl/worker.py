@@ -219,7 +219,7 @@ def run_job(job: Job) -> int:
                   step_deadline_s=job.step_deadline_s, trace_dir=str(out) if job.trace else None,
                   envelope=job.envelope, spares=topo.spares, dead_after_s=job.dead_after_s,
                   env={k: v for k, v in os.environ.items() if not k.startswith("ACCELPACT_")})
-    spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed)
+    spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed, pad_s=wl.pad_s)
     kind = wrapper(spec.wrapper).recovers
     holder: dict[str, Any] = {}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib import resources
@@ -108,6 +109,10 @@ class WorkloadSpec:
     #: DDP only: reduce each gradient on its own (see ``_per_gradient_allreduce``); off leaves
     #: DDP's bucketed all-reduce through its C++ Reducer (what a user's job usually runs).
     ddp_per_gradient: bool = True
+    #: Benchmarks only: a step's device time, slept at the start of each step (inside it, so a
+    #: fault in flight meets it): a step of about a second without two CPU cores computing for it,
+    #: as a GPU step leaves the host idle (``accelpact bench goodput``).  0: no pad.
+    pad_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.wrapper not in WRAPPER_NAMES:
@@ -116,6 +121,8 @@ class WorkloadSpec:
             raise ValueError(f"dim={self.dim} must be divisible by heads={self.heads}")
         if self.layers < 1 or self.seq < 2 or self.batch < 1:
             raise ValueError("WorkloadSpec needs layers >= 1, seq >= 2, batch >= 1")
+        if not self.pad_s >= 0:
+            raise ValueError(f"pad_s={self.pad_s} must be >= 0 seconds")
 
 
 @functools.lru_cache(maxsize=1)
@@ -300,6 +307,8 @@ def train_step(job: Job, step: int) -> torch.Tensor:
             f"train_step({step}) but the data cursor is at kappa={job.cursor.kappa}: steps must be "
             "consecutive (zero replay); restore a snapshot/checkpoint taken at that step instead"
         )
+    if job.spec.pad_s:
+        time.sleep(job.spec.pad_s)  # the step's device time (benchmarks; WorkloadSpec.pad_s)
     x, y = job.cursor.batch(step)
     if job.groups.device is not None and job.groups.device.type != "cpu":
         x, y = x.to(job.groups.device), y.to(job.groups.device)

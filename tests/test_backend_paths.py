@@ -87,10 +87,11 @@ class FakeWork:
         return True
 
 
-def fake_pact(*, revoked: bool = False, record=None, deadline_s: float = 30.0):
-    """What ``Pact._wait_unless_revoked`` reads of its pact."""
+def fake_pact(*, revoked: bool = False, record=None, deadline_s: float = 30.0, backend: str = "nccl"):
+    """What ``Pact._wait_unless_revoked`` reads of its pact; R is a group of ``backend`` (NCCL: the
+    polled wait; gloo: the sliced blocking wait, :attr:`Backend.sliced_wait`)."""
     return types.SimpleNamespace(
-        gen=0, deadline_s=deadline_s, _pg=object(), _record=record,
+        gen=0, deadline_s=deadline_s, _pg=types.SimpleNamespace(name=lambda: backend), _record=record, _retiring=[],
         watchdog=types.SimpleNamespace(revocations=[]),
         control=types.SimpleNamespace(revoked=lambda g, key: revoked),
         groups=types.SimpleNamespace(key="world", members=(0, 1)))
@@ -143,6 +144,61 @@ def test_a_work_completed_on_an_aborted_communicator_is_not_trusted():
     with pytest.raises(R.RevokedWhilePending, match="aborted"):
         R.Pact._wait_unless_revoked(fake_pact(record=aborted), FakeWork(completes_after=0), "the boundary all-reduce")
     R.Pact._wait_unless_revoked(fake_pact(record=revoke.SocketRecord("gloo", closed=True)), FakeWork(0), "x")
+
+
+def test_gloo_boundary_wait_blocks_in_slices_until_the_op_completes():
+    """gloo: ``work.wait`` slices of REVOKE_CHECK_S; a slice that times out while the op is pending
+    is not an error; the op's completion ends the wait (no future, no polling)."""
+    work = FakeWork(completes_after=3)
+    R.Pact._wait_unless_revoked(fake_pact(backend="gloo"), work, "the boundary all-reduce")
+    *slices, (done, last) = work.waits
+    assert len(slices) >= 3 and not any(d for d, _ in slices) and done, work.waits
+    assert all(t == datetime.timedelta(seconds=R.REVOKE_CHECK_S) for _, t in slices)
+    assert last is None  # completed after a slice ran out: its own result, unbounded
+
+
+def test_gloo_boundary_wait_gives_up_after_the_revoke_and_raises_the_ops_error(monkeypatch):
+    monkeypatch.setattr(R, "REVOKE_GRACE_S", 0.0)
+    with pytest.raises(R.RevokedWhilePending, match="still pending"):
+        R.Pact._wait_unless_revoked(fake_pact(revoked=True, backend="gloo"), FakeWork(completes_after=None), "x")
+    with pytest.raises(RuntimeError, match="Connection reset"):  # the op failed: its error, not a slice's timeout
+        R.Pact._wait_unless_revoked(fake_pact(backend="gloo"), FakeWork(completes_after=0, error=RuntimeError("Connection reset")),
+                                    "x")
+    with pytest.raises(RuntimeError, match="timed out"):  # no revoke, never completes: bounded by the group's timeout
+        R.Pact._wait_unless_revoked(fake_pact(deadline_s=0.05, backend="gloo"), FakeWork(completes_after=None), "x")
+
+
+def test_a_timed_out_gloo_wait_leaves_the_op_pending_and_its_result_right():
+    """The torch fact the sliced wait relies on (spec/torch-facts.md): gloo's ``work.wait(timeout)``
+    raises when the timeout passes first, and the op completes later with the right result; two
+    ranks in two threads, the second joining the all-reduce 0.3 s late."""
+    import threading
+
+    be = B.backend("gloo")
+    store = torch.distributed.HashStore()
+    pgs = [None, None]
+
+    def build(r: int) -> None:
+        pgs[r], _ = be.build_group(torch.distributed.PrefixStore("s/", store), r, 2, name=f"s/g{r}", global_ranks=(0, 1),
+                                   connect_timeout_s=10.0, timeout_s=30.0)
+
+    ths = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(30)
+    assert all(pgs), "the two-rank gloo group was not built"
+    late = torch.full((2,), 2.0)
+    joined = threading.Timer(0.3, lambda: pgs[1].allreduce([late]).wait())
+    joined.start()
+    t = torch.full((2,), 1.0)
+    work = pgs[0].allreduce([t])
+    with pytest.raises(RuntimeError):
+        work.wait(datetime.timedelta(seconds=0.02))
+    assert not work.is_completed()
+    B.wait_bounded(work, 10.0, sliced=True, check_every_s=0.02)
+    joined.join(10)
+    assert t.tolist() == [3.0, 3.0] and late.tolist() == [3.0, 3.0]
 
 
 def test_wait_bounded_on_a_real_gloo_work_and_the_op_error():

@@ -199,11 +199,32 @@ def test_summary_prefers_the_first_folder_and_passes_reasons_on(tmp_path: Path, 
     ["bench", "leaks", "--wrappers", "fsdp3"],
     ["bench", "guard", "--blocks", "1"],
     ["bench", "goodput", "--repeat", "0"],
+    ["bench", "goodput", "--ages", "0,5"],
+    ["bench", "goodput", "--ages", "5,5"],
+    ["bench", "goodput", "--ages", "one"],
+    ["bench", "goodput", "--step-s", "-1"],
     ["bench", "transfer", "--sizes-mb", "0"],
 ])
 def test_bad_flags_exit_2_before_running_anything(argv: list[str], capsys) -> None:
     assert cli_main(argv) == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ages, repeat", [([1], 1), ([1, 5, 10, 20], 2), ([20, 3, 7], 3), ([2], 4)])
+def test_goodput_fault_plan_puts_each_age_behind_a_checkpoint(ages: list[int], repeat: int) -> None:
+    """Every fault strikes A steps after the last checkpoint (a multiple of k) and after the
+    previous fault, so each L2 restart replays exactly A steps; the job runs past the last."""
+    from accelpact.bench.goodput import fault_plan
+
+    k, plan, steps = fault_plan(ages, repeat)
+    assert len(plan) == len(ages) * repeat
+    assert sorted(a for _, a in plan) == sorted(ages * repeat)
+    for s, a in plan:
+        assert s - (s // k) * k == a, (s, a, k)  # the checkpoint before s is s - a
+        assert s // k >= 1  # a checkpoint exists before every fault
+    steps_only = [s for s, _ in plan]
+    assert steps_only == sorted(set(steps_only))
+    assert steps > steps_only[-1]
 
 
 def test_bench_modules_do_not_import_torch() -> None:

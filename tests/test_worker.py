@@ -32,6 +32,9 @@ def _job(out: Path, **changes) -> Job:
     (lambda j: j["workload"].update(wrapper="fsdp3"), "workload.wrapper"),
     (lambda j: j["workload"].update(steps=0), "workload.steps"),
     (lambda j: j["workload"].update(checkpoint_every=-1), "workload.checkpoint_every"),
+    (lambda j: j["workload"].update(pad_s=-0.5), "workload.pad_s"),
+    (lambda j: j["workload"].update(pad_s="1s"), "workload.pad_s"),
+    (lambda j: j["workload"].update(pad_s=True), "workload.pad_s"),
     (lambda j: j.update(backend="mpi"), "backend"),
     (lambda j: j.update(faults=[{"step": 9, "at": "boundary", "kind": "crash"}]), "faults[0].step"),
     (lambda j: j.update(faults=[{"step": 1, "at": "somewhere", "kind": "crash"}]), "faults[0].at"),
@@ -53,6 +56,9 @@ def test_job_parse_fills_defaults(tmp_path: Path) -> None:
     assert job.workload.checkpoint_every == 0 and job.seeded_bug is None
     assert job.world == 2
     assert Job.parse(job.to_json()) == job  # the job file round-trips
+    assert "pad_s" not in job.to_json()["workload"]  # unpadded jobs' files read as before
+    padded = Job.parse({**job.to_json(), "workload": {"wrapper": "ddp", "steps": 3, "pad_s": 0.25}})
+    assert padded.workload.pad_s == 0.25 and Job.parse(padded.to_json()) == padded
 
 
 def test_faults_strike_only_in_their_attempt(tmp_path: Path) -> None:
