@@ -353,7 +353,7 @@ def flag_sim(world: int, iters: int) -> dict[str, Any]:
     def build(r: int) -> None:
         try:
             st = dist.TCPStore("127.0.0.1", master.port, None, False, timeout=to)
-            opts = dist.ProcessGroupGloo._Options()
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private in torch 2.13's stubs
             opts._timeout = to
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
             opts._threads = 1

@@ -173,13 +173,13 @@ def run(args: argparse.Namespace) -> int:
     l2 = run_torchrun(job("l2", [{"step": s, "at": "backward", "kind": "exception", "ranks": [victim], "attempt": i}
                                  for i, s in enumerate(fault_steps)]), 2, max_restarts=len(plan), timeout_s=args.timeout)
     ep1, ep2 = l1_episodes(l1), l2_episodes(l2)
-    l1_res = {"ok": l1.ok(), "repairs": len(ep1), "wall_s": l1.wall_s,
+    l1_res: dict[str, Any] = {"ok": l1.ok(), "repairs": len(ep1), "wall_s": l1.wall_s,
               "fault_to_frontier_s": common.stats(e["fault_to_frontier_s"] for e in ep1),
               "fault_to_detect_s": common.stats(e.get("fault_to_observe_s") for e in ep1),
               "replayed_steps": [e["replayed_steps"] for e in ep1],
               "episodes": [{"age": a, "fault_to_detect_s": e.get("fault_to_observe_s"),
                             "fault_to_frontier_s": e["fault_to_frontier_s"]} for e, a in zip(ep1, age_of, strict=False)]}
-    l2_res = {"ok": l2.ok(), "restarts": l2.restarts, "wall_s": l2.wall_s,
+    l2_res: dict[str, Any] = {"ok": l2.ok(), "restarts": l2.restarts, "wall_s": l2.wall_s,
               "fault_to_frontier_s": common.stats(e["fault_to_frontier_s"] for e in ep2),
               "fault_to_detect_s": common.stats(e.get("fault_to_exit_s") for e in ep2),
               "exit_to_ready_s": common.stats(e["exit_to_ready_s"] for e in ep2),
@@ -231,10 +231,10 @@ def run(args: argparse.Namespace) -> int:
     result["by_age"] = by_age
     l1m, l2m = l1_res["fault_to_frontier_s"]["median"], l2_res["fault_to_frontier_s"]["median"]
     tft_m = tft["fault_to_frontier_s"]["median"] if tft else None
-    walls = {"baseline": base.wall_s if base else None, "l1": l1.wall_s, "l2": l2.wall_s, "torchft": tft["wall_s"] if tft else None}
+    walls: dict[str, float | None] = {"baseline": base.wall_s if base else None, "l1": l1.wall_s, "l2": l2.wall_s, "torchft": tft["wall_s"] if tft else None}
     result["whole_run_s"] = walls
     bases = {"l1": walls["baseline"], "l2": walls["baseline"], "torchft": tft.get("baseline_wall_s") if tft else None}
-    result["lost_s"] = {m: (walls[m] - b) if walls[m] is not None and b else None for m, b in bases.items()}
+    result["lost_s"] = {m: (w - b) if (w := walls[m]) is not None and b else None for m, b in bases.items()}
     systems = [("AccelPact L1 (in place)", l1_res["fault_to_detect_s"], l1_res["fault_to_frontier_s"], l1.wall_s,
                 result["lost_s"]["l1"]),
                ("torchrun restart L2", l2_res["fault_to_detect_s"], l2_res["fault_to_frontier_s"], l2.wall_s, result["lost_s"]["l2"])]
