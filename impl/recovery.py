@@ -89,9 +89,9 @@ class RevokedWhilePending(RuntimeError):
 #: Grace between R's revoke (its sockets shut down by the watchdog) and giving up on an op on R
 #: that is still pending.  Normally the op fails within milliseconds of the shutdown; but a gloo op
 #: on sockets that were cut while no op was pending (the fault's own rank) may stay blocked, in
-#: 5-8 repairs of 100 for 50 ms or more and in about 1 of 50 until its timeout (measured:
-#: ``accelpact bench repair``, 2x2, an unloaded machine), and the repair then waits this grace
-#: out.  R is revoked (it failed, and is being replaced), so nothing is lost by abandoning its op
+#: 5-8 repairs of 100 for 50 ms or more (measured: ``accelpact bench repair``, 2x2, an unloaded
+#: machine), some until the group's timeout (5 of 16 runs of ``test_ten_repairs_no_leak`` had one),
+#: and the repair then waits this grace out.  R is revoked (it failed, and is being replaced), so nothing is lost by abandoning its op
 #: early: the slowest of 100 repairs took 1,089 ms at 1.0 s, 216 ms at 0.2 s, 113 ms at 0.05 s and
 #: 59 ms at 0.02 s.  The grace counts from when the revoke took effect here (the watcher's
 #: shutdown).  An abandoned op goes to a reaper thread that holds its group until the op ends;
