@@ -361,15 +361,19 @@ def flag_sim(world: int, iters: int) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=build, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def on_every_rank(fn: Any) -> float:
+        """Run ``fn(rank)`` on one thread per simulated rank; the seconds until all have returned."""
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=fn, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.monotonic() - t0
+
+    setup_s = on_every_rank(build)
     if errors:
         raise common.BenchError(f"flag simulation at W={world}: building the groups failed: {errors[0]}")
-    setup_s = time.monotonic() - t0
     barrier = threading.Barrier(world)
     wall = [[0.0] * iters for _ in range(world)]
     cpu = [[0.0] * iters for _ in range(world)]
@@ -388,17 +392,12 @@ def flag_sim(world: int, iters: int) -> dict[str, Any]:
             if int(flag[3]) != i % 2 or int(flag.sum()) != i % 2:
                 wrong.append(f"rank {r}, flag {i}: {flag.tolist()}")
 
-    threads = [threading.Thread(target=loop, args=(r,)) for r in range(world)]
-    t1 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_s = on_every_rank(loop)
     if wrong:
         raise common.BenchError(f"flag simulation at W={world}: wrong OR: {wrong[:3]}")
     ring = world <= RING_MAX_WORLD
     return {"world": world, "iters": iters, "algorithm": "ring" if ring else "doubling",
-            "rounds": 2 * (world - 1) if ring else rounds(world), "setup_s": setup_s, "run_s": time.monotonic() - t1,
+            "rounds": 2 * (world - 1) if ring else rounds(world), "setup_s": setup_s, "run_s": run_s,
             "cpu_ms_per_rank": common.stats((x for row in cpu for x in row), 1e3),
             "wall_ms_slowest_rank": common.stats((max(wall[r][i] for r in range(world)) for i in range(iters)), 1e3),
             "native_threads": len(os.listdir("/proc/self/task"))}
