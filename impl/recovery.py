@@ -91,10 +91,10 @@ class RevokedWhilePending(RuntimeError):
 #: on sockets that were cut while no op was pending (the fault's own rank) may stay blocked, in
 #: 5-8 repairs of 100 for 50 ms or more (measured: ``accelpact bench repair``, 2x2, an unloaded
 #: machine), some until the group's timeout (5 of 16 runs of ``test_ten_repairs_no_leak`` had one),
-#: and the repair then waits this grace out.  R is revoked (it failed, and is being replaced), so nothing is lost by abandoning its op
-#: early: the slowest of 100 repairs took 1,089 ms at 1.0 s, 216 ms at 0.2 s, 113 ms at 0.05 s and
-#: 59 ms at 0.02 s.  The grace counts from when the revoke took effect here (the watcher's
-#: shutdown).  An abandoned op goes to a reaper thread that holds its group until the op ends;
+#: and the repair then waits this grace out.  R is revoked (it failed, and is being replaced), so
+#: nothing is lost by abandoning its op early: the slowest of 100 repairs took 1,089 ms at 1.0 s,
+#: 216 ms at 0.2 s, 113 ms at 0.05 s and 59 ms at 0.02 s.  The grace counts from when the revoke
+#: took effect here (the watcher's shutdown).  An abandoned op goes to a reaper thread that holds its group until the op ends;
 #: :meth:`Pact.wait_retired` waits for the reapers too (graces under 0.2 s once showed as +4 fds in
 #: ``test_ten_repairs_no_leak`` under load, when it did not: the reaper had not let go yet).
 REVOKE_GRACE_S = 0.02
@@ -118,8 +118,7 @@ def _reap(box: list, done: threading.Event) -> None:
     except Exception:  # noqa: BLE001 - the op failed, as expected of an abandoned op
         pass
     finally:
-        box.clear()  # the group's destructor runs here, if this was its last reference
-        done.set()
+        _drop(box, done)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,14 +221,19 @@ _RETIRE_LOCK = threading.Lock()
 _RETIRER: threading.Thread | None = None
 
 
+def _drop(box: list, done: threading.Event) -> None:
+    """Empty ``box`` (a group's destructor runs here, if this was its last reference), then set
+    ``done``, even if a destructor raised (it must end neither the thread nor a wait on ``done``)."""
+    try:
+        box.clear()
+    except Exception:  # noqa: BLE001 - a destructor's error must not end the retiring or reaping thread
+        pass
+    done.set()
+
+
 def _retirer() -> None:
     while True:
-        box, done = _RETIRE_QUEUE.get()
-        try:
-            box.clear()  # the group's destructor runs here, if this was its last reference
-        except Exception:  # noqa: BLE001 - a destructor's error must not end the retiring thread
-            pass
-        done.set()
+        _drop(*_RETIRE_QUEUE.get())
 
 
 def _retire_off_path(box: list) -> threading.Event:
@@ -459,9 +463,9 @@ class Pact:
         :func:`backends.wait_bounded` polls the op's completion, not its future (an NCCL op's future
         completes when the op is enqueued); on gloo it blocks in ``work.wait`` slices of
         ``REVOKE_CHECK_S`` instead (:attr:`Backend.sliced_wait`: the fault-free path is one blocking
-        wait, 0.13 ms cheaper per step than waking on the future).  Bounded: past the group's own collective timeout plus ``REVOKE_GRACE_S`` the wait
-        gives up with the op's timeout error (NCCL: ``DistBackendError``; gloo's op fails at its timeout
-        before that)."""
+        wait, 0.13 ms cheaper per step than waking on the future).  Bounded: past the group's own
+        collective timeout plus ``REVOKE_GRACE_S`` the wait gives up with the op's timeout error
+        (NCCL: ``DistBackendError``; gloo's op fails at its timeout before that)."""
         from .backends import backend_of, wait_bounded
 
         seen = None  # when R's revoke took effect here (the watcher's shutdown), or this wait first saw its key
@@ -478,11 +482,12 @@ class Pact:
                 raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {REVOKE_GRACE_S} s after "
                                           f"generation {self.gen}'s revoke")
 
-        budget = (backend_of(self._pg).timeout_of(self._pg) or self.deadline_s) + REVOKE_GRACE_S
+        be = backend_of(self._pg)
+        budget = (be.timeout_of(self._pg) or self.deadline_s) + REVOKE_GRACE_S
         try:
             try:
-                wait_bounded(work, budget, check=revoke_check, check_every_s=REVOKE_CHECK_S,  # raises the op's own error, if any
-                             sliced=backend_of(self._pg).sliced_wait)
+                # raises the op's own error, if any
+                wait_bounded(work, budget, check=revoke_check, check_every_s=REVOKE_CHECK_S, sliced=be.sliced_wait)
             except RevokedWhilePending:
                 reaped = threading.Event()
                 self._retiring.append(reaped)
@@ -550,8 +555,8 @@ class Pact:
         every op abandoned on a revoked R has ended (its reaper then lets go of its group: a gloo op
         that stays blocked on sockets cut while no op was pending ends only at the group's collective
         timeout, so its thread and sockets are held that long; seen in 5 of 16 runs of
-        ``test_ten_repairs_no_leak``); False if one is still held after ``timeout_s``.  For measurements of what a
-        repair leaves behind; training need not call it."""
+        ``test_ten_repairs_no_leak``); False if one is still held after ``timeout_s``.  For
+        measurements of what a repair leaves behind; training need not call it."""
         deadline = time.monotonic() + timeout_s
         return all(ev.wait(max(deadline - time.monotonic(), 0.0)) for ev in self._retiring)
 
