@@ -24,7 +24,7 @@ from array import array
 from typing import Any, Callable, Iterable
 
 from .invariants import EDGE_INVARIANTS, INVARIANTS
-from .protocol import Action, actions_for, all_actions, enabled, step
+from .protocol import ACTIONS, Action, actions_for, all_actions, enabled, is_final, step
 from .state import Config, State, initial_state
 from .symmetry import Symmetry
 
@@ -48,6 +48,13 @@ class Search:
         # skipping them wholesale when that fails is a pure speed-up, not a semantic change.
         self.specs = tuple((k, a, sp.enabled, sp.step, a.rank, a.arg) for k, a, sp in specs if sp.actor != "fault")
         self.all_specs = self.specs + tuple((k, a, sp.enabled, sp.step, a.rank, a.arg) for k, a, sp in specs if sp.actor == "fault")
+        # Where an instance can be enabled: its actor's program counters (ActionSpec.pcs), for the
+        # protocol's own ``enabled`` only (a mutant's replacement is asked in every state).
+        self._where = {k: (a.rank, ACTIONS[a.name].pcs) for k, a, sp in specs
+                       if a.rank is not None and ACTIONS[a.name].pcs is not None and sp.enabled is ACTIONS[a.name].enabled}
+        #: (the ranks' program counters, faults possible) -> the instances that can be enabled, in
+        #: ``self.actions`` order (the search visits successors in the same order with or without it)
+        self._candidates: dict[tuple[tuple[str, ...], bool], tuple] = {}
         self.states: list[State] = []
         self.index: dict[State, int] = {}
         self.parent = array("i")       # BFS parent id (-1: the initial state)
@@ -73,6 +80,24 @@ class Search:
     @property
     def edges(self) -> int:
         return len(self.dst)
+
+    @property
+    def reached(self) -> int:
+        """States found so far (for progress reports)."""
+        return len(self.states)
+
+    @property
+    def current_level(self) -> int:
+        """The BFS level of the last state found (for progress reports)."""
+        return self.level[-1] if self.level else 0
+
+    def aborted_mask(self) -> bytearray:
+        """Per state: 1 when the store holds an abort or is lost (L2's subgraph)."""
+        return bytearray(1 if s.store.abort or s.store.down else 0 for s in self.states)
+
+    def is_final_node(self, n: int) -> bool:
+        """``protocol.is_final`` of state ``n``."""
+        return is_final(self.cfg, self.states[n])
 
     @property
     def depth(self) -> int:
@@ -103,6 +128,18 @@ class Search:
         self.level.append(level)
         return i
 
+    def candidates(self, pcs: tuple[str, ...], faults: bool) -> tuple:
+        """The action instances that can be enabled when the ranks' program counters are ``pcs``
+        (with the fault actions when ``faults``): every other one's ``enabled`` is false there."""
+        key = (pcs, faults)
+        got = self._candidates.get(key)
+        if got is None:
+            where = self._where
+            got = self._candidates[key] = tuple(
+                e for e in (self.all_specs if faults else self.specs)
+                if e[0] not in where or pcs[where[e[0]][0]] in where[e[0]][1])
+        return got
+
     def check_state(self, s: State) -> tuple[str, str, str] | None:
         cfg = self.cfg
         self.checks += len(INVARIANTS)
@@ -132,14 +169,15 @@ class Search:
         states, index, off, dst, lab = self.states, self.index, self.off, self.dst, self.lab
         canon = self.sym.canonical if self.sym is not None else None
         n_edge = len(EDGE_INVARIANTS)
-        plain, every = self.specs, self.all_specs
+        candidates, table = self.candidates, self._candidates
         max_faults = cfg.max_faults
         i = 0
         while i < len(states):
             s = states[i]
             lvl = self.level[i] + 1
             succ: dict[int, None] = {}
-            specs = every if s.faults < max_faults and not s.supervisor else plain
+            key = (tuple([rk.pc for rk in s.ranks]), s.faults < max_faults and not s.supervisor)
+            specs = table.get(key) or candidates(*key)
             for k, a, en, st, r, arg in specs:
                 if not en(cfg, s, r, arg):
                     continue

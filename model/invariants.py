@@ -74,6 +74,8 @@ def decisions_stable(cfg: Config, before: State, after: State) -> str | None:
     agreement or the release of g reads the same value."""
     for name in ("agree", "release"):
         old, new = getattr(before.store, name), getattr(after.store, name)
+        if old is new:
+            continue
         for g, v in old:
             now = true_lookup(new, g)
             if now != v:
@@ -144,11 +146,14 @@ def state_preserved(cfg: Config, s: State) -> str | None:
     generation > 0 has tau = F (rank 0's committed frontier) and replayed nothing.  (The L2 half,
     a restart from C replaying F - C, is what the supervisor's step does, not a property.)"""
     for r, rk in enumerate(s.ranks):
+        if rk.pc != PC_TRAIN or rk.gen == 0:
+            continue
         # a rank of a later episode (its generation failed again) may carry an injected fault
         # (FaultMismatch at that boundary): checked when it resumed, before that failure
-        later_episode = s.store.failed is not None and s.store.failed[0] == rk.gen
+        if s.store.failed is not None and s.store.failed[0] == rk.gen:
+            continue
         f = _agreed_frontier(cfg, s, rk.gen - 1)  # the frontier agreed in the generation it resumed from
-        if rk.pc == PC_TRAIN and rk.gen > 0 and not later_episode and (rk.tau != f or rk.replayed != 0):
+        if rk.tau != f or rk.replayed != 0:
             return f"rank {r} resumed at tau={rk.tau} replaying {rk.replayed} steps; L1 must resume at F={f} with 0"
     return None
 
@@ -248,6 +253,8 @@ def exit_reasons(cfg: Config, s: State) -> str | None:
 
 def generation_monotonic(cfg: Config, before: State, after: State) -> str | None:
     """W1 (well-formedness of the model, not a protocol property): no rank's generation decreases."""
+    if before.ranks is after.ranks:
+        return None
     for r, (a, b) in enumerate(zip(before.ranks, after.ranks, strict=True)):
         if b.gen < a.gen:
             return f"rank {r}'s generation went from {a.gen} back to {b.gen}"

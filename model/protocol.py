@@ -94,6 +94,11 @@ class ActionSpec:
     step: Callable[[Config, State, int | None, str | None], State]
     fault_kind: str | None = None
     doc: str = ""
+    #: The actor's program counters in which ``enabled`` can hold (a necessary condition, read off
+    #: its first test); None: any.  The search skips an instance whose actor is elsewhere, without
+    #: calling ``enabled`` (engine.Search, only for this table's own ``enabled``: a mutant that
+    #: replaces it is asked everywhere).  tests/test_model_explore.py checks it on every reachable state.
+    pcs: frozenset[str] | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -147,6 +152,10 @@ def _in_episode(s: State, r: int) -> bool:
 
 def _alive(s: State, r: int) -> bool:
     return s.ranks[r].pc not in (PC_EXITED, PC_CRASHED, PC_RESTARTED)
+
+
+#: the program counters of a live rank (:func:`_alive`)
+_ALIVE_PCS = (PC_TRAIN, *RECOVERY_PCS, PC_JOINED)
 
 
 def _active(s: State, r: int) -> bool:
@@ -219,7 +228,7 @@ def _abort(s: State, reason: str) -> State:
 
 def _exit(s: State, r: int, reason: str) -> State:
     g = s.ranks[r].gen
-    s = replace(s, exits=s.exits | {(g, r, reason, true_lookup(s.store.release, g) == DECISION_RELEASE)})
+    s = s.with_(exits=s.exits | {(g, r, reason, true_lookup(s.store.release, g) == DECISION_RELEASE)})
     return s.with_rank(r, pc=PC_EXITED, reason=reason, hung=False, raised=False)
 
 
@@ -359,7 +368,7 @@ def _en_await_agreement(cfg, s, r, arg) -> bool:
 def _st_await_agreement(cfg, s, r, arg) -> State:
     rk = s.ranks[r]
     s = s.with_rank(r, pc=PC_AGREED)
-    return replace(s, agreed=s.agreed | {(rk.gen, r, rk.frontier)})
+    return s.with_(agreed=s.agreed | {(rk.gen, r, rk.frontier)})
 
 
 # Phase 4: communicator replacement (members of R)
@@ -405,7 +414,7 @@ def _validation_complete(cfg: Config, s: State, r: int) -> bool:
 
 def _complete_validation(s: State, r: int) -> State:
     g = s.ranks[r].gen
-    return s if g in s.validated else replace(s, validated=s.validated | {g})
+    return s if g in s.validated else s.with_(validated=s.validated | {g})
 
 
 def _shard_of(cfg: Config, s: State, r: int) -> int:
@@ -467,7 +476,7 @@ def _en_decide_release(cfg, s, r, arg) -> bool:
 def _st_decide_release(cfg, s, r, arg) -> State:
     g = s.ranks[r].gen
     if true_lookup(s.store.release, g) is None and not _replicas_agree(cfg, s, _failed_members(cfg, s)):
-        s = replace(s, released_disagreeing=s.released_disagreeing | {g})  # history: what S8 judges
+        s = s.with_(released_disagreeing=s.released_disagreeing | {g})  # history: what S8 judges
     return s.with_store(release=_compare_set(s.store.release, g, DECISION_RELEASE))
 
 
@@ -482,9 +491,9 @@ def _st_resume(cfg, s, r, arg) -> State:
     rebound = rk.comm == want and all(ref == want for ref in rk.refs)
     entry = (rk.gen, r, rk.point, rk.dirty, rk.gen not in s.released_disagreeing, rebound)
     if s.store.claims and (rk.gen, r, rk.inc) in s.store.claims:  # a spare's first resume: what S9 judges
-        s = replace(s, swapped=s.swapped | {(rk.gen, r, rk.shard, rk.tau, rk.ahead, rk.grads, rk.corrupt)})
+        s = s.with_(swapped=s.swapped | {(rk.gen, r, rk.shard, rk.tau, rk.ahead, rk.grads, rk.corrupt)})
     s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", dirty=False, delayed=False, replayed=0)
-    return replace(s, resumed=s.resumed | {entry})
+    return s.with_(resumed=s.resumed | {entry})
 
 
 # Failure handling inside phases 2-6
@@ -649,11 +658,11 @@ def _st_group_fail(cfg, s, r, point) -> State:
     gen, f = max(rk.gen for rk in s.ranks), s.store.failed
     groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {_failing_group(cfg, r)}
     s = s.with_store(failed=(gen, point, groups))
-    return replace(s, faults=s.faults + 1)
+    return s.with_(faults=s.faults + 1)
 
 
 def _bump(s: State) -> State:
-    return replace(s, faults=s.faults + 1)
+    return s.with_(faults=s.faults + 1)
 
 
 def _en_crash(cfg, s, r, arg) -> bool:
@@ -814,7 +823,7 @@ def _st_restart(cfg, s, r, arg) -> State:
     ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False, corrupt=False,
                           grads=False, ahead=0, shard=SHARD_OWN)
                   for rk in s.ranks)
-    return replace(s, ranks=ranks, supervisor="restarted", deposed=frozenset())
+    return s.with_(ranks=ranks, supervisor="restarted", deposed=frozenset())
 
 
 # --------------------------------------------------------------------------------------
@@ -834,7 +843,7 @@ def _st_discard(cfg, s, r, arg) -> State:
     and the step will be rerun with the same batch after the release."""
     rk = s.ranks[r]
     s = s.with_rank(r, grads=False, ahead=0, point="boundary")
-    return replace(s, discarded=s.discarded | {(rk.gen, r)})
+    return s.with_(discarded=s.discarded | {(rk.gen, r)})
 
 
 def _en_claim(cfg, s, r, arg) -> bool:
@@ -873,7 +882,7 @@ def _st_join(cfg, s, r, arg) -> State:
     inc = hotswap.claim_of(s, rk.gen, r)
     assert inc is not None
     spare = Rank(pc=PC_JOINED, gen=rk.gen, frontier=-1, tau=-1, comm=-1, refs=(-1,) * cfg.refs, inc=inc, shard=SHARD_NONE)
-    s = replace(s, deposed=s.deposed | {(rk.gen, r, rk.inc, False)})
+    s = s.with_(deposed=s.deposed | {(rk.gen, r, rk.inc, False)})
     return s.with_rank(r, **{name: getattr(spare, name) for name in _RANK_FIELDS})
 
 
@@ -908,7 +917,7 @@ def _send_state(cfg: Config, s: State, p: int, spares: tuple[int, ...]) -> State
     for d in spares:
         s = s.with_rank(d, pc=PC_GUARDED, point="boundary", frontier=pk.frontier, tau=pk.tau, ahead=pk.ahead,
                         grads=False, corrupt=pk.corrupt, shard=_shard_of(cfg, s, p))
-        s = replace(s, transfers=s.transfers | {(g, d, cfg.group_of(p) == cfg.group_of(d) and p != d)})
+        s = s.with_(transfers=s.transfers | {(g, d, cfg.group_of(p) == cfg.group_of(d) and p != d)})
     return s
 
 
@@ -921,7 +930,7 @@ def _st_fenced(cfg, s, r, arg) -> State:
     """Its first store operation reads its identity's incarnation (``g{g}/spare/{rank}``), finds a
     later one, and it exits at once, writing nothing (no abort: the job goes on without it)."""
     entry = min(e for e in s.deposed if e[1] == r and not e[3])
-    return replace(s, deposed=s.deposed - {entry})
+    return s.with_(deposed=s.deposed - {entry})
 
 
 # --------------------------------------------------------------------------------------
@@ -929,26 +938,26 @@ def _st_fenced(cfg, s, r, arg) -> State:
 ACTIONS: dict[str, ActionSpec] = {
     a.name: a
     for a in (
-        ActionSpec("RankObserve", "rank", 1, _en_observe, _st_observe, doc="observe the failed collective; members of R publish revoke"),
-        ActionSpec("RankGuard", "rank", 2, _en_guard, _st_guard, doc="guards pass and the contract says L1"),
-        ActionSpec("RankReject", "rank", 2, _en_reject, _st_reject, doc="the contract says L2: abort and exit"),
-        ActionSpec("RankArrive", "rank", 3, _en_arrive, _st_arrive, doc="post (F, g) at the control barrier"),
-        ActionSpec("RankDecideAgreement", "rank", 3, _en_decide_agreement, _st_decide_agreement, doc="last arriver compare_sets commit/abort"),
-        ActionSpec("RankAwaitAgreement", "rank", 3, _en_await_agreement, _st_await_agreement, doc="read the agreed commit"),
-        ActionSpec("RankReplace", "rank", 4, _en_replace, _st_replace, doc="build R's communicator for generation g+1"),
-        ActionSpec("RankRebind", "rank", 5, _en_rebind, _st_rebind, doc="every cached reference names the new communicator"),
-        ActionSpec("RankValidate", "rank", 6, _en_validate, _st_validate, doc="validation collective and digests on the new group"),
-        ActionSpec("RankReady", "rank", 6, _en_ready, _st_ready, doc="post the release vote"),
-        ActionSpec("RankDecideRelease", "rank", 6, _en_decide_release, _st_decide_release, doc="last voter compare_sets release"),
-        ActionSpec("RankResume", "rank", 6, _en_resume, _st_resume, doc="read release; resume at F in generation g+1"),
-        ActionSpec("RankTimeout", "rank", None, _en_timeout, _st_timeout, doc="a wait's deadline expired: abort and exit"),
-        ActionSpec("RankExpire", "rank", None, _en_expire, _st_expire, doc="watchdog: the step deadline of a hung rank expired: abort and exit"),
+        ActionSpec("RankObserve", "rank", 1, _en_observe, _st_observe, doc="observe the failed collective; members of R publish revoke", pcs=frozenset((PC_TRAIN,))),
+        ActionSpec("RankGuard", "rank", 2, _en_guard, _st_guard, doc="guards pass and the contract says L1", pcs=frozenset((PC_OBSERVED,))),
+        ActionSpec("RankReject", "rank", 2, _en_reject, _st_reject, doc="the contract says L2: abort and exit", pcs=frozenset((PC_OBSERVED,))),
+        ActionSpec("RankArrive", "rank", 3, _en_arrive, _st_arrive, doc="post (F, g) at the control barrier", pcs=frozenset((PC_GUARDED,))),
+        ActionSpec("RankDecideAgreement", "rank", 3, _en_decide_agreement, _st_decide_agreement, doc="last arriver compare_sets commit/abort", pcs=frozenset((PC_ARRIVED,))),
+        ActionSpec("RankAwaitAgreement", "rank", 3, _en_await_agreement, _st_await_agreement, doc="read the agreed commit", pcs=frozenset((PC_ARRIVED,))),
+        ActionSpec("RankReplace", "rank", 4, _en_replace, _st_replace, doc="build R's communicator for generation g+1", pcs=frozenset((PC_AGREED,))),
+        ActionSpec("RankRebind", "rank", 5, _en_rebind, _st_rebind, doc="every cached reference names the new communicator", pcs=frozenset((PC_REPLACED,))),
+        ActionSpec("RankValidate", "rank", 6, _en_validate, _st_validate, doc="validation collective and digests on the new group", pcs=frozenset((PC_REBOUND,))),
+        ActionSpec("RankReady", "rank", 6, _en_ready, _st_ready, doc="post the release vote", pcs=frozenset((PC_VALIDATED, PC_AGREED))),
+        ActionSpec("RankDecideRelease", "rank", 6, _en_decide_release, _st_decide_release, doc="last voter compare_sets release", pcs=frozenset((PC_READY,))),
+        ActionSpec("RankResume", "rank", 6, _en_resume, _st_resume, doc="read release; resume at F in generation g+1", pcs=frozenset((PC_READY,))),
+        ActionSpec("RankTimeout", "rank", None, _en_timeout, _st_timeout, doc="a wait's deadline expired: abort and exit", pcs=frozenset((PC_TRAIN, PC_JOINED, PC_AGREED, PC_ARRIVED, PC_REBOUND, PC_READY))),
+        ActionSpec("RankExpire", "rank", None, _en_expire, _st_expire, doc="watchdog: the step deadline of a hung rank expired: abort and exit", pcs=frozenset((PC_TRAIN, *RECOVERY_PCS))),
         ActionSpec("RankSuspect", "rank", None, _en_suspect, _st_suspect,
-                   doc="the failure detector declares a peer dead or hung (or suspects a slow one): abort and exit"),
-        ActionSpec("RankFail", "rank", None, _en_fail, _st_fail, doc="an exception in phases 2-6: abort and exit"),
-        ActionSpec("RankExit", "rank", None, _en_exit, _st_exit, doc="watchdog: exit on the store's abort key"),
+                   doc="the failure detector declares a peer dead or hung (or suspects a slow one): abort and exit", pcs=frozenset((PC_TRAIN, *RECOVERY_PCS))),
+        ActionSpec("RankFail", "rank", None, _en_fail, _st_fail, doc="an exception in phases 2-6: abort and exit", pcs=frozenset(RECOVERY_PCS)),
+        ActionSpec("RankExit", "rank", None, _en_exit, _st_exit, doc="watchdog: exit on the store's abort key", pcs=frozenset(_ALIVE_PCS)),
         ActionSpec("RankLoseStore", "rank", None, _en_lose_store, _st_lose_store,
-                   doc="the store is gone: the next store operation or the watchdog's poll fails; exit"),
+                   doc="the store is gone: the next store operation or the watchdog's poll fails; exit", pcs=frozenset(_ALIVE_PCS)),
         # hot swap (issue 13): instantiated only with spares (HOTSWAP_ACTIONS)
         ActionSpec("RankDiscardStep", "rank", 2, _en_discard, _st_discard,
                    doc="a rank died: discard the uncommitted step in place (grads dropped, wrapper idle, RNG and cursor at F)"),

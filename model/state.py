@@ -415,6 +415,22 @@ class State(_CachedHash):
         object.__setattr__(t, "_rh", self._rh)  # the ranks are the same
         return t
 
+    def with_(self, **changes) -> "State":
+        """``dataclasses.replace(self, **changes)``, several times faster (the search derives
+        millions of states with one history set or the fault count changed): a copier written
+        out for each set of changed fields, and the ranks' hash kept when the ranks are kept."""
+        names = tuple(changes)
+        copy = _COPIERS.get(names)
+        if copy is None:
+            bad = [n for n in names if n not in _INIT_FIELDS]
+            if bad:
+                raise TypeError(f"State.with_: {bad} are not fields of State (fields: {sorted(_INIT_FIELDS)})")
+            copy = _COPIERS[names] = _copier(State, *names)
+        t = copy(self, *changes.values())
+        if "ranks" not in changes:
+            object.__setattr__(t, "_rh", self._rh)
+        return t
+
 
 #: the compared fields of State other than ``ranks`` (hashed with the ranks' incremental hash)
 _STATE_REST = attrgetter(*(f.name for f in fields(State) if f.compare and f.name != "ranks"))
@@ -438,6 +454,9 @@ def _copier(cls: type, *names: str):
 assert not hasattr(State, "__post_init__")
 _copy_ranks = _copier(State, "ranks")
 _copy_store = _copier(State, "store")
+#: State.with_'s copiers, one per tuple of changed field names (a handful in the whole protocol)
+_COPIERS: dict[tuple[str, ...], object] = {}
+_INIT_FIELDS = frozenset(f.name for f in fields(State) if f.init)
 
 
 def initial_state(config: Config) -> State:
