@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failing", default="one", help="which groups fail: one (the group of --affected-local, default) or any "
                                                          "(chosen per episode, several at once)")
     parser.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="bfs: search processes (1, default; 2: model/engine_parallel.py, the same graph on two cores)")
     parser.add_argument("--continue", dest="keep_going", action="store_true", help="do not stop at the first safety violation")
     parser.add_argument("--max-examples", type=int, default=200, help="hypothesis: runs to try (default 200)")
     parser.add_argument("--steps", type=int, default=100, help="hypothesis: steps per run (default 100)")
@@ -88,7 +90,9 @@ def _describe(cfg: Config) -> str:
 def _run_bfs(cfg: Config, args: argparse.Namespace) -> int:
     from .explore import explore
 
-    result = explore(cfg, symmetry=not args.no_symmetry, stop_on_violation=not args.keep_going)
+    if args.workers not in (1, 2):
+        raise SystemExit(f"--workers: 1 or 2 (the parallel search exchanges states between two workers), got {args.workers}")
+    result = explore(cfg, symmetry=not args.no_symmetry, stop_on_violation=not args.keep_going, workers=args.workers)
     if args.json:
         print(json.dumps({"method": "bfs", **result.to_dict()}, indent=2))
         return 0 if result.ok else 1

@@ -50,8 +50,9 @@ class Search:
         self.all_specs = self.specs + tuple((k, a, sp.enabled, sp.step, a.rank, a.arg) for k, a, sp in specs if sp.actor == "fault")
         # Where an instance can be enabled: its actor's program counters (ActionSpec.pcs), for the
         # protocol's own ``enabled`` only (a mutant's replacement is asked in every state).
-        self._where = {k: (a.rank, ACTIONS[a.name].pcs) for k, a, sp in specs
-                       if a.rank is not None and ACTIONS[a.name].pcs is not None and sp.enabled is ACTIONS[a.name].enabled}
+        self._where: dict[int, tuple[int, frozenset[str]]] = {
+            k: (a.rank, pcs) for k, a, sp in specs
+            if a.rank is not None and (pcs := ACTIONS[a.name].pcs) is not None and sp.enabled is ACTIONS[a.name].enabled}
         #: (the ranks' program counters, faults possible) -> the instances that can be enabled, in
         #: ``self.actions`` order (the search visits successors in the same order with or without it)
         self._candidates: dict[tuple[tuple[str, ...], bool], tuple] = {}

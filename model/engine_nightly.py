@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import resource
 import sys
 import time
@@ -26,8 +27,9 @@ __all__ = ["main", "measure"]
 
 
 def _rss_mib() -> float:
-    """This process's peak resident set size, MiB (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size, MiB (Linux reports ru_maxrss in KiB): this process's plus its
+    largest child's (a search worker's), an upper bound of the two together."""
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 
 
 class _OverBudget(Exception):
@@ -38,8 +40,8 @@ class _OverBudget(Exception):
         self.reached = reached
 
 
-def measure(name: str, verbose: bool = True, budget_s: float = 0.0) -> dict[str, Any]:
-    """Explore one nightly configuration here and return its numbers and measurements.  With
+def measure(name: str, verbose: bool = True, budget_s: float = 0.0, workers: int = 1) -> dict[str, Any]:
+    """Explore one nightly configuration here (``workers`` processes) and return its numbers and measurements.  With
     ``budget_s`` the search stops once it ran that long (checked every 65,536 states) and the row
     says so (``over_budget``: states, transitions and BFS level reached, no verdict)."""
     cfg = NIGHTLY_CONFIGS[name]
@@ -47,22 +49,23 @@ def measure(name: str, verbose: bool = True, budget_s: float = 0.0) -> dict[str,
 
     def progress(search) -> None:
         dt = time.perf_counter() - t0
-        n = len(search.states)
+        n = search.reached
         if verbose:
-            print(f"  {name}: {n:,} states, {search.transitions:,} transitions, level {search.level[-1]}, "
+            print(f"  {name}: {n:,} states, {search.transitions:,} transitions, level {search.current_level}, "
                   f"{dt:.0f} s, {n / dt:,.0f} states/s, peak {_rss_mib():,.0f} MiB", file=sys.stderr, flush=True)
         if budget_s and dt > budget_s:
-            raise _OverBudget({"states": n, "transitions": search.transitions, "level": search.level[-1]})
+            raise _OverBudget({"states": n, "transitions": search.transitions, "level": search.current_level})
 
     try:
-        result = explore(cfg, symmetry=True, progress=progress)
+        result = explore(cfg, symmetry=True, progress=progress, workers=workers)
     except _OverBudget as over:
         seconds = time.perf_counter() - t0
-        return {"name": name, "over_budget": over.reached, "seconds": seconds, "cpu_seconds": time.process_time() - c0,
+        return {"name": name, "workers": workers, "over_budget": over.reached, "seconds": seconds, "cpu_seconds": time.process_time() - c0,
                 "states_per_s": over.reached["states"] / seconds, "peak_rss_mib": _rss_mib()}
     seconds = time.perf_counter() - t0
     return {
         "name": name,
+        "workers": workers,
         "numbers": manifest_numbers(result),
         "liveness": result.liveness,
         "violations": [v.format() for v in result.violations],
@@ -73,20 +76,20 @@ def measure(name: str, verbose: bool = True, budget_s: float = 0.0) -> dict[str,
     }
 
 
-def _child(name: str, verbose: bool, budget_s: float, conn) -> None:
+def _child(name: str, verbose: bool, budget_s: float, workers: int, conn) -> None:
     try:
-        conn.send(measure(name, verbose, budget_s))
+        conn.send(measure(name, verbose, budget_s, workers))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails
         conn.send({"name": name, "error": f"{type(exc).__name__}: {exc}"})
     finally:
         conn.close()
 
 
-def _run_isolated(name: str, verbose: bool, budget_s: float) -> dict[str, Any]:
+def _run_isolated(name: str, verbose: bool, budget_s: float, workers: int) -> dict[str, Any]:
     """:func:`measure` in a forked child process: its peak RSS is this configuration's alone."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(name, verbose, budget_s, child))
+    proc = ctx.Process(target=_child, args=(name, verbose, budget_s, workers, child))
     proc.start()
     child.close()
     try:
@@ -104,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true", help="re-pin the counts in model/manifest.json instead of comparing")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the measurements as JSON to PATH")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="search processes per configuration (model/engine_parallel.py; default 2, or 1 on one core)")
     args = parser.parse_args(argv)
+    if args.workers not in (1, 2):
+        print(f"--workers: 1 or 2 (the parallel search exchanges states between two workers), got {args.workers}", file=sys.stderr)
+        return 2
     names = [x.strip() for x in args.configs.split(",") if x.strip()]
     bad = [n for n in names if n not in NIGHTLY_CONFIGS]
     if bad:
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     pinned = load_manifest().get("nightly", {})
     rows, failed, fresh = [], False, {}
     for name in names:
-        row = _run_isolated(name, not args.quiet, args.budget)
+        row = _run_isolated(name, not args.quiet, args.budget, args.workers)
         rows.append(row)
         if "error" in row:
             print(f"{name}: FAILED: {row['error']}")
@@ -128,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         n = row["numbers"]
         print(f"{name}: {n['states']:,} states, {n['transitions']:,} transitions, {n['edges']:,} edges, depth {n['depth']}, "
-              f"{row['seconds']:.1f} s ({row['cpu_seconds']:.1f} s CPU), {row['states_per_s']:,.0f} states/s, "
+              f"{row['seconds']:.1f} s with {row['workers']} worker(s) ({row['cpu_seconds']:.1f} s CPU here), {row['states_per_s']:,.0f} states/s, "
               f"peak RSS {row['peak_rss_mib']:,.0f} MiB, exit bound {n['exit_bound']} (limit {n['exit_bound_limit']})")
         for v in row["violations"]:
             print(v)

@@ -29,7 +29,8 @@ from typing import Any, Callable
 import networkx as nx
 
 from .engine import Search, acyclic_order, cycle_node, longest_path, sinks, terminal_cycles
-from .protocol import Action, is_final
+from .engine_parallel import ParallelSearch
+from .protocol import Action
 from .state import PC_TRAIN, Config, State
 
 __all__ = [
@@ -266,13 +267,17 @@ class _Search(Search):
         return Counterexample(cex.states + (y,), cex.actions + (a,))
 
 
+class _ParallelSearch(ParallelSearch, _Search):
+    """:class:`accelpact.model.engine_parallel.ParallelSearch`, with counterexamples as :class:`Counterexample`."""
+
+
 def _liveness(search: _Search, result: ExploreResult) -> None:
     """L3 (deadlocks, livelocks) and L2 (bounded exit) on a fully explored graph."""
     cfg = search.cfg
     states, off, dst = search.states, search.off, search.dst
     ends = sinks(off)
     result.sinks = len(ends)
-    dead = [n for n in ends if not is_final(cfg, states[n])]
+    dead = [n for n in ends if not search.is_final_node(n)]
     result.deadlocks = len(dead)
     if dead:
         n = dead[0]  # BFS numbering: the smallest id has the shortest path
@@ -297,7 +302,7 @@ def _liveness(search: _Search, result: ExploreResult) -> None:
     result.liveness["L3"] = not dead and not live_bad
 
     # L2: bounded exit once an abort is written (or the store is lost): the subgraph of those states
-    aborted = bytearray(1 if s.store.abort or s.store.down else 0 for s in states)
+    aborted = search.aborted_mask()
     limit = exit_bound_limit(cfg)
     result.exit_bound_limit = limit
     l2_ok = True
@@ -314,7 +319,7 @@ def _liveness(search: _Search, result: ExploreResult) -> None:
         path = longest_path(off, dst, order, aborted)
         result.exit_bound = len(path) - 1
         stuck = [n for n in range(len(states)) if aborted[n] and not any(aborted[v] for v in search.successors(n))
-                 and not is_final(cfg, states[n])]
+                 and not search.is_final_node(n)]
         if stuck:
             l2_ok = False
             result.violations.append(Violation(
@@ -366,16 +371,30 @@ def explore(
     liveness: bool = True,
     keep_graph: bool = False,
     progress: Callable[[Search], None] | None = None,
+    workers: int = 1,
 ) -> ExploreResult:
     """Explore every reachable state of ``cfg`` and check safety, then L3, L2 and L1.
 
     By default the search stops at the first safety violation (liveness is then not checked:
     ``complete`` is False).  ``keep_graph`` keeps the :class:`networkx.DiGraph` in the result
     (nodes: state ids in BFS order with attribute ``state``; edges: attribute ``action``).
-    ``progress`` is called with the search every 65,536 expanded states.
+    ``progress`` is called with the search every 65,536 expanded states.  ``workers`` > 1 runs
+    the search in that many processes (:mod:`accelpact.model.engine_parallel`; the same graph).
     """
+    if workers > 1:
+        if keep_graph:
+            raise ValueError("explore: keep_graph needs the states in one process; use workers=1")
+        search: _Search = _ParallelSearch(cfg, symmetry, workers)
+        try:
+            return _explore(search, cfg, symmetry, stop_on_violation, liveness, keep_graph, progress)
+        finally:
+            search.close()  # type: ignore[attr-defined]
+    return _explore(_Search(cfg, symmetry), cfg, symmetry, stop_on_violation, liveness, keep_graph, progress)
+
+
+def _explore(search: _Search, cfg: Config, symmetry: bool, stop_on_violation: bool, liveness: bool, keep_graph: bool,
+             progress: Callable[[Search], None] | None) -> ExploreResult:
     t0 = time.perf_counter()
-    search = _Search(cfg, symmetry)
     found = search.run(stop_on_violation, progress)
     result = ExploreResult(config=cfg, symmetry=symmetry)
     for (pid, name, msg), node, _act, succ in found:

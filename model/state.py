@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
+from typing import Callable
 
 from .contract import (
     DEFAULT_OBJECTIVE,
@@ -455,7 +456,7 @@ assert not hasattr(State, "__post_init__")
 _copy_ranks = _copier(State, "ranks")
 _copy_store = _copier(State, "store")
 #: State.with_'s copiers, one per tuple of changed field names (a handful in the whole protocol)
-_COPIERS: dict[tuple[str, ...], object] = {}
+_COPIERS: dict[tuple[str, ...], Callable[..., State]] = {}
 _INIT_FIELDS = frozenset(f.name for f in fields(State) if f.init)
 
 
