@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import resource
 import sys
 import time
@@ -107,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true", help="re-pin the counts in model/manifest.json instead of comparing")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the measurements as JSON to PATH")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                        help="search processes per configuration (model/engine_parallel.py; default 2, or 1 on one core)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="search processes per configuration (1, default; 2: model/engine_parallel.py, slower here)")
     args = parser.parse_args(argv)
     if args.workers not in (1, 2):
         print(f"--workers: 1 or 2 (the parallel search exchanges states between two workers), got {args.workers}", file=sys.stderr)
