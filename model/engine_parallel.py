@@ -346,7 +346,7 @@ class ParallelSearch(Search):
         self._flags = mine.flags + bytearray(theirs["flags"])
         self.transitions = m.transitions + theirs["transitions"]
         self.checks = m.checks + theirs["checks"]
-        self.states = _States(m.states, base, self._conns)  # type: ignore[assignment]
+        self.states = _States(m.states, base, self._conns)  # type: ignore[assignment]  # a list-like view over the workers
         self.index = m.index
         out = [(what, glob(node), a, t) for what, node, a, t in found + theirs["found"]]
         # the shortest counterexample first (an edge violation's path is one step longer than its node's)

@@ -388,7 +388,7 @@ def explore(
         try:
             return _explore(search, cfg, symmetry, stop_on_violation, liveness, keep_graph, progress)
         finally:
-            search.close()  # type: ignore[attr-defined]
+            search.close()  # type: ignore[attr-defined]  # a _ParallelSearch, typed as its base
     return _explore(_Search(cfg, symmetry), cfg, symmetry, stop_on_violation, liveness, keep_graph, progress)
 
 
