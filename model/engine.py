@@ -20,8 +20,10 @@ on the states of :mod:`accelpact.model.protocol`'s transition functions.
 
 from __future__ import annotations
 
+import gc
 from array import array
-from typing import Any, Callable, Iterable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
 
 from .invariants import EDGE_INVARIANTS, INVARIANTS
 from .protocol import ACTIONS, Action, actions_for, all_actions, enabled, is_final, step
@@ -33,6 +35,25 @@ __all__ = ["Search", "acyclic_order", "cycle_node", "longest_path", "sinks", "te
 #: (what, node, action, concrete successor): what = (property id, name, message); action and
 #: successor are set for an edge invariant, None for a state invariant
 Found = tuple[tuple[str, str, str], int, "Action | None", "State | None"]
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector paused for a search: the search allocates millions of objects
+    and frees none, so the collector's full passes (each over every object alive) find nothing; the
+    states are frozen dataclasses of tuples and frozensets, which form no cycles.  Reference
+    counting still frees what it always frees."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+#: no broken edge invariant (shared: ``Search.moves`` copies before adding)
+_NONE: list[tuple[str, str, str]] = []
 
 
 class Search:
@@ -152,12 +173,37 @@ class Search:
 
     # -- the search ---------------------------------------------------------------------
 
+    def moves(self, s: State) -> Iterator[tuple[int, Action, State, list[tuple[str, str, str]]]]:
+        """Every step from ``s``, in ``self.actions`` order: (the action's index, the action, the
+        successor as the protocol returns it (not canonical), the edge invariants that step breaks:
+        (id, name, message) each, usually none).  Counts the transitions and the checks.  Both
+        searches (this one and :mod:`accelpact.model.engine_parallel`'s workers) expand through it."""
+        cfg = self.cfg
+        key = (tuple([rk.pc for rk in s.ranks]), s.faults < cfg.max_faults and not s.supervisor)
+        n_edge = len(EDGE_INVARIANTS)
+        for k, a, en, st, r, arg in self._candidates.get(key) or self.candidates(*key):
+            if not en(cfg, s, r, arg):
+                continue
+            t = st(cfg, s, r, arg)
+            self.transitions += 1
+            self.checks += n_edge
+            broken = _NONE
+            for inv in EDGE_INVARIANTS:
+                msg = inv.check(cfg, s, t)
+                if msg is not None:
+                    broken = [*broken, (inv.id, inv.name, msg)]
+            yield k, a, t, broken
+
     def run(self, stop: bool, progress: Callable[[Search], None] | None = None) -> list[Found]:
         """Explore everything reachable; returns violations as (what, node, action, concrete successor).
 
         With ``stop`` it returns at the first violation (the states and edges found so far stay
         recorded).  ``progress`` is called every 2**16 expanded states.
         """
+        with paused_gc():
+            return self._run(stop, progress)
+
+    def _run(self, stop: bool, progress: Callable[[Search], None] | None) -> list[Found]:
         cfg = self.cfg
         found: list[Found] = []
         s0 = self.canon(initial_state(cfg))
@@ -169,29 +215,18 @@ class Search:
                 return found
         states, index, off, dst, lab = self.states, self.index, self.off, self.dst, self.lab
         canon = self.sym.canonical if self.sym is not None else None
-        n_edge = len(EDGE_INVARIANTS)
-        candidates, table = self.candidates, self._candidates
-        max_faults = cfg.max_faults
+        moves = self.moves
         i = 0
         while i < len(states):
             s = states[i]
             lvl = self.level[i] + 1
             succ: dict[int, None] = {}
-            key = (tuple([rk.pc for rk in s.ranks]), s.faults < max_faults and not s.supervisor)
-            specs = table.get(key) or candidates(*key)
-            for k, a, en, st, r, arg in specs:
-                if not en(cfg, s, r, arg):
-                    continue
-                t = st(cfg, s, r, arg)
-                self.transitions += 1
-                self.checks += n_edge
-                for inv in EDGE_INVARIANTS:
-                    msg = inv.check(cfg, s, t)
-                    if msg is not None:
-                        found.append(((inv.id, inv.name, msg), i, a, t))
-                        if stop:
-                            off.append(len(dst))
-                            return found
+            for k, a, t, broken in moves(s):
+                if broken:
+                    found.extend((what, i, a, t) for what in broken)
+                    if stop:
+                        off.append(len(dst))
+                        return found
                 c = t if canon is None else canon(t)
                 got = index.get(c)
                 new = got is None

@@ -13,10 +13,17 @@ transitions, edges, levels and sinks, and every edge invariant is checked on eve
 worker that took it.  ``tests/test_model_explore.py`` compares the two on whole configurations.
 
 What it costs: each state sent to its owner is pickled and unpickled once, and the workers wait
-for each other at every level.  Measured on this two-core machine (2026-12-01) that costs more than
-the second core gives: ``explore`` of 2x2-f2 takes 49.9 s with two workers against 35.6 s with one.
-So it is not the default anywhere (``--workers 2`` asks for it); what would make it pay is a
-cheaper message than a pickled State (a compact int encoding of the canonical state).
+for each other at every level.  A state travels as tuples of its fields (``_REDUCE``): each
+distinct Rank and Store is rebuilt once per worker from a table, not field by field from a pickled
+dataclass, which made the first version (2026-12-01 morning) slower than one worker (``explore`` of
+2x2-f2 in 49.9 s against 35.6 s).  Measured on this two-core machine with the tuples (search only,
+the same graph): 2x2-f2 27.9 s against 34.5 s with one worker (1.24x), 3x2-f1 3.8 s against 5.1 s
+(1.34x).  Each worker spends about a third of its time in the exchange (receiving, looking up,
+adding and checking the peer's states, and waiting for it).  A partition that keeps most
+successors with their parent's owner (by the fault count, the failed groups and rank 0) halves
+the states sent (14% of the edges cross instead of 50%) but splits the levels unevenly (312,490
+states against 196,356 on 2x2-f2): 26.1 s on 2x2-f2, 4.0 s on 3x2-f1, no better overall, so the
+partition stays by hash.  The nightly profile runs two workers; ``accelpact explore`` one.
 
 Numbering: during the search a state is named by a worker-local id ``i`` as ``i * W + w``; when
 the search ends, the states are renumbered ``base[w] + i`` (worker 0's first, in the order each
@@ -27,15 +34,19 @@ states on a path; the liveness checks read the sinks).
 
 from __future__ import annotations
 
+import copyreg
+import io
 import multiprocessing
+import pickle
 import threading
 from array import array
+from dataclasses import fields
+from operator import attrgetter
 from typing import Any, Callable
 
-from .engine import Found, Search
-from .invariants import EDGE_INVARIANTS
+from .engine import Found, Search, paused_gc
 from .protocol import is_final
-from .state import Config, State, initial_state
+from .state import Config, Rank, State, Store, initial_state
 
 __all__ = ["ParallelSearch"]
 
@@ -43,6 +54,55 @@ __all__ = ["ParallelSearch"]
 _CHUNK = 20_000
 #: flags per state, sent back at the end: bit 0 the store is aborted or down, bit 1 a final sink
 _ABORTED, _FINAL = 1, 2
+
+
+# -- the messages: states as tuples of their fields, parts shared ---------------------------------
+#
+# A pickled dataclass costs a call per field to rebuild (about 80 us a State here); as tuples of
+# field values, with each distinct Rank and Store rebuilt once per worker (a table, as the search's
+# own interning), a State costs a few microseconds.  The tables are bounded like the protocol's memos.
+
+_RANK_FIELDS = attrgetter(*(f.name for f in fields(Rank) if f.init))
+_STORE_FIELDS = attrgetter(*(f.name for f in fields(Store) if f.init))
+_STATE_FIELDS = attrgetter(*(f.name for f in fields(State) if f.init and f.name != "ranks" and f.name != "store"))
+_TABLE_LIMIT = 1 << 17
+_ranks: dict[tuple, Rank] = {}
+_stores: dict[tuple, Store] = {}
+
+
+def _shared(table: dict[tuple, Any], cls: type, values: tuple) -> Any:
+    obj = table.get(values)
+    if obj is None:
+        if len(table) >= _TABLE_LIMIT:
+            table.clear()
+        obj = table[values] = cls(*values)
+    return obj
+
+
+def _rank(values: tuple) -> Rank:
+    return _shared(_ranks, Rank, values)
+
+
+def _store(values: tuple) -> Store:
+    return _shared(_stores, Store, values)
+
+
+def _state(ranks: tuple[Rank, ...], store: Store, rest: tuple) -> State:
+    return State(ranks, store, *rest)
+
+
+_REDUCE = copyreg.dispatch_table.copy()
+_REDUCE[Rank] = lambda rk: (_rank, (_RANK_FIELDS(rk),))
+_REDUCE[Store] = lambda st: (_store, (_STORE_FIELDS(st),))
+_REDUCE[State] = lambda s: (_state, (s.ranks, s.store, _STATE_FIELDS(s)))
+
+
+def _dumps(message: Any) -> bytes:
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, pickle.HIGHEST_PROTOCOL)
+    p.dispatch_table = _REDUCE
+    p.dump(message)
+    return buf.getvalue()
 
 
 class _Link:
@@ -55,8 +115,8 @@ class _Link:
     def send_all(self, messages: list[Any]) -> threading.Thread:
         def push() -> None:
             for m in messages:
-                self.out.send(m)
-            self.out.send(None)
+                self.out.send_bytes(_dumps(m))
+            self.out.send_bytes(b"")
 
         t = threading.Thread(target=push, daemon=True)
         t.start()
@@ -65,10 +125,10 @@ class _Link:
     def receive(self):
         """Yield the peer's messages until its end marker."""
         while True:
-            m = self.inc.recv()
-            if m is None:
+            m = self.inc.recv_bytes()
+            if not m:
                 return
-            yield m
+            yield pickle.loads(m)
 
 
 class _Worker:
@@ -96,6 +156,10 @@ class _Worker:
         return j
 
     def run(self, stop: bool, progress: Callable[[Any], None] | None, view: Any) -> list[Found]:
+        with paused_gc():
+            return self._run(stop, progress, view)
+
+    def _run(self, stop: bool, progress: Callable[[Any], None] | None, view: Any) -> list[Found]:
         s, w, nw = self.s, self.w, self.nw
         cfg = s.cfg
         found: list[Found] = []
@@ -106,9 +170,7 @@ class _Worker:
             hi = 1
         index, states, off, dst, lab = s.index, s.states, s.off, s.dst, s.lab
         canon = s.sym.canonical if s.sym is not None else None
-        n_edge = len(EDGE_INVARIANTS)
-        candidates, table = s.candidates, s._candidates
-        max_faults = cfg.max_faults
+        moves = s.moves
         lvl = 0
         expanded = 0
         while True:
@@ -122,17 +184,8 @@ class _Worker:
             for i in range(lo, hi):
                 st = states[i]
                 row: list[tuple[int, int]] = []
-                key = (tuple([rk.pc for rk in st.ranks]), st.faults < max_faults and not st.supervisor)
-                for k, a, en, step, r, arg in table.get(key) or candidates(*key):
-                    if not en(cfg, st, r, arg):
-                        continue
-                    t = step(cfg, st, r, arg)
-                    s.transitions += 1
-                    s.checks += n_edge
-                    for inv in EDGE_INVARIANTS:
-                        msg = inv.check(cfg, st, t)
-                        if msg is not None:
-                            found.append(((inv.id, inv.name, msg), self.gid(i), a, t))
+                for k, a, t, broken in moves(st):
+                    found.extend((what, self.gid(i), a, t) for what in broken)
                     c = t if canon is None else canon(t)
                     if hash(c) % nw == w:
                         j = index.get(c)
