@@ -6,6 +6,8 @@ STAMP   := $(VENV)/.installed
 # torch 2.13.0 is a local CPU wheel on these machines; any other version pulls a multi-GB CUDA build.
 TORCH   ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
+# seconds per nightly configuration (0: explore each to the end)
+NIGHTLY_BUDGET ?= 600
 
 .PHONY: demo test test-fast lint explore nightly bench clean
 
@@ -42,7 +44,7 @@ explore: $(STAMP)
 # The nightly profile: 2x2 with three faults and 3x2 with two, each stopped at ten minutes
 # (model/engine_nightly.py; not in CI).
 nightly: $(STAMP)
-	$(BIN)/python -m accelpact.model.engine_nightly --budget 600 --json build/nightly.json
+	$(BIN)/python -m accelpact.model.engine_nightly --budget $(NIGHTLY_BUDGET) --json build/nightly.json
 
 bench: $(STAMP)
 	$(BIN)/accelpact bench explore

@@ -39,10 +39,10 @@ Found = tuple[tuple[str, str, str], int, "Action | None", "State | None"]
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector paused for a search: the search allocates millions of objects
-    and frees none, so the collector's full passes (each over every object alive) find nothing; the
-    states are frozen dataclasses of tuples and frozensets, which form no cycles.  Reference
-    counting still frees what it always frees."""
+    """The cyclic garbage collector paused for a search: the search keeps millions of objects alive
+    to its end, so the collector's full passes (each over every object alive) find nothing to free;
+    the states are frozen dataclasses of tuples and frozensets, which form no cycles.  Reference
+    counting still frees what it always frees (a duplicate successor, a copy)."""
     was = gc.isenabled()
     gc.disable()
     try:
