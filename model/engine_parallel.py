@@ -15,8 +15,8 @@ worker that took it.  ``tests/test_model_explore.py`` compares the two on whole 
 What it costs: each state sent to its owner is pickled and unpickled once, and the workers wait
 for each other at every level.  A state travels as tuples of its fields (``_REDUCE``): each
 distinct Rank and Store is rebuilt once per worker from a table, not field by field from a pickled
-dataclass, which made the first version (2026-12-01 morning) slower than one worker (``explore`` of
-2x2-f2 in 49.9 s against 35.6 s).  Measured on this two-core machine with the tuples (search only,
+dataclass.  The first version (pickled dataclasses, the collector running) was slower than one
+worker (``explore`` of 2x2-f2 in 49.9 s against 35.6 s).  Measured on this two-core machine with the tuples (search only,
 the same graph): 2x2-f2 27.9 s against 34.5 s with one worker (1.24x), 3x2-f1 3.8 s against 5.1 s
 (1.34x).  Each worker spends about a third of its time in the exchange (receiving, looking up,
 adding and checking the peer's states, and waiting for it).  A partition that keeps most
