@@ -223,10 +223,11 @@ class Search:
             succ: dict[int, None] = {}
             for k, a, t, broken in moves(s):
                 if broken:
-                    found.extend((what, i, a, t) for what in broken)
-                    if stop:
+                    if stop:  # the first broken property, as before Search.moves
+                        found.append((broken[0], i, a, t))
                         off.append(len(dst))
                         return found
+                    found.extend((what, i, a, t) for what in broken)
                 c = t if canon is None else canon(t)
                 got = index.get(c)
                 new = got is None
