@@ -42,9 +42,10 @@ explore: $(STAMP)
 	$(BIN)/accelpact explore --nodes 2 --ranks-per-node 2 --max-faults 2
 
 # The nightly profile: 2x2 with three faults and 3x2 with two, each stopped at ten minutes
-# (model/engine_nightly.py; not in CI).
+# (model/engine_nightly.py; not in CI), then the manifest's other slow configurations (minutes).
 nightly: $(STAMP)
 	$(BIN)/python -m accelpact.model.engine_nightly --budget $(NIGHTLY_BUDGET) --json build/nightly.json
+	ACCELPACT_NIGHTLY=1 $(BIN)/python -m pytest -q -n 2 tests/test_model_explore.py -k slow_configuration
 
 bench: $(STAMP)
 	$(BIN)/accelpact bench explore

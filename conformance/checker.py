@@ -45,6 +45,7 @@ from ..model.state import (
     PC_EXITED,
     PC_TRAIN,
     Config,
+    Rank,
     State,
     initial_state,
 )
@@ -190,12 +191,22 @@ def resume_alone(cfg: Config, s: State, r: int) -> bool:
     return any(q != r and rk.gen == g and rk.pc not in (PC_EXITED, PC_CRASHED) for q, rk in enumerate(s.ranks))
 
 
+def _held(pre: State, post: State, r: int) -> Rank:
+    """Rank r as a record of step pre -> post describes it: as the model has it after the step, but
+    an exit record reports what the process held as it exited, which the model's exited rank no
+    longer holds (an exit keeps only pc, gen, reason and delayed: ``protocol._EXIT_FORGETS``)."""
+    rk = post.ranks[r]
+    if rk.pc != PC_EXITED or pre.ranks[r].pc == PC_EXITED:
+        return rk
+    return replace(pre.ranks[r], pc=rk.pc, gen=rk.gen, reason=rk.reason, hung=False, raised=False)
+
+
 def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: State, rec: Record) -> str | None:
     """None when ``rec`` is a faithful record of model step pre --a--> post, else what differs."""
     r = rec.rank
     if rec.gen != pre.ranks[r].gen:
         return f"record gen {rec.gen} but the rank was in generation {pre.ranks[r].gen}"
-    rk = post.ranks[r]
+    rk = _held(pre, post, r)
     for k, v in rec.state.items():
         if k == "pc":
             if v != rk.pc:
@@ -733,7 +744,7 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
                       and pre.ranks[q].pc not in (PC_EXITED, PC_CRASHED)), 0)
         if r is None:
             continue
-        rk = post.ranks[r]
+        rk = _held(pre, post, r)
         state = {"pc": rk.pc, "gen": rk.gen, "frontier": rk.frontier, "tau": rk.tau, "point": rk.point, "reason": rk.reason}
         if a.name in ("RankReplace", "RankRebind"):  # as the implementation records them
             comm = comm_name("accelpact/", rk.comm, cfg.group) if rk.comm > 0 else "original"

@@ -90,7 +90,8 @@ def forget_past(s: State) -> State:
         resumed=frozenset(x for x in s.resumed if x[0] >= low),
         agreed=frozenset(x for x in s.agreed if x[0] >= low),
         exits=frozenset(x for x in s.exits if x[0] >= low),
-        validated=frozenset(g for g in s.validated if g >= low),
+        validated=frozenset(v for v in s.validated if v[0] >= low),
+        witnessed=frozenset(g for g in s.witnessed if g >= low),
     )
 
 

@@ -192,8 +192,9 @@ def run(args: argparse.Namespace) -> int:
 
         data = write_manifest()
         for name, entry in data["configs"].items():
-            a, b = entry["symmetry"], entry["no_symmetry"]
-            print(f"{name:<14} states {a['states']:>8,} (no symmetry {b['states']:>8,})  edges {a['edges']:>8,}  depth {a['depth']:>3}  exit bound {a['exit_bound']}")
+            a, b = entry["symmetry"], entry.get("no_symmetry")
+            unreduced = f"{b['states']:>8,}" if b else "  not pinned"
+            print(f"{name:<14} states {a['states']:>8,} (no symmetry {unreduced})  edges {a['edges']:>8,}  depth {a['depth']:>3}  exit bound {a['exit_bound']}")
         print(f"wrote {MANIFEST_PATH}")
         return 0
     if args.method == "hypothesis":

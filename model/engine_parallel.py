@@ -17,6 +17,7 @@ for each other at every level.  A state travels as tuples of its fields (``_REDU
 distinct Rank and Store is rebuilt once per worker from a table, not field by field from a pickled
 dataclass.  The first version (pickled dataclasses, the collector running) was slower than one
 worker (``explore`` of 2x2-f2 in 49.9 s against 35.6 s).  Measured on this two-core machine with the tuples (search only,
+the model before an exit forgot what the rank held, spec/protocol.md P11.5;
 the same graph): 2x2-f2 27.9 s against 34.5 s with one worker (1.24x), 3x2-f1 3.8 s against 5.1 s
 (1.34x).  Each worker spends about a third of its time in the exchange (receiving, looking up,
 adding and checking the peer's states, and waiting for it).  A partition that keeps most

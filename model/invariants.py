@@ -84,11 +84,13 @@ def decisions_stable(cfg: Config, before: State, after: State) -> str | None:
 
 
 def agreed_frontier(cfg: Config, s: State) -> str | None:
-    """S2.2: every rank that passed phase 3 in generation g reported rank 0's committed F."""
+    """S2.2: every rank that passed phase 3 in generation g reported rank 0's committed F, as rank 0
+    posted it in g (without rank 0's post there is nothing the agreement could have compared with)."""
     for g, r, f in sorted(s.agreed):
-        # rank 0's frontier as it reported it in generation g (its current one if it never did)
         posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == 0]
-        f0 = posted[0] if posted else s.ranks[0].frontier
+        if not posted:
+            return f"rank {r} passed agreement in generation {g} with F={f}, but rank 0 never posted its F in generation {g}"
+        f0 = posted[0]
         if f != f0:
             return f"rank {r} passed agreement in generation {g} with F={f}, but rank 0's committed frontier is F={f0}"
     return None

@@ -131,7 +131,7 @@ def _as_given(ok: bool) -> bool:
 # ---- timeout-leaves-decision-open: the split brain -----------------------------------------------
 def _timeout_without_decision(spec: ActionSpec) -> Step:
     def step(cfg, s, r, arg):
-        return _exit(_abort(s, REASON_DEADLINE), r, REASON_DEADLINE)
+        return _exit(cfg, _abort(s, REASON_DEADLINE), r, REASON_DEADLINE)
     return step
 
 

@@ -16,7 +16,7 @@ Phases: 1 Observe, 2 Guard, 3 Agree, 4 Replace, 5 Rebind, 6 Validate (+ Release)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Callable, Iterator
 
 from . import hotswap
@@ -226,10 +226,30 @@ def _abort(s: State, reason: str) -> State:
     return s if s.store.abort else s.with_store(abort=reason)
 
 
-def _exit(s: State, r: int, reason: str) -> State:
-    g = s.ranks[r].gen
+#: What an exit forgets of a rank (spec P11.5): its process is gone, and with it everything it held
+#: (S_app, its point, communicators and references, its fault flags).  The protocol and the
+#: properties still read four things of an exited rank, which :func:`_exit` keeps: that it exited
+#: (``pc``), in which generation (``gen``: a generation never decreases, W1), why (``reason``: its
+#: exit code, W2, and what torchrun's restart reports), and that it was slow (``delayed``: a failure
+#: detector may still suspect it, ``RankSuspect``).  Every other field returns to its initial value,
+#: so two runs that differ only in what an exited process held are one state.  What others learned
+#: from it before it exited stays theirs: phase 6's digests (``State.validated``), and whether it saw
+#: its episode's collective fail where the failure struck (``State.witnessed``: a partial
+#: collective's witness, read by ``RankObserve``).  ``tests/test_model_protocol.py`` perturbs every
+#: forgotten field of every exited rank in every reachable state of several configurations and
+#: checks that no enabled action, successor or property changes.
+_EXIT_FORGETS: dict[str, object] = {
+    f.name: f.default for f in fields(Rank) if f.compare and f.name not in ("pc", "gen", "reason", "delayed")}
+
+
+def _exit(cfg: Config, s: State, r: int, reason: str) -> State:
+    rk = s.ranks[r]
+    g = rk.gen
     s = s.with_(exits=s.exits | {(g, r, reason, true_lookup(s.store.release, g) == DECISION_RELEASE)})
-    return s.with_rank(r, pc=PC_EXITED, reason=reason, hung=False, raised=False)
+    f = s.store.failed
+    if f is not None and f[0] == g and rk.point == f[1] and cfg.group_of(r) in f[2] and g not in s.witnessed:
+        s = s.with_(witnessed=s.witnessed | {g})
+    return s.with_rank(r, **_EXIT_FORGETS, pc=PC_EXITED, reason=reason)
 
 
 def _decision_key(pc: str) -> str:
@@ -256,6 +276,21 @@ def _contract_decision(cfg: Config, s: State, r: int):
 # --------------------------------------------------------------------------------------
 # Phase 1: Observe
 
+def _seen_failing(cfg: Config, s: State, r: int) -> bool:
+    """Some other member of a failed group saw the episode's collective fail where the failure
+    struck: it observed there, or it has not observed yet (it still will), or it observed there and
+    exited since (``State.witnessed``: an exited rank's own point is forgotten)."""
+    f = s.store.failed
+    assert f is not None  # RankObserve asks only inside an episode
+    if f[0] in s.witnessed:
+        return True
+    for m in _failed_members(cfg, s):
+        mk = s.ranks[m]
+        if m != r and mk.gen == f[0] and mk.pc != PC_EXITED and (mk.pc == PC_TRAIN or mk.point == f[1]):
+            return True
+    return False
+
+
 def _en_observe(cfg: Config, s: State, r, point) -> bool:
     """Rank r observes its episode's failure at ``point``: where it next uses R after the failure
     struck (``Config.observable``).  A failure during a collective on R fails it for at least one
@@ -272,10 +307,8 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
         # a rank died: every group it belonged to (its shard group, R, the control group) failed, and
         # every rank's step waits on them: each survivor observes where it first uses R, never later
         return point == cfg.observable(f[1])[0]
-    if point != f[1] and f[1] in cfg.uses_r and _member(cfg, s, r) and not any(
-            m != r and s.ranks[m].gen == f[0] and (s.ranks[m].pc == PC_TRAIN or s.ranks[m].point == f[1])
-            for m in _failed_members(cfg, s)):
-        # past a collective that failed: only if some peer saw it fail there (or still will)
+    if point != f[1] and f[1] in cfg.uses_r and _member(cfg, s, r) and not _seen_failing(cfg, s, r):
+        # past a collective that failed: only if some peer saw it fail there (a partial collective)
         return False
     return _member(cfg, s, r) or rk.gen in s.store.revoked
 
@@ -315,7 +348,7 @@ def _en_reject(cfg, s, r, arg) -> bool:
 def _st_reject(cfg, s, r, arg) -> State:
     s = _write_abort_decision(cfg, s, r, REASON_REJECTED)
     s = _abort(s, REASON_REJECTED)
-    return _exit(s, r, REASON_REJECTED)
+    return _exit(cfg, s, r, REASON_REJECTED)
 
 
 # Phase 3: control barrier + frontier agreement
@@ -403,18 +436,39 @@ def _in_validation(cfg: Config, s: State, m: int, gen: int) -> bool:
     return mk.pc == PC_REBOUND and not mk.hung and not mk.raised
 
 
+def _validation(s: State, gen: int, group: int) -> bool | None:
+    """What the validation collective of ``group`` in generation ``gen`` gathered: whether the
+    members' digests were equal (``State.validated``); None while it has not completed."""
+    for g, gi, agree in s.validated:
+        if g == gen and gi == group:
+            return agree
+    return None
+
+
 def _validation_complete(cfg: Config, s: State, r: int) -> bool:
-    """The validation all-reduce (and the digests' all-gather) completes only when every member of
-    R has joined it."""
+    """The validation all-reduce (and the digests' all-gather) of rank r's group completes only
+    when every member of that group has joined it (each failed group validates its own new
+    communicator)."""
     rk = s.ranks[r]
     if rk.pc != PC_REBOUND or not _active(s, r):
         return False
-    return rk.gen in s.validated or all(_in_validation(cfg, s, m, rk.gen) for m in _peers(cfg, r))
+    return (_validation(s, rk.gen, cfg.group_of(r)) is not None
+            or all(_in_validation(cfg, s, m, rk.gen) for m in _peers(cfg, r)))
 
 
-def _complete_validation(s: State, r: int) -> State:
-    g = s.ranks[r].gen
-    return s if g in s.validated else s.with_(validated=s.validated | {g})
+def _digests_agree(cfg: Config, s: State, r: int) -> bool:
+    """The digests rank r compares once its group's collective completed: as the members published
+    them at that moment (recorded by the first member to complete it, when every member was in
+    phase 6), not as they are now: a peer may have exited since, and an exited rank holds nothing."""
+    got = _validation(s, s.ranks[r].gen, cfg.group_of(r))
+    return _replicas_agree(cfg, s, _peers(cfg, r)) if got is None else got
+
+
+def _complete_validation(cfg: Config, s: State, r: int) -> State:
+    g, gi = s.ranks[r].gen, cfg.group_of(r)
+    if _validation(s, g, gi) is not None:
+        return s
+    return s.with_(validated=s.validated | {(g, gi, _replicas_agree(cfg, s, _peers(cfg, r)))})
 
 
 def _shard_of(cfg: Config, s: State, r: int) -> int:
@@ -439,11 +493,11 @@ def _replicas_agree(cfg: Config, s: State, members: tuple[int, ...]) -> bool:
 
 
 def _en_validate(cfg, s, r, arg) -> bool:
-    return _validation_complete(cfg, s, r) and _replicas_agree(cfg, s, _peers(cfg, r))
+    return _validation_complete(cfg, s, r) and _digests_agree(cfg, s, r)
 
 
 def _st_validate(cfg, s, r, arg) -> State:
-    return _complete_validation(s, r).with_rank(r, pc=PC_VALIDATED)
+    return _complete_validation(cfg, s, r).with_rank(r, pc=PC_VALIDATED)
 
 
 def _en_ready(cfg, s, r, arg) -> bool:
@@ -525,7 +579,7 @@ def _en_timeout(cfg, s, r, arg) -> bool:
 def _st_timeout(cfg, s, r, arg) -> State:
     s = _write_abort_decision(cfg, s, r, REASON_DEADLINE)
     s = _abort(s, REASON_DEADLINE)
-    return _exit(s, r, REASON_DEADLINE)
+    return _exit(cfg, s, r, REASON_DEADLINE)
 
 
 def _en_suspect(cfg, s, r, arg) -> bool:
@@ -574,15 +628,15 @@ def _en_fail(cfg, s, r, arg) -> bool:
         return False  # its abort cannot be written: it ends by RankLoseStore
     if rk.raised:
         return rk.pc in RECOVERY_PCS and not rk.hung
-    return _validation_complete(cfg, s, r) and not _replicas_agree(cfg, s, _peers(cfg, r))
+    return _validation_complete(cfg, s, r) and not _digests_agree(cfg, s, r)
 
 
 def _st_fail(cfg, s, r, arg) -> State:
     if not s.ranks[r].raised:  # the digests differ: the validation collective completed
-        s = _complete_validation(s, r)
+        s = _complete_validation(cfg, s, r)
     s = _write_abort_decision(cfg, s, r, REASON_EXCEPTION)
     s = _abort(s, REASON_EXCEPTION)
-    return _exit(s, r, REASON_EXCEPTION)
+    return _exit(cfg, s, r, REASON_EXCEPTION)
 
 
 def _en_exit(cfg, s, r, arg) -> bool:
@@ -591,7 +645,7 @@ def _en_exit(cfg, s, r, arg) -> bool:
 
 
 def _st_exit(cfg, s, r, arg) -> State:
-    return _exit(s, r, s.store.abort)
+    return _exit(cfg, s, r, s.store.abort)
 
 
 def _en_lose_store(cfg, s, r, arg) -> bool:
@@ -601,7 +655,7 @@ def _en_lose_store(cfg, s, r, arg) -> bool:
 
 
 def _st_lose_store(cfg, s, r, arg) -> State:
-    return _exit(s, r, REASON_DEADLINE)
+    return _exit(cfg, s, r, REASON_DEADLINE)
 
 
 # --------------------------------------------------------------------------------------
@@ -733,8 +787,10 @@ def _en_mismatch(cfg, s, r, arg) -> bool:
         and rk.pc in (PC_TRAIN, PC_OBSERVED, PC_GUARDED)  # train: struck at the boundary itself
         and rk.frontier == _nominal_frontier(cfg, s, r)
         and _active(s, r)
-        # a divergent rank: some other rank keeps F (if every rank committed F + 1, that is F)
-        and any(o != r and s.ranks[o].frontier == _nominal_frontier(cfg, s, o) for o in range(len(s.ranks)))
+        # a divergent rank: some other live rank keeps F (if every rank committed F + 1, that is F;
+        # an exited rank's F went with its process, and a rank exits only once the abort is written
+        # or the store is lost, after which no F is compared)
+        and any(o != r and _alive(s, o) and s.ranks[o].frontier == _nominal_frontier(cfg, s, o) for o in range(len(s.ranks)))
     )
 
 
@@ -818,11 +874,10 @@ def _st_restart(cfg, s, r, arg) -> State:
     # restart from the last checkpoint and replay to the frontier of the last episode
     f = cfg.frontier_at(s.store.failed[0] if s.store.failed is not None else 0)
     c = cfg.checkpoint_at(f)
-    # every worker process is restarted (a stopped one that held an identity before a spare too) and
-    # loads its own shard from C
-    ranks = tuple(replace(rk, pc=PC_RESTARTED, tau=f, frontier=f, replayed=f - c, hung=False, raised=False, corrupt=False,
-                          grads=False, ahead=0, shard=SHARD_OWN)
-                  for rk in s.ranks)
+    # every worker process is restarted (a stopped one that held an identity before a spare too): a
+    # fresh process that loads its own shard from C.  It keeps only its generation (W1) and the
+    # reason its predecessor exited (what the restart reports)
+    ranks = tuple(Rank(pc=PC_RESTARTED, gen=rk.gen, reason=rk.reason, tau=f, frontier=f, replayed=f - c) for rk in s.ranks)
     return s.with_(ranks=ranks, supervisor="restarted", deposed=frozenset())
 
 

@@ -360,12 +360,18 @@ class State(_CachedHash):
     #: (gen, rank, reason, released) of each fail-stop exit: ``released`` when the release of ``gen``
     #: had been decided before the rank exited (a failure of the next generation, not of ``gen``)
     exits: frozenset[tuple[int, int, str, bool]] = frozenset()
-    #: generations whose validation collective on the new R completed (for every member at once:
-    #: after it, each member compares the digests on its own, even if a peer already exited)
-    validated: frozenset[int] = frozenset()
+    #: (gen, group, digests equal) of each validation collective that completed: a failed group's
+    #: collective on its new communicator completes for every member at once, and gathers the digests
+    #: the members hold at that moment; each member then compares them on its own, even if a peer
+    #: exited since (an exited rank holds nothing: the digests it published are here)
+    validated: frozenset[tuple[int, int, bool]] = frozenset()
     #: generations whose release was decided while some member of a failed group held a corrupt
     #: S_app (recorded by ``RankDecideRelease``: what S8 judges; empty in every correct run)
     released_disagreeing: frozenset[int] = frozenset()
+    #: generations in which a member of a failed group saw the episode's collective fail where the
+    #: failure struck (its point was ``Store.failed``'s) and then exited: the witness of a partial
+    #: collective that its peers' ``RankObserve`` still asks for, kept after the process is gone
+    witnessed: frozenset[int] = frozenset()
     # Hot swap (issue 13); all empty without spares.
     #: processes that held a rank's identity before a spare took it (gen, rank, inc, awake): stopped (a
     #: SIGSTOP or SIGKILL: the failure detector cannot tell) when deposed; ``awake`` only if one woke and

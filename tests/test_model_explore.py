@@ -7,6 +7,7 @@ L2 (bounded exit after an abort), L3 (no deadlock, no livelock).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,7 +38,7 @@ def test_correct_protocol_2x2_one_fault_holds_everything():
     r = explore(SMALL, symmetry=False)
     assert r.ok, [v.format() for v in r.violations]
     assert r.complete and r.liveness == {"L1": True, "L2": True, "L3": True}
-    assert (r.states, r.transitions, r.depth) == (5413, 16428, 33)
+    assert (r.states, r.transitions, r.depth) == (4277, 13726, 33)
     assert r.deadlocks == 0 and r.livelocks == 0 and r.sinks > 0
     assert r.invariants_checked == r.states * len(INVARIANTS) + r.transitions * len(EDGE_INVARIANTS)
     assert 0 < r.exit_bound <= r.exit_bound_limit == exit_bound_limit(SMALL)
@@ -191,6 +192,15 @@ def test_every_rank_hung_is_no_deadlock():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.skipif(os.environ.get("ACCELPACT_NIGHTLY") != "1", reason="minutes each: set ACCELPACT_NIGHTLY=1 (make nightly does)")
+@pytest.mark.parametrize("name", [n for n, (_cfg, fast) in MANIFEST_CONFIGS.items() if not fast])
+def test_manifest_slow_configuration_has_not_drifted(name):
+    """The pinned numbers of a configuration too slow for every run (4x2-f1 was found 24 times off
+    when this check did not exist)."""
+    entry = load_manifest()["configs"][name]
+    assert not manifest_drift(name, entry), "the model changed: update the manifest if intended"
+
+
 def test_manifest_fast_configurations_have_not_drifted():
     """The pinned state-space sizes (model/manifest.json) still hold for every fast configuration."""
     data = load_manifest()

@@ -299,3 +299,91 @@ def test_the_restart_replays_from_the_checkpoint_that_moved():
             A("SupervisorRestart"), s=s)
     # episode 1 strikes at F = 4; the last checkpoint at or before it is 4: nothing to replay
     assert {(rk.tau, rk.replayed) for rk in s.ranks} == {(4, 0)}
+
+
+def test_p6_digests_are_those_gathered_when_the_collective_completed():
+    """P6.1, P11.5: a member compares the digests its group's collective gathered, even after a peer
+    exited since (an exited rank holds nothing: its optimizer step is back at 0)."""
+    cfg = DDP
+    s = run(cfg, A("FaultGroupFail", None, "boundary"))
+    s = run(cfg, *[A(n, r) for n in ("RankObserve", "RankGuard", "RankArrive") for r in (0, 1)], s=s)
+    s = run(cfg, A("RankDecideAgreement", 1), *[A(n, r) for n in ("RankAwaitAgreement", "RankReplace", "RankRebind") for r in (0, 1)], s=s)
+    s = run(cfg, A("RankValidate", 0), s=s)
+    assert s.validated == {(0, 0, True)}
+    tau = s.ranks[1].tau
+    s = run(cfg, A("FaultRaise", 0), A("RankFail", 0), s=s)
+    assert s.ranks[0].pc == PC_EXITED and s.ranks[0].tau == 0 != tau, "the exit forgets what rank 0 held"
+    assert enabled(cfg, s, A("RankValidate", 1)) and not enabled(cfg, s, A("RankFail", 1))
+
+
+def test_p6_each_failed_group_validates_on_its_own():
+    """P6.1: with two groups failed at one boundary, one group's completed collective does not
+    complete the other's."""
+    cfg = Config(max_faults=2, failing="any", faults=frozenset({"group_fail"}), points=("boundary",))
+    s = run(cfg, A("FaultGroupFail", 0, "boundary"), A("FaultGroupFail", 1, "boundary"))
+    w = cfg.world
+    s = run(cfg, *[A(n, r) for n in ("RankObserve", "RankGuard", "RankArrive") for r in w], s=s)
+    last = next(r for g, r in s.store.last_arriver)
+    s = run(cfg, A("RankDecideAgreement", last), *[A("RankAwaitAgreement", r) for r in w], s=s)
+    s = run(cfg, *[A(n, r) for n in ("RankReplace", "RankRebind") for r in (0, 2, 1)], s=s)
+    s = run(cfg, A("RankValidate", 0), s=s)
+    assert s.validated == {(0, cfg.group_of(0), True)}
+    assert not enabled(cfg, s, A("RankValidate", 1)), "rank 3 has not joined group 1's collective"
+    s = run(cfg, A("RankReplace", 3), A("RankRebind", 3), A("RankValidate", 1), A("RankValidate", 3), A("RankValidate", 2), s=s)
+    assert s.validated == {(0, 0, True), (0, 1, True)}
+
+
+#: a value other than the initial one for every field an exit forgets (protocol._EXIT_FORGETS); hung
+#: and raised stay False: an exit clears them as it always did (the watchdog thread died with the process)
+_PERTURBED = {"point": "backward", "frontier": 7, "tau": 9, "comm": 5, "refs": (5, 4), "dirty": True, "drop": True,
+              "lost": True, "corrupt": True, "replayed": 3, "grads": True, "ahead": 1, "inc": 2, "shard": 1}
+
+
+@pytest.mark.parametrize("cfg", [
+    Config(max_faults=1), Config(max_faults=1, spares=1), DDP,
+    Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=1),
+    Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, faults=frozenset({"group_fail"}),
+           uses_r=("forward", "backward", "boundary")),
+], ids=["2x2-f1", "2x2-spare1-f1", "2x1-ddp-f2", "3x1-ddp-f1", "2x1-ddp-points-f2"])
+def test_nothing_reads_what_an_exit_forgets(cfg):
+    """P11.5: in every reachable state, giving every exited rank's forgotten fields other values
+    changes no property's verdict, no action's enabledness, and no successor (up to those fields):
+    the protocol and the properties read only pc, gen, reason and delayed of an exited rank.  And a
+    rank exits only once the abort is written or the store is lost."""
+    from dataclasses import replace
+
+    from accelpact.model.engine import Search
+    from accelpact.model.invariants import EDGE_INVARIANTS, INVARIANTS
+    from accelpact.model.protocol import _EXIT_FORGETS, actions_for
+
+    assert set(_PERTURBED) == set(_EXIT_FORGETS) - {"hung", "raised"}
+    search = Search(cfg, symmetry=False)
+    search.run(stop=False)
+    table = actions_for(cfg)
+
+    def perturbed(s):
+        return replace(s, ranks=tuple(replace(rk, **_PERTURBED) if rk.pc == PC_EXITED else rk for rk in s.ranks))
+
+    def masked(s):
+        return replace(s, ranks=tuple(replace(rk, **_EXIT_FORGETS) if rk.pc == PC_EXITED else rk for rk in s.ranks))
+
+    checked = 0
+    for s in search.states:
+        if not any(rk.pc == PC_EXITED for rk in s.ranks):
+            continue
+        assert s.store.abort or s.store.down, f"a rank exited with neither an abort nor a lost store: {s}"
+        assert all(not rk.hung and not rk.raised for rk in s.ranks if rk.pc == PC_EXITED)
+        p = perturbed(s)
+        checked += 1
+        for inv in INVARIANTS:
+            assert (inv.check(cfg, s) is None) == (inv.check(cfg, p) is None), f"{inv.id} reads a forgotten field"
+        for a in search.actions:
+            spec = table[a.name]
+            on = spec.enabled(cfg, s, a.rank, a.arg)
+            assert on == spec.enabled(cfg, p, a.rank, a.arg), f"{a}'s enabledness reads a forgotten field"
+            if on:
+                t, u = spec.step(cfg, s, a.rank, a.arg), spec.step(cfg, p, a.rank, a.arg)
+                assert masked(t) == masked(u), f"{a}'s successor reads a forgotten field"
+                for inv in EDGE_INVARIANTS:
+                    assert (inv.check(cfg, s, t) is None) == (inv.check(cfg, p, u) is None), f"{inv.id} reads a forgotten field"
+    assert checked > 100
