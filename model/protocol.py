@@ -247,7 +247,7 @@ def _exit(cfg: Config, s: State, r: int, reason: str) -> State:
     g = rk.gen
     s = s.with_(exits=s.exits | {(g, r, reason, true_lookup(s.store.release, g) == DECISION_RELEASE)})
     f = s.store.failed
-    if f is not None and f[0] == g and rk.point == f[1] and cfg.group_of(r) in f[2] and g not in s.witnessed:
+    if f is not None and _member(cfg, s, r) and rk.point == f[1] and g not in s.witnessed:
         s = s.with_(witnessed=s.witnessed | {g})
     return s.with_rank(r, **_EXIT_FORGETS, pc=PC_EXITED, reason=reason)
 
