@@ -1,7 +1,14 @@
 """Safety properties as predicates on one state (spec/properties.md: S1-S12, and W1-W2 for the model itself).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
-when it holds, or a sentence saying what is wrong.  Edge properties (generation
+when it holds, or a sentence saying what is wrong.
+
+The oracle shares no code with the protocol (issue 24): this module imports from the model only the
+state's types and constants (:mod:`accelpact.model.state`; ``tests/test_model_oracle.py`` enforces
+it), and every judgement is computed here from plain facts (the store's raw entries, the ranks'
+fields, history facts, the envelope's raw entries), never through a helper the actions call
+(``true_lookup``, ``_member``, ``_replicas_agree``, ``Envelope.lookup``, ``decide``): a bug in such a
+helper cannot then pass both the protocol and its judge.  Edge properties (generation
 monotonicity) take the pair of states around one step.  Liveness properties (L1-L3)
 are properties of the whole state graph and live in :mod:`accelpact.model.explore`.
 """
@@ -11,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .contract import IN_FLIGHT_PHASES
-from .protocol import true_lookup
 from .state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
@@ -21,9 +26,38 @@ from .state import (
     PC_EXITED,
     PC_RESTARTED,
     PC_TRAIN,
+    SHARD_OWN,
+    STEP_ORDER,
     Config,
     State,
 )
+
+#: the points of a step inside it (not at the committed boundary): the oracle's own reading of STEP_ORDER
+_IN_FLIGHT = tuple(p for p in STEP_ORDER if p != "boundary")
+
+
+def _decided(pairs: tuple[tuple[int, str], ...], gen: int) -> str | None:
+    """The first value written under generation ``gen`` in a decision key's raw entries (the
+    oracle's own reading of the store; not the protocol's ``true_lookup``)."""
+    return next((v for g, v in pairs if g == gen), None)
+
+
+def _qualifies_l1(cfg: Config, phase: str, died: bool = False, spare: bool = False, replica: bool = False) -> bool:
+    """Some raw envelope entry has exactly this key (the job's platform, profile, objective; the
+    failure phase; the hot-swap facts) and lists L1 (read field by field, not by ``Envelope.lookup``)."""
+    for e in cfg.envelope.entries:
+        k = e.key
+        if (k.platform == cfg.platform and k.profile == cfg.profile and k.phase == phase and k.objective == cfg.objective
+                and bool(k.died) == died and bool(k.spare) == spare and bool(k.replica) == replica and "L1" in e.actions):
+            return True
+    return False
+
+
+def _failed_groups(s: State, gen: int) -> frozenset[int] | None:
+    """The groups whose communicators failed in generation ``gen`` (raw ``Store.failed``), or None
+    when the store's failure entry is of another generation."""
+    f = s.store.failed
+    return f[2] if f is not None and f[0] == gen else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +111,7 @@ def decisions_stable(cfg: Config, before: State, after: State) -> str | None:
         if old is new:
             continue
         for g, v in old:
-            now = true_lookup(new, g)
+            now = _decided(new, g)
             if now != v:
                 return f"the {name} decision of generation {g} changed from {v!r} to {now!r}"
     return None
@@ -104,48 +138,65 @@ def agreement_quorum(cfg: Config, s: State) -> str | None:
         posted = {a[1] for a in s.store.arrivals if a[0] == g and a[3] == g}
         if posted != world:
             return f"rank {r} passed agreement in generation {g} but only ranks {sorted(posted)} of {sorted(world)} posted (F, {g})"
-        if true_lookup(s.store.agree, g) != DECISION_COMMIT:
+        if _decided(s.store.agree, g) != DECISION_COMMIT:
             return f"rank {r} passed agreement in generation {g} without a commit decided in generation {g}"
     return None
 
 
 def l1_only_qualified(cfg: Config, s: State) -> str | None:
     """S3: L1 (resume) only at a committed boundary, with passing guards, for a key the envelope
-    qualifies for L1.  Judged from the envelope's entries and the guard flags directly, never by
-    the contract's ``decide`` (which the protocol itself calls)."""
+    qualifies for L1: the full key, with the hot-swap facts of the generation (a rank died in it:
+    ``Store.dead``; a spare claimed for each dead rank: ``Store.claims``; each one's state received
+    from a replica: history ``transfers``).  Judged from the envelope's raw entries and the guard
+    flags directly, never by the contract's ``decide`` or ``Envelope.lookup`` (which the protocol calls)."""
     for g, r, point, dirty, *_ in sorted(s.resumed):
-        if point in IN_FLIGHT_PHASES:
+        if point in _IN_FLIGHT:
             return f"rank {r} resumed (L1) from generation {g} after a failure in flight ({point})"
         if dirty:
             return f"rank {r} resumed (L1) from generation {g} with a failed guard (outstanding gradients or a busy wrapper)"
-        entry = cfg.envelope.lookup(cfg.key(point))
-        if entry is None or "L1" not in entry.actions:
-            return f"rank {r} resumed (L1) from generation {g} but the envelope does not qualify {cfg.key(point)} for L1"
+        dead = [d for gd, d in s.store.dead if gd == g]
+        died = bool(dead)
+        spare = died and all(any(gc == g and dc == d for gc, dc, _i in s.store.claims) for d in dead)
+        replica = died and all((g, d, True) in s.transfers for d in dead)
+        if not _qualifies_l1(cfg, point, died, spare, replica):
+            facts = f"; died={died}, spare={spare}, replica={replica}" if died else ""
+            return (f"rank {r} resumed (L1) from generation {g} but the envelope does not qualify "
+                    f"({cfg.platform}, {cfg.profile}, {point}, {cfg.objective}{facts}) for L1")
     return None
 
 
 def fenced_release(cfg: Config, s: State) -> str | None:
     """S4.2: a rank resumes from generation g only on a release decided in generation g."""
     for g, r, *_ in sorted(s.resumed):
-        if true_lookup(s.store.release, g) != DECISION_RELEASE:
+        if _decided(s.store.release, g) != DECISION_RELEASE:
             return f"rank {r} resumed from generation {g} but no release was decided in generation {g} (stale decision)"
     return None
 
 
 def rebind_complete(cfg: Config, s: State) -> str | None:
     """S5: a rank resumes from generation g holding the communicator it must (generation g+1's if
-    its group failed in g, its old one otherwise), and every cached reference names that one."""
-    for g, r, _p, _d, _ok, rebound_ok in sorted(s.resumed):
-        if not rebound_ok:
-            rk = s.ranks[r]
-            return (f"rank {r} resumed from generation {g} with communicator {rk.comm} and references {list(rk.refs)}: "
-                    "a cached reference still names a broken communicator")
+    its group failed in g, its old one otherwise), and every cached reference names that one.
+    Judged on the ranks that train in g+1 while g's failure entry is still the store's (the state
+    right after each RankResume is one of them), with R read from the raw ``Store.failed``, not by
+    the protocol's ``_member`` (nor the ``rebound_ok`` that RankResume computes with it)."""
+    for r, rk in enumerate(s.ranks):
+        if rk.pc != PC_TRAIN or rk.gen == 0:
+            continue
+        groups = _failed_groups(s, rk.gen - 1)
+        if groups is None:
+            continue
+        want = rk.gen if cfg.group_of(r) in groups else rk.comm
+        if rk.comm != want or any(ref != want for ref in rk.refs):
+            return (f"rank {r} resumed from generation {rk.gen - 1} with communicator {rk.comm} and references "
+                    f"{list(rk.refs)}: it must hold generation {want}'s (its group "
+                    f"{'failed' if cfg.group_of(r) in groups else 'did not fail'}) and every reference must name it")
     return None
 
 
 def state_preserved(cfg: Config, s: State) -> str | None:
     """S6: L1 resumes at the agreed F with S_app unchanged and zero replay: a rank training in a
-    generation > 0 has tau = F (rank 0's committed frontier) and replayed nothing.  (The L2 half,
+    generation > 0 has tau = F (rank 0's committed frontier), replayed nothing, and its RNG and data
+    cursor at F with no gradients (``ahead = 0``, ``grads`` false: the next batch is the one after F).  (The L2 half,
     a restart from C replaying F - C, is what the supervisor's step does, not a property.)"""
     for r, rk in enumerate(s.ranks):
         if rk.pc != PC_TRAIN or rk.gen == 0:
@@ -157,6 +208,9 @@ def state_preserved(cfg: Config, s: State) -> str | None:
         f = _agreed_frontier(cfg, s, rk.gen - 1)  # the frontier agreed in the generation it resumed from
         if rk.tau != f or rk.replayed != 0:
             return f"rank {r} resumed at tau={rk.tau} replaying {rk.replayed} steps; L1 must resume at F={f} with 0"
+        if rk.ahead != 0 or rk.grads:
+            return (f"rank {r} resumed (L1) at F={f} with its RNG/data cursor {rk.ahead} step(s) past F and gradients "
+                    f"{rk.grads}: L1 must resume with the cursor at F and no gradients")
     return None
 
 
@@ -167,12 +221,34 @@ def _agreed_frontier(cfg: Config, s: State, g: int) -> int:
 
 
 def replicas_validated(cfg: Config, s: State) -> str | None:
-    """S8: no rank resumes (L1) from a generation in which the replicas of R disagreed: phase 6's
-    cross-replica check stands between a corrupt S_app and the release."""
-    for g, r, _p, _d, replicas_ok, _rb in sorted(s.resumed):
-        if not replicas_ok:
-            bad = [m for m, rk in enumerate(s.ranks) if rk.corrupt]
-            return f"rank {r} resumed from generation {g} while the replicas of R disagree (corrupt: {bad})"
+    """S8: no release is decided in a generation in which the replicas of R disagreed: phase 6's
+    cross-replica check stands between a corrupt S_app and the release.  Judged on every state in
+    which g's release is decided and g's failure entry is still the store's (the state right after
+    RankDecideRelease is one): each failed group's validation collective completed (history
+    ``validated``: the collective's membership is the group's), and the members of g's failed groups still in g (not exited: an exited
+    process holds nothing) are not corrupt, and the members of each group hold one shard (their
+    group's, or the one a spare received) at one optimizer step.  The oracle's own digest
+    comparison, from the ranks' fields: not the protocol's ``_replicas_agree`` (nor the
+    ``released_disagreeing`` it computes with it)."""
+    f = s.store.failed
+    if f is None or _decided(s.store.release, f[0]) != DECISION_RELEASE:
+        return None
+    g = f[0]
+    for gi in sorted(f[2]):
+        if not any(gv == g and gg == gi for gv, gg, _eq in s.validated):
+            return (f"the release of generation {g} was decided but failed group {gi}'s validation collective never "
+                    "completed (history validated): its members did not validate together")
+        held: dict[tuple[int, int], list[int]] = {}
+        for m in cfg.members(gi):
+            rk = s.ranks[m]
+            if rk.gen != g or rk.pc in (PC_EXITED, PC_RESTARTED):
+                continue
+            if rk.corrupt:
+                return f"the release of generation {g} was decided while rank {m} of failed group {gi} holds a corrupt S_app"
+            held.setdefault((gi if rk.shard == SHARD_OWN else rk.shard, rk.tau), []).append(m)
+        if len(held) > 1:
+            return (f"the release of generation {g} was decided while the replicas of failed group {gi} disagree "
+                    f"(shard, optimizer step -> ranks: {held})")
     return None
 
 
@@ -269,15 +345,17 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S1.2", "ReleaseQuorum", release_quorum),
     Invariant("S2.2", "AgreedFrontier", agreed_frontier),
     Invariant("S2.3", "AgreementQuorum", agreement_quorum),
+    # hot swap (issue 13).  S12 before S9: a swap without a live replica is first a wrong decision
+    # (the first resume from that generation breaks S12; the spare's own resume breaks S9 too).  Both
+    # before S3 and S6, which judge the same resumes more coarsely (S3 the full key, with the
+    # replica fact; S6 the cursor of every L1 resume), so a counterexample names the sharper one
+    Invariant("S12", "SwapNeedsReplica", swap_qualified),
+    Invariant("S9", "SpareStateExact", spare_state_exact),
     Invariant("S3", "L1OnlyQualified", l1_only_qualified),
     Invariant("S4.2", "FencedRelease", fenced_release),
     Invariant("S5", "RebindComplete", rebind_complete),
     Invariant("S6", "StatePreserved", state_preserved),
     Invariant("S8", "ReplicasValidated", replicas_validated),
-    # hot swap (issue 13).  S12 before S9: a swap without a live replica is first a wrong decision
-    # (the first resume from that generation breaks S12; the spare's own resume breaks S9 too)
-    Invariant("S12", "SwapNeedsReplica", swap_qualified),
-    Invariant("S9", "SpareStateExact", spare_state_exact),
     Invariant("S10", "OneHolder", one_holder),
     Invariant("S11", "DiscardLeavesNoTrace", discard_leaves_no_trace),
     # model well-formedness: checked on every state, but true of the encoding, not of the protocol

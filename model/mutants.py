@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 from .contract import IN_FLIGHT_PHASES, decide
 from . import hotswap
+from . import protocol as _protocol
 from .protocol import (
     ACTIONS,
     ActionSpec,
@@ -27,7 +28,9 @@ from .protocol import (
     _decision_key,
     _exit,
     _in_episode,
+    _peers,
     _send_state,
+    _shard_of,
     _spares_to_load,
     _via_store,
     true_lookup,
@@ -287,6 +290,73 @@ def _transfer_from_anyone(spec: ActionSpec) -> ActionSpec:
 
     return replace(spec, enabled=enabled, step=step)
 
+# ---- issue 24: a helper replaced for the protocol, a history fact written wrong --------------------
+# The oracle (model/invariants.py) shares no helper with the protocol, so a bug in one of the helpers
+# the actions call must be caught by a property that judges from plain facts.  A helper mutant runs
+# every action with the protocol module's helper swapped for a broken one (the spec's module is
+# restored after each call: the model is single-threaded per process; engine_parallel forks).
+
+def _with_helper(helper: str, broken: Callable) -> Callable[[ActionSpec], ActionSpec]:
+    def make(spec: ActionSpec) -> ActionSpec:
+        def swapped(fn):
+            def call(cfg, s, r, arg):
+                good = getattr(_protocol, helper)
+                setattr(_protocol, helper, broken)
+                try:
+                    return fn(cfg, s, r, arg)
+                finally:
+                    setattr(_protocol, helper, good)
+            return call
+        return replace(spec, enabled=swapped(spec.enabled), step=swapped(spec.step))
+    return make
+
+
+def _helper_everywhere(helper: str, broken: Callable) -> dict[str, Callable[[ActionSpec], ActionSpec]]:
+    return {name: _with_helper(helper, broken) for name in ACTIONS}
+
+
+# weak-replicas-agree: the digest comparison ignores the bits (a corrupt replica compares equal)
+def _replicas_agree_ignoring_bits(cfg: Config, s: State, members: tuple[int, ...]) -> bool:
+    seen: dict[int, tuple[int, int]] = {}
+    for m in members:
+        mine = (_shard_of(cfg, s, m), s.ranks[m].tau)
+        if seen.setdefault(cfg.group_of(m), mine) != mine:
+            return False
+    return True
+
+
+# shrunk-member: R loses every member but its group's first: the others neither replace nor rebind
+def _member_first_only(cfg: Config, s: State, r: int) -> bool:
+    f = s.store.failed
+    return (f is not None and f[0] == s.ranks[r].gen and cfg.group_of(r) in f[2]
+            and _peers(cfg, r)[0] == r)
+
+
+# resume-skips-batch: resuming moves the data cursor one batch on (the step after F is skipped)
+def _resume_past_cursor(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        return spec.step(cfg, s, r, arg).with_rank(r, ahead=1)
+    return step
+
+
+# transfer-fact-always-replica: the history fact ``transfers`` says "from a replica" whoever sent
+# (with swap-without-replica's bug): S12 reads the wrong fact, and S9 must still catch the shard
+def _send_claiming_replica(cfg: Config, s: State, p: int, spares: tuple[int, ...]) -> State:
+    t = _send_state(cfg, s, p, spares)
+    g = s.ranks[p].gen
+    return t.with_(transfers=frozenset((gg, d, True) if gg == g and d in spares else (gg, d, ok)
+                                       for gg, d, ok in t.transfers))
+
+
+def _transfer_claiming_replica(spec: ActionSpec) -> ActionSpec:
+    broken = _transfer_from_anyone(spec)
+
+    def step(cfg, s, r, arg):
+        return _send_claiming_replica(cfg, s, r, _spares_to_load(cfg, s, r) + _orphans(cfg, s, r))
+
+    return replace(broken, step=step)
+
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
@@ -337,6 +407,19 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("swap-without-replica",
                "a spare is claimed although no replica of the dead rank lives, and a rank of another replicate group sends the state",
                ("S12", "S9"), {"RankClaimSpare": _enabled(_claim_without_replica), "RankTransferState": _transfer_from_anyone}),
+        # issue 24: helpers replaced for the protocol, and a history fact written wrong
+        Mutant("weak-replicas-agree",
+               "helper _replicas_agree (phase 6's digests, and the protocol's own released_disagreeing) ignores a corrupt replica's bits",
+               ("S8",), _helper_everywhere("_replicas_agree", _replicas_agree_ignoring_bits)),
+        Mutant("shrunk-member",
+               "helper _member (who is in R) counts only the first member of each failed group: the others keep the broken communicator",
+               ("S5",), _helper_everywhere("_member", _member_first_only)),
+        Mutant("resume-skips-batch", "resuming (L1) moves the RNG and data cursor one step past F: a batch is skipped",
+               ("S6",), {"RankResume": _step(_resume_past_cursor)}),
+        Mutant("transfer-fact-always-replica",
+               "swap-without-replica, and the history fact transfers records every sender as a replica of the dead rank",
+               ("S9",), {"RankClaimSpare": _enabled(_claim_without_replica),
+                         "RankTransferState": _transfer_claiming_replica}),
     )
 }
 

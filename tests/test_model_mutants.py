@@ -64,6 +64,14 @@ SMALLEST.update({
     "swap-without-replica": Config(nodes=1, ranks_per_node=2, affected_local=1, **_CRASH, points=_BOUNDARY),
 })
 
+# Issue 24: a helper the protocol calls replaced (the oracle shares none), a history fact written wrong.
+SMALLEST.update({
+    "weak-replicas-agree": Config(**_DDP2, max_faults=2, **_with("corrupt")),
+    "shrunk-member": Config(**_DDP2, max_faults=1),
+    "resume-skips-batch": Config(**_DDP2, max_faults=1),
+    "transfer-fact-always-replica": Config(nodes=1, ranks_per_node=2, affected_local=1, **_CRASH, points=_BOUNDARY),
+})
+
 
 def _hypothesis_settings(**more) -> settings:
     # the loaded profile (ci by default), without shrinking: we only need "found", and
