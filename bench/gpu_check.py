@@ -55,7 +55,7 @@ def rank_main(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.0
 
     from accelpact.impl import revoke
     from accelpact.impl.backends import NCCL_ENV, backend, backend_of
-    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.controlplane import PREFIX, ControlPlane
     from accelpact.impl.faults import FaultPlan
     from accelpact.impl.hooks import FaultInjector, Hooks
     from accelpact.impl.recovery import PactGroups, attach
@@ -80,7 +80,7 @@ def rank_main(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.0
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(dev),
                 process_group=r_group, device_ids=[dev.index])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    control = ControlPlane(dist.PrefixStore("cp/", ctx.store), 0, 1, prefix="accelpact/")
+    control = ControlPlane(dist.PrefixStore("cp/", ctx.store), 0, 1, prefix=PREFIX)
     header = {"world": 1, "nodes": 1, "ranks_per_node": 1, "group": "world", "affected": [0], "attempt": 0,
               "scenario": "gpu-check", "seed": 0, "backend": "nccl", "frontier_at_start": 0}
     trace = Trace(RunDir(ctx.out).trace(0, 0), 0, header)

@@ -50,7 +50,7 @@ from ..model.state import (
     initial_state,
 )
 from ..impl.trace import FORMAT as TRACE_FORMAT
-from ..impl.controlplane import comm_generation, comm_name
+from ..impl.controlplane import PREFIX, comm_generation, comm_name
 from ..impl.faults import KINDS
 from ..impl.rundir import RunDir
 from ..impl.trace import RankTrace, Record, TraceError
@@ -231,7 +231,7 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
             # bare counter: the generation is read from the name
             gen = comm_generation(v)
             if gen is None:
-                return f"comm {v!r} does not name a communicator (expected its c10d name, e.g. {comm_name('accelpact/', 1, 'replicate')!r})"
+                return f"comm {v!r} does not name a communicator (expected its c10d name, e.g. {comm_name(PREFIX, 1, 'replicate')!r})"
             if gen != rk.comm:
                 return f"comm {v!r} is generation {gen}'s communicator but the model has generation {rk.comm}'s"
         elif k == "refs_stale":
@@ -747,7 +747,7 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
         rk = _held(pre, post, r)
         state = {"pc": rk.pc, "gen": rk.gen, "frontier": rk.frontier, "tau": rk.tau, "point": rk.point, "reason": rk.reason}
         if a.name in ("RankReplace", "RankRebind"):  # as the implementation records them
-            comm = comm_name("accelpact/", rk.comm, cfg.group) if rk.comm > 0 else "original"
+            comm = comm_name(PREFIX, rk.comm, cfg.group) if rk.comm > 0 else "original"
             state.update(comm=comm, refs_stale=_refs_stale(rk))
         g = pre.ranks[r].gen
         detail: dict[str, Any] = {}

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..impl.controlplane import comm_generation
+from ..impl.faults import KINDS
 from ..impl.trace import RankTrace, Record
 from ..model.contract import IN_FLIGHT_PHASES
+from ..model.protocol import ACTIONS
 from ..model.state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
@@ -58,47 +60,68 @@ __all__ = ["Finding", "LOCAL_STEPS", "EXIT_REASON", "precheck"]
 _ALIVE = frozenset((PC_TRAIN,) + RECOVERY_PCS)
 _RECOVERY = frozenset(RECOVERY_PCS)
 
+#: fault action -> the pcs it may strike in, where the fault-kind table narrows it (impl/faults.py)
+_WINDOWS: dict[str, frozenset[str]] = {k.action: frozenset(k.windows) for k in KINDS.values() if k.windows is not None}
+
+#: an entry's pre-pcs are the model's own: ``ActionSpec.pcs`` (model/protocol.py)
+_MODEL = "model"
+
 #: action -> (pcs the acting rank may be in before it (None: any), its pc after it (None: unchanged)).
-#: Read off ``model/protocol.py``'s enabled/step functions; ``tests/test_checker_soundness.py`` checks every
-#: step of random model runs against it.  ``FaultGroupFail`` is logged by a member of the failed
-#: group, not acted by it (a second member's record of the same failure is no model step at all), so
-#: it constrains nothing here; nor does a job-wide fault (no actor: ``FaultStoreLoss``).
-LOCAL_STEPS: dict[str, tuple[frozenset[str] | None, str | None]] = {
-    "RankObserve": (frozenset({PC_TRAIN}), PC_OBSERVED),
-    "RankGuard": (frozenset({PC_OBSERVED}), PC_GUARDED),
-    "RankReject": (frozenset({PC_OBSERVED}), PC_EXITED),
-    "RankArrive": (frozenset({PC_GUARDED}), PC_ARRIVED),
-    "RankDecideAgreement": (frozenset({PC_ARRIVED}), None),
-    "RankAwaitAgreement": (frozenset({PC_ARRIVED}), PC_AGREED),
-    "RankReplace": (frozenset({PC_AGREED}), PC_REPLACED),
-    "RankRebind": (frozenset({PC_REPLACED}), PC_REBOUND),
-    "RankValidate": (frozenset({PC_REBOUND}), PC_VALIDATED),
-    "RankReady": (frozenset({PC_VALIDATED, PC_AGREED}), PC_READY),
-    "RankDecideRelease": (frozenset({PC_READY}), None),
-    "RankResume": (frozenset({PC_READY}), PC_TRAIN),
-    "RankTimeout": (frozenset({PC_TRAIN, PC_ARRIVED, PC_AGREED, PC_REBOUND, PC_READY}), PC_EXITED),
-    "RankExpire": (_ALIVE, PC_EXITED),
-    "RankFail": (_RECOVERY, PC_EXITED),
-    "RankExit": (_ALIVE, PC_EXITED),
-    "RankLoseStore": (_ALIVE, PC_EXITED),
-    "RankSuspect": (_ALIVE, PC_EXITED),
+#: The pre-pcs of the rank actions are the model's ``ActionSpec.pcs`` (``_MODEL``: one table, not a
+#: copy; the ones without are read off ``model/protocol.py``'s enabled functions); the post-pcs are read
+#: off its step functions.  ``tests/test_checker_soundness.py`` checks every step of random model runs
+#: against it.  ``FaultGroupFail`` is logged by a member of the failed group, not acted by it (a
+#: second member's record of the same failure is no model step at all), so it constrains nothing
+#: here; nor does a job-wide fault (no actor: ``FaultStoreLoss``).
+_STEPS: dict[str, tuple[frozenset[str] | str | None, str | None]] = {
+    "RankObserve": (_MODEL, PC_OBSERVED),
+    "RankGuard": (_MODEL, PC_GUARDED),
+    "RankReject": (_MODEL, PC_EXITED),
+    "RankArrive": (_MODEL, PC_ARRIVED),
+    "RankDecideAgreement": (_MODEL, None),
+    "RankAwaitAgreement": (_MODEL, PC_AGREED),
+    "RankReplace": (_MODEL, PC_REPLACED),
+    "RankRebind": (_MODEL, PC_REBOUND),
+    "RankValidate": (_MODEL, PC_VALIDATED),
+    "RankReady": (_MODEL, PC_READY),
+    "RankDecideRelease": (_MODEL, None),
+    "RankResume": (_MODEL, PC_TRAIN),
+    "RankTimeout": (_MODEL, PC_EXITED),     # also a joined spare's (PC_JOINED) wait for its state
+    "RankExpire": (_MODEL, PC_EXITED),
+    "RankFail": (_MODEL, PC_EXITED),
+    "RankExit": (_MODEL, PC_EXITED),
+    "RankLoseStore": (_MODEL, PC_EXITED),
+    "RankSuspect": (_MODEL, PC_EXITED),
     "FaultGroupFail": (None, None),
     "FaultStoreLoss": (None, None),
     "FaultCrash": (_ALIVE, PC_CRASHED),
     "FaultHang": (_ALIVE, None),
     "FaultRaise": (_RECOVERY, None),
-    "FaultMismatch": (frozenset({PC_TRAIN, PC_OBSERVED, PC_GUARDED}), None),
-    "FaultDirtyGuard": (frozenset({PC_TRAIN, PC_OBSERVED}), None),
-    "FaultCorrupt": (frozenset({PC_TRAIN, PC_OBSERVED}), None),
+    # the narrower windows of these three are the fault-kind table's (impl/faults.py FaultKind.windows)
+    "FaultMismatch": (_WINDOWS["FaultMismatch"], None),
+    "FaultDirtyGuard": (_WINDOWS["FaultDirtyGuard"], None),
+    "FaultCorrupt": (_WINDOWS["FaultCorrupt"], None),
     "FaultDelay": (_ALIVE - {PC_READY}, None),
     "FaultDrop": (frozenset({PC_OBSERVED, PC_GUARDED, PC_AGREED, PC_REPLACED, PC_REBOUND, PC_VALIDATED}), None),
-    # hot swap (issue 13; model only so far, no implementation writes these records yet)
+    # hot swap (issue 13, spec/hotswap.md; impl/hotswap.py and impl/api.py write these records)
     "RankDiscardStep": (frozenset({PC_OBSERVED}), None),
     "RankClaimSpare": (_ALIVE, None),
     "SpareJoin": (frozenset({PC_CRASHED}), PC_JOINED),
     "RankTransferState": (frozenset({PC_ARRIVED}), None),  # changes the spare's rank, not its own
     "RankFenced": (None, None),                            # a deposed process, outside the seats
 }
+
+
+def _pre(action: str, pre: frozenset[str] | str | None) -> frozenset[str] | None:
+    if pre != _MODEL:
+        return pre  # type: ignore[return-value]  # not the _MODEL sentinel: a frozenset or None
+    pcs = ACTIONS[action].pcs
+    if pcs is None:
+        raise AssertionError(f"LOCAL_STEPS[{action!r}]: the model's ActionSpec.pcs is None (any pc); say the pcs here")
+    return pcs
+
+
+LOCAL_STEPS: dict[str, tuple[frozenset[str] | None, str | None]] = {a: (_pre(a, pre), post) for a, (pre, post) in _STEPS.items()}
 
 #: the exit reason each exit action sets (RankExit: the store's abort, whatever it is)
 EXIT_REASON: dict[str, str | None] = {

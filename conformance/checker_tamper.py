@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..impl.controlplane import comm_name
+from ..impl.controlplane import PREFIX, comm_name
 from ..impl.trace import RankTrace, Record
 from ..model.protocol import Action, actions_for
 from ..model.state import Config, State, initial_state
@@ -168,7 +168,7 @@ def t_comm(cfg: Config, tr: Traces) -> Traces:
     """A RankReplace naming the next generation's communicator."""
     r, i = _where(tr, "RankReplace")
     rec = tr[r].records[i]
-    return _set(tr, r, i, state={**rec.state, "comm": comm_name("accelpact/", rec.gen + 2, cfg.group)})
+    return _set(tr, r, i, state={**rec.state, "comm": comm_name(PREFIX, rec.gen + 2, cfg.group)})
 
 
 def t_frontier(cfg: Config, tr: Traces) -> Traces:

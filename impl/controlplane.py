@@ -24,7 +24,68 @@ from .exitcodes import claim_exit, release_exit
 from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_TRAIN,
                                    REASON_DEADLINE, REASON_MISMATCH)
 
-__all__ = ["ControlPlane", "ControlPlaneError", "comm_generation", "comm_name"]
+__all__ = ["ABORT_KEY", "DEATHS_KEY", "NEXT_KEY", "PREFIX", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
+           "claimers_key", "comm_generation", "comm_name", "death_key", "heartbeat_key", "progress_key", "state_key",
+           "swap_prefix", "swap_rebuilt_key"]
+
+# ---------------------------------------------------------------------------------- store keys
+#: The one home of the job's store keys (issue 23): every ``accelpact/...`` key is spelled here and
+#: nowhere else (``tests/test_hygiene.py``).  All are under the attempt's namespace
+#: (``attempt{TORCHELASTIC_RESTART_COUNT}/``, a PrefixStore); the per-generation ones of the protocol
+#: are :class:`ControlPlane`'s (``{prefix}g{g}/...``, spec/implementation.md).
+#: The job prefix: the default of every ``prefix=`` (ControlPlane, the replacement strategies, the detector).
+PREFIX = "accelpact/"
+#: The job-wide abort key (:attr:`ControlPlane.abort_key` with the default prefix).
+ABORT_KEY = f"{PREFIX}abort"
+#: hot swap (spec/hotswap.md): the count of death notices posted (``add``); notice n is at :func:`death_key`
+DEATHS_KEY = f"{PREFIX}swap/deaths"
+#: hot swap: the count of spares taken (``add``)
+NEXT_KEY = f"{PREFIX}swap/next"
+
+
+def death_key(n: int) -> str:
+    """Hot swap: the key of death notice ``n`` (1-based); its value is the dead rank, as a decimal string."""
+    return f"{PREFIX}swap/death/{n}"
+
+
+def assign_key(k: int) -> str:
+    """Hot swap: what spare ``k`` waits for (``{dead}:{g}``)."""
+    return f"{PREFIX}swap/assign/{k}"
+
+
+def claim_key(g: int, dead: int) -> str:
+    """Hot swap: the claim for ``dead`` in generation ``g`` (a spare's index, or ``none``)."""
+    return f"{PREFIX}g{g}/spare/{dead}"
+
+
+def claimers_key(g: int, dead: int) -> str:
+    """Hot swap: the count of ranks that would claim a spare for ``dead`` in generation ``g`` (``add``)."""
+    return f"{PREFIX}g{g}/claimers/{dead}"
+
+
+def state_key(rank: int) -> str:
+    """Hot swap: ``rank``'s F, RNG and extra state at its last commit."""
+    return f"{PREFIX}swap/state/r{rank}"
+
+
+def swap_prefix(g_next: int) -> str:
+    """Hot swap: the store prefix of every group rebuilt in ``g_next`` (``{PREFIX}g{g_next}/swap/``)."""
+    return f"{PREFIX}g{g_next}/swap/"
+
+
+def swap_rebuilt_key(g: int) -> str:
+    """Hot swap: the barrier of the ranks that rebuilt their model in generation ``g``."""
+    return f"{PREFIX}g{g}/swap-rebuilt"
+
+
+def progress_key(attempt: int, rank: int) -> str:
+    """The committed frontier ``rank`` publishes in ``attempt`` (the launcher's live progress)."""
+    return f"{PREFIX}progress/a{attempt}/r{rank}"
+
+
+def heartbeat_key(rank: int, attempt: int = 0, prefix: str = PREFIX) -> str:
+    """The store key of ``rank``'s heartbeat in ``attempt``: ``{prefix}hb/a{attempt}/{rank}``."""
+    return f"{prefix}hb/a{attempt}/{rank}"
 
 
 def comm_name(prefix: str, g: int, group: str) -> str:
@@ -61,7 +122,7 @@ class ControlPlane:
     ``{prefix}abort`` and ``{prefix}g{g}/...`` (see spec/implementation.md).
     """
 
-    def __init__(self, store, rank: int, world_size: int, prefix: str = "accelpact/", *, claims_exit: bool = False) -> None:
+    def __init__(self, store, rank: int, world_size: int, prefix: str = PREFIX, *, claims_exit: bool = False) -> None:
         self.store = store
         # The engine's control plane (claims_exit=True; Pact sets it): the first rank whose wait on a decision
         # expires claims the process's exit before writing abort:deadline, and keeps the claim

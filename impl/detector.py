@@ -75,6 +75,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
+from .controlplane import PREFIX, heartbeat_key
+
 __all__ = [
     "DEAD", "HUNG", "Detector", "Suspect", "heartbeat_key", "resolve_hang_threshold",
     "INTERVAL_S", "DEAD_AFTER_S", "HANG_FLOOR_S", "HANG_K", "HANG_UNTIL_OBSERVED_S", "MIN_STEP_SAMPLES",
@@ -108,11 +110,6 @@ ENV_DEAD_AFTER = "ACCELPACT_DEAD_AFTER_S"
 
 #: the counter field of a last heartbeat published by a rank that ended normally (close(leave=True))
 DONE = "done"
-
-
-def heartbeat_key(rank: int, attempt: int = 0, prefix: str = "accelpact/") -> str:
-    """The store key of ``rank``'s heartbeat in ``attempt``: ``{prefix}hb/a{attempt}/{rank}``."""
-    return f"{prefix}hb/a{attempt}/{rank}"
 
 
 def _positive(name: str, value: Any) -> float:
@@ -181,7 +178,7 @@ class Detector:
     ``clock``: monotonic seconds (tests pass a fake one and call :meth:`poll` themselves).
     """
 
-    def __init__(self, store: Any, rank: int, world: int, *, attempt: int = 0, prefix: str = "accelpact/",
+    def __init__(self, store: Any, rank: int, world: int, *, attempt: int = 0, prefix: str = PREFIX,
                  on_suspect: Callable[[int, str, int], None] | None = None, peers: Iterable[int] | None = None,
                  interval_s: float | None = None, dead_after_s: float | None = None,
                  hang_threshold_s: float | None = None, hang_floor_s: float = HANG_FLOOR_S, hang_k: float = HANG_K,

@@ -41,7 +41,7 @@ from accelpact.model.state import PC_GUARDED, PC_OBSERVED, PC_TRAIN
 
 __all__ = [
     "FAULT_ACTION", "FAULT_KINDS", "FAULT_POINTS", "Fault", "FaultContext", "FaultError", "FaultKind", "FaultPlan",
-    "IN_FLIGHT", "InjectedFault", "KINDS", "RECOVERY_POINTS", "TRIGGER_POINTS",
+    "IN_FLIGHT", "MODEL_KIND", "MODEL_ONLY_KINDS", "model_kinds", "InjectedFault", "KINDS", "RECOVERY_POINTS", "TRIGGER_POINTS",
 ]
 
 # --------------------------------------------------------------------------------------------- points
@@ -203,6 +203,25 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
 FAULT_KINDS: tuple[str, ...] = tuple(KINDS)
 #: the model action each kind is recorded as (outside a trigger point)
 FAULT_ACTION: dict[str, str] = {k.name: k.action for k in KINDS.values()}
+#: The one translation between the two fault vocabularies (issue 23): implementation/scenario kind ->
+#: the model's fault kind (``model.protocol.FAULT_KINDS``, ``Config.faults``, ``ActionSpec.fault_kind``).
+#: ``tests/test_impl_faults.py`` checks that every kind on each side is mapped and that it agrees with
+#: the kind's model action; ``MODEL_ONLY_KINDS`` are the model's kinds no injector makes.
+MODEL_KIND: dict[str, str] = {
+    "collective_timeout": "group_fail", "crash": "crash", "hang": "hang", "stop": "crash", "gil_hang": "crash",
+    "exception": "raise", "frontier_mismatch": "mismatch", "dirty_guard": "dirty_guard", "corrupt_state": "corrupt",
+    "store_loss": "store_loss",
+}
+#: the model's fault kinds with no implementation kind (network-level message faults of the model)
+MODEL_ONLY_KINDS: frozenset[str] = frozenset({"delay", "drop"})
+
+
+def model_kinds(kinds: Iterable[str]) -> frozenset[str]:
+    """The model's fault kinds (``Config.faults``) of implementation kinds; raises FaultError on an unknown one."""
+    unknown = sorted(set(kinds) - set(MODEL_KIND))
+    if unknown:
+        raise FaultError(f"fault kinds {unknown} are not among {list(FAULT_KINDS)}")
+    return frozenset(MODEL_KIND[k] for k in kinds)
 
 
 # ---------------------------------------------------------------------------------------------- Fault

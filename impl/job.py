@@ -187,9 +187,23 @@ class Workload:
 
 
 # --------------------------------------------------------------------------------------------- job
-#: a step's waits: one collective on a slow or hung peer, then up to six phase waits
-def default_step_deadline(collective_timeout_s: float, deadline_s: float) -> float:
-    return collective_timeout_s + 6 * deadline_s
+#: Each recovery phase's wait on peers (phases 2-6), in seconds: the one default of ``Job.deadline_s``,
+#: ``accelpact.init``'s ``Settings.deadline_s`` and ``attach``'s ``deadline_s``.
+DEFAULT_DEADLINE_S = 20.0
+
+#: Floor of the default step deadline: a step (forward, backward, optimizer, boundary) that makes
+#: no progress for this long is taken to be hung (``RankExpire``).  Its compute is no wait the
+#: deadlines bound, so set ``step_deadline_s`` above the longest legitimate step when steps run longer.
+STEP_DEADLINE_FLOOR_S = 600.0
+
+
+def default_step_deadline(collective_timeout_s: float | None, deadline_s: float) -> float:
+    """The step deadline when none is set (spec/protocol.md P10.5): it outlasts a step with its waits,
+    one collective on a slow or hung peer (``collective_timeout_s``, the training groups' timeout:
+    what turns it into a recoverable error) and then up to six phase waits of ``deadline_s`` each
+    (agreement, replacement, validation, release), and at least :data:`STEP_DEADLINE_FLOOR_S` for
+    the step's own compute.  ``collective_timeout_s`` None: not known (a group that does not say)."""
+    return max(STEP_DEADLINE_FLOOR_S, (collective_timeout_s or 0.0) + 6 * deadline_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +222,7 @@ class Job:
     faults: tuple[Fault, ...] = ()
     backend: str = "gloo"
     trace: bool = False
-    deadline_s: float = 20.0
+    deadline_s: float = DEFAULT_DEADLINE_S
     collective_timeout_s: float = 60.0
     step_deadline_s: float | None = None
     pg_timeout_s: float = 120.0

@@ -51,6 +51,8 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from .controlplane import ABORT_KEY, DEATHS_KEY, death_key
+
 __all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death",
            "wait_for_end"]
 
@@ -61,12 +63,9 @@ SPARES_ENV = "ACCELPACT_SPARES"
 WAIT_ENV = "ACCELPACT_KEEPER_WAIT_S"
 DEFAULT_WAIT_S = 86400.0
 
-#: Store keys, under the attempt's namespace (``attempt{TORCHELASTIC_RESTART_COUNT}/``).
-#: The count of death notices posted (``add``): notice n is at :func:`death_key` (n), n = 1, 2, ...
-DEATHS_KEY = "accelpact/swap/deaths"
-#: The job-wide abort key (:attr:`accelpact.impl.controlplane.ControlPlane.abort_key` with the
-#: default prefix).
-ABORT_KEY = "accelpact/abort"
+#: Store keys, under the attempt's namespace (``attempt{TORCHELASTIC_RESTART_COUNT}/``): their one
+#: home is :mod:`accelpact.impl.controlplane` (``DEATHS_KEY``: the count of death notices posted,
+#: notice n at ``death_key(n)``; ``ABORT_KEY``: the job-wide abort key).
 #: The abort key's value when the job ended normally (same value as
 #: :data:`accelpact.impl.watchdog.CLOSED`, repeated here so the keeper imports nothing heavy).
 CLOSED = "closed"
@@ -78,11 +77,6 @@ STORE_TIMEOUT_S = 30.0
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 127
-
-
-def death_key(n: int) -> str:
-    """The key of death notice ``n`` (1-based); its value is the dead rank, as a decimal string."""
-    return f"accelpact/swap/death/{n}"
 
 
 def post_death(store: Any, rank: int) -> int:

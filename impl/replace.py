@@ -25,6 +25,7 @@ import datetime
 import inspect
 
 from . import revoke as _revoke
+from .controlplane import PREFIX
 from .backends import backend as _backend
 from .backends import backend_of
 
@@ -38,7 +39,7 @@ class ReplaceError(RuntimeError):
 class ReplacementStrategy(abc.ABC):
     needs_rebind: bool = True
 
-    def __init__(self, prefix: str = "accelpact/") -> None:
+    def __init__(self, prefix: str = PREFIX) -> None:
         self.prefix = prefix
         self.last_record: _revoke.SocketRecord | None = None
 
@@ -110,6 +111,6 @@ class NativeReconfigure(ReplacementStrategy):
         return new_pg
 
 
-def choose_strategy(pg, prefix: str = "accelpact/") -> ReplacementStrategy:
+def choose_strategy(pg, prefix: str = PREFIX) -> ReplacementStrategy:
     """Native reconfigure when the group has it (capability check), else replace-and-rebind."""
     return NativeReconfigure(prefix) if NativeReconfigure.available(pg) else ReplaceAndRebind(prefix)

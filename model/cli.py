@@ -16,6 +16,7 @@ from .protocol import FAULT_KINDS
 from .state import Config
 
 POINTS = ("boundary", "forward", "backward", "optimizer")
+USES_R = ("backward", "boundary")   # Config's default: HSDP's gradient all-reduce and the boundary probe
 
 
 class FlagError(ValueError):
@@ -34,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--affected-local", type=int, default=None, help="local index of R's ranks (default 1, or 0 with one rank per node)")
     parser.add_argument("--failing", default="one", help="which groups fail: one (the group of --affected-local, default) or any "
                                                          "(chosen per episode, several at once)")
+    parser.add_argument("--uses-r", default="", help="comma-separated points of a step with collectives on R, must include boundary "
+                                                    f"(default backward,boundary; DDP buffer broadcasts: forward,backward,boundary): {','.join(POINTS)}")
+    parser.add_argument("--advance", type=int, default=1, help="steps trained between two fault episodes (default 1)")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="0 (default): the checkpoint C stays fixed; k: C is the last multiple of k at or before the frontier")
+    parser.add_argument("--spares", type=int, default=0,
+                        help="hot swap: spare processes idle on the control plane, which replace a crashed rank (default 0: none)")
     parser.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
     parser.add_argument("--workers", type=int, default=1,
                         help="bfs: search processes (1, default; 2: model/engine_parallel.py, the same graph on two cores)")
@@ -64,11 +72,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if args.mutant is not None and args.mutant not in MUTANTS:
         raise FlagError(f"--mutant: unknown mutant {args.mutant!r}; allowed: {', '.join(MUTANTS)}")
     for flag, v, lo in (("--nodes", args.nodes, 1), ("--ranks-per-node", args.ranks_per_node, 1), ("--max-faults", args.max_faults, 0),
-                        ("--max-examples", args.max_examples, 1), ("--steps", args.steps, 1)):
+                        ("--max-examples", args.max_examples, 1), ("--steps", args.steps, 1), ("--advance", args.advance, 0),
+                        ("--checkpoint-every", args.checkpoint_every, 0), ("--spares", args.spares, 0)):
         if v < lo:
             raise FlagError(f"{flag}: must be >= {lo}, got {v}")
     faults = _csv(args.faults, FAULT_KINDS, "--faults")
     points = _csv(args.points, POINTS, "--points") or POINTS
+    uses_r = _csv(args.uses_r, POINTS, "--uses-r") or USES_R
+    if "boundary" not in uses_r:
+        raise FlagError("--uses-r: must include boundary (the boundary probe is a collective on R)")
     local = args.affected_local
     if local is None:
         local = 1 if args.ranks_per_node > 1 else 0
@@ -77,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return Config(
         nodes=args.nodes, ranks_per_node=args.ranks_per_node, affected_local=local, group=args.group,
         max_faults=args.max_faults, faults=frozenset(faults), points=points, mutant=args.mutant, failing=args.failing,
+        uses_r=uses_r, advance=args.advance, checkpoint_every=args.checkpoint_every, spares=args.spares,
     )
 
 
@@ -84,7 +97,8 @@ def _describe(cfg: Config) -> str:
     faults = ",".join(sorted(cfg.faults)) or "all"
     groups = f"R={list(cfg.affected)}" if cfg.failing == "one" else "R=any groups, per episode"
     return (f"{cfg.nodes}x{cfg.ranks_per_node} group={cfg.group} {groups} max_faults={cfg.max_faults} "
-            f"faults={faults} points={','.join(cfg.points)} mutant={cfg.mutant or 'none'}")
+            f"faults={faults} points={','.join(cfg.points)} uses_r={','.join(cfg.uses_r)} advance={cfg.advance} "
+            f"checkpoint_every={cfg.checkpoint_every} spares={cfg.spares} mutant={cfg.mutant or 'none'}")
 
 
 def _run_bfs(cfg: Config, args: argparse.Namespace) -> int:

@@ -155,11 +155,7 @@ class ExploreResult:
     def to_dict(self) -> dict[str, Any]:
         c = self.config
         return {
-            "config": {
-                "nodes": c.nodes, "ranks_per_node": c.ranks_per_node, "group": c.group,
-                "max_faults": c.max_faults, "faults": sorted(c.faults) or "all", "points": list(c.points),
-                "mutant": c.mutant, "spares": c.spares,
-            },
+            "config": {**config_summary(c), "spares": c.spares},   # every field the CLI sets, as the manifest pins them
             "symmetry": self.symmetry,
             "states": self.states,
             "transitions": self.transitions,

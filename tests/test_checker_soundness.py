@@ -70,6 +70,18 @@ def test_every_action_has_a_local_step():
     assert not missing, f"classify {missing} in conformance/checker_precheck.py LOCAL_STEPS"
 
 
+def test_local_pre_pcs_are_the_models():
+    """Issue 23: where both say which pcs an action's actor may be in before it, LOCAL_STEPS says what
+    the model's ``ActionSpec.pcs`` says (a narrower set would reject honest traces, e.g. a joined spare's
+    RankTimeout; a wider one loses teeth)."""
+    both = [a for a in ACTIONS if a in LOCAL_STEPS and LOCAL_STEPS[a][0] is not None and ACTIONS[a].pcs is not None]
+    assert len(both) >= 15, both
+    differ = {a: (sorted(LOCAL_STEPS[a][0]), sorted(ACTIONS[a].pcs)) for a in both if LOCAL_STEPS[a][0] != ACTIONS[a].pcs}
+    assert not differ, f"LOCAL_STEPS pre-pcs vs ActionSpec.pcs: {differ}"
+    # an action the model bounds is bounded here too
+    assert not [a for a in LOCAL_STEPS if a in ACTIONS and ACTIONS[a].pcs is not None and LOCAL_STEPS[a][0] is None]
+
+
 @pytest.mark.timeout(120)
 def test_local_steps_match_the_model():
     """Each step of random runs: the actor's pc before is one LOCAL_STEPS allows and after the one

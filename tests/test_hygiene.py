@@ -66,3 +66,20 @@ def test_jobs_are_built_typed() -> None:
                                                        and p.relative_to(ROOT).parts[0] != "model"])
     hits = [h for h in hits if "scenario" not in h.split(":")[0]]  # the scenario schema's own parsing
     assert not hits, "job/workload dict literals outside impl/job.py:\n" + "\n".join(hits)
+
+
+#: files that still spell store keys themselves, each to move to impl/controlplane.py's constants
+#: (none left).
+STORE_KEY_PENDING: set[str] = set()
+
+
+def test_store_keys_live_in_the_control_plane() -> None:
+    """Every ``"accelpact/..."`` store key literal is in ``impl/controlplane.py`` (the store keys' one
+    home: ``PREFIX``, ``ABORT_KEY``, ``death_key``, ...); elsewhere a key is imported from there."""
+    files = [p for d in ("accelpact", "model", "impl", "conformance", "bench", "examples")
+             for p in sorted((ROOT / d).rglob("*.py"))
+             if str(p.relative_to(ROOT)) not in {"impl/controlplane.py", *STORE_KEY_PENDING}]
+    hits = _grep(r"""(?<![\w.])[rfbRFB]{0,2}["']accelpact/""", files)
+    assert not hits, "store keys spelled outside impl/controlplane.py (import its constants):\n" + "\n".join(hits)
+    pending = _grep(r"""(?<![\w.])[rfbRFB]{0,2}["']accelpact/""", [ROOT / p for p in sorted(STORE_KEY_PENDING)])
+    assert pending or not STORE_KEY_PENDING, f"{sorted(STORE_KEY_PENDING)} spell no key any more: empty STORE_KEY_PENDING"

@@ -177,3 +177,18 @@ def test_revoke_published_once(connect):
     assert cps[1].publish_revoke(0, "replicate1") is True
     assert cps[0].publish_revoke(0, "replicate1") is False
     assert cps[0].revoked(0, "replicate1") and not cps[0].revoked(1, "replicate1")
+
+
+def test_store_keys_have_one_home():
+    """Issue 23: the keys the keeper, the detector, the API and hot swap use are controlplane.py's, in the
+    formats the spec documents."""
+    from accelpact.impl import controlplane as cp
+    from accelpact.impl import detector, hotswap, keeper
+
+    assert ControlPlane(None, 0, 1).abort_key == cp.ABORT_KEY == keeper.ABORT_KEY == "accelpact/abort"
+    assert keeper.DEATHS_KEY is cp.DEATHS_KEY and keeper.death_key is cp.death_key and detector.heartbeat_key is cp.heartbeat_key
+    assert hotswap.NEXT_KEY is cp.NEXT_KEY and hotswap.claim_key is cp.claim_key
+    # the formats spec/hotswap.md documents
+    assert cp.NEXT_KEY == "accelpact/swap/next" and cp.assign_key(3) == "accelpact/swap/assign/3"
+    assert cp.claim_key(2, 5) == "accelpact/g2/spare/5" and cp.state_key(4) == "accelpact/swap/state/r4"
+    assert cp.progress_key(1, 2) == "accelpact/progress/a1/r2" and cp.heartbeat_key(3, 1) == "accelpact/hb/a1/3"

@@ -29,6 +29,21 @@ def test_fault_actions_are_model_actions():
     assert set(FAULT_ACTION.values()) <= set(ACTIONS)
 
 
+def test_one_fault_vocabulary_table():
+    """Issue 23: ``MODEL_KIND`` is the one translation of implementation kinds into the model's; every
+    kind on each side is in it, and it agrees with each kind's model action."""
+    from accelpact.impl.faults import KINDS, MODEL_KIND, MODEL_ONLY_KINDS, model_kinds
+    from accelpact.model.protocol import FAULT_KINDS as MODEL_FAULT_KINDS
+
+    assert set(MODEL_KIND) == set(KINDS)
+    assert set(MODEL_KIND.values()) | MODEL_ONLY_KINDS == set(MODEL_FAULT_KINDS)
+    assert not set(MODEL_KIND.values()) & MODEL_ONLY_KINDS
+    assert {k: ACTIONS[KINDS[k].action].fault_kind for k in KINDS} == MODEL_KIND
+    assert model_kinds(["collective_timeout", "exception", "corrupt_state"]) == {"group_fail", "raise", "corrupt"}
+    with pytest.raises(Exception, match="meteor"):
+        model_kinds(["meteor"])
+
+
 @pytest.mark.parametrize("bad,msg", [
     ({"step": 1, "at": "lunch", "kind": "crash"}, r"faults\[0\]\.at: 'lunch' is not one of"),
     ({"step": 1, "at": "agree", "kind": "meteor"}, r"faults\[0\]\.kind: 'meteor' is not one of"),
