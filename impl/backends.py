@@ -20,7 +20,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "Backend", "backend", "backend_of", "for_device", "wait_bounded"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "Backend", "backend", "backend_error", "backend_of", "for_device", "prebuilt_env_problem", "recorded_errors",
+           "wait_bounded"]
 
 #: Groups aborted through :meth:`Backend.abort` (weakly held: a freed group leaves the set), so
 #: that the revoke watcher and phase 4 may both abort R's old communicator and it is aborted once.
@@ -270,6 +271,78 @@ NCCL_ENV: dict[str, str] = {
     "TORCH_NCCL_ENABLE_MONITORING": "0",
     "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
 }
+
+
+def backend_error(pg) -> str | None:
+    """The error a group's accelerator backend has recorded (``Backend::getError``: ``ProcessGroupNCCL``
+    keeps ``error_`` (ErrorType TIMEOUT / COMM_ERROR / REMOTE_ERROR) when its watchdog saw a failed or
+    timed-out work): its name, or None for SUCCESS, a CPU group, or a torch build whose Python binding
+    has no ``get_error`` (then nothing can be said: spec/nccl.md row 17).  In
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` the watchdog aborts the communicators of such a group and
+    raises nothing in Python: this is how a caller can still see it."""
+    import torch
+
+    be = backend_of(pg)
+    if be.device_type == "cpu":
+        return None
+    try:
+        raw = pg._get_backend(torch.device(be.device_type))
+    except (AttributeError, RuntimeError, TypeError):
+        raw = pg
+    get = getattr(raw, "get_error", None)
+    if get is None:
+        return None
+    try:
+        err = get()
+    except RuntimeError:  # Backend::getError's default: "Backend ... does not support getError"
+        return None
+    name = str(getattr(err, "name", err)).rsplit(".", 1)[-1]
+    return None if name == "SUCCESS" else name
+
+
+def recorded_errors(records: dict, skip: Sequence[str] = ()) -> dict[str, str]:
+    """Group name -> :func:`backend_error` of each recorded group (revoke records: ``record.group``)
+    that has one, names in ``skip`` and already revoked (``closed``) groups left out; each group once.
+    What the boundary consults before it lets a step stand (spec/nccl.md row 17)."""
+    out: dict[str, str] = {}
+    seen: set[int] = set()
+    for name, rec in records.items():
+        if name in skip or rec is None or getattr(rec, "closed", False):
+            continue
+        pg = getattr(rec, "group", None)  # SocketRecord.group: the weakly held group (NCCL records; gloo: None)
+        if pg is None or id(pg) in seen:
+            continue
+        seen.add(id(pg))
+        err = backend_error(pg)
+        if err is not None:
+            out[name] = err
+    return out
+
+
+def prebuilt_env_problem(be: Backend, env, *, prebuilt: bool, what: str = "your process groups") -> str | None:
+    """Why NCCL groups built before accelpact set :data:`NCCL_ENV` cannot serve the engine (None: they can).
+
+    ``ProcessGroupNCCL`` reads ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` in its constructor (into
+    ``asyncErrorHandling_``, ProcessGroupNCCL.hpp) and its heartbeat monitor and watchdog, built there
+    too, read the dump, monitoring and dump-wait variables: a group keeps the mode of the environment
+    it was built in, and setting the variables later (:meth:`Backend.prepare_process`) changes nothing
+    for it.  A group built under torchrun's ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (or the default 3)
+    ends the process from its watchdog thread on the first failed collective, before the engine can
+    recover.  ``prebuilt``: the user's own ``init_process_group`` or ``mesh=`` built NCCL groups
+    already; ``env``: the environment they were built in (the process's ``os.environ``, as it is now).
+    Gloo, or nothing prebuilt: None."""
+    if be.revoke != "abort" or not prebuilt:
+        return None
+    wrong = {k: env.get(k) for k, v in NCCL_ENV.items() if env.get(k) != v}
+    if not wrong:
+        return None
+    have = ", ".join(f"{k}={'(unset)' if v is None else v}" for k, v in wrong.items())
+    need = " ".join(f"{k}={v}" for k, v in NCCL_ENV.items())
+    return (f"{what} were built on NCCL with {have}; ProcessGroupNCCL reads these variables when a group is "
+            f"constructed, so those groups would run in the wrong error-handling mode (a failed collective ends "
+            f"the process from NCCL's watchdog instead of reaching accelpact). Either set {need} in the "
+            f"environment before init_process_group / init_device_mesh (e.g. on the torchrun command line), or "
+            f"let accelpact.init build the groups (do not call init_process_group yourself and do not pass mesh=)")
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (

@@ -47,10 +47,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .keeper import DEATHS_KEY, death_key
+from .controlplane import (DEATHS_KEY, NEXT_KEY, PREFIX, assign_key, claim_key, claimers_key, death_key, state_key,
+                           swap_prefix, swap_rebuilt_key)
 
-__all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "claim", "export_state", "import_state",
-           "publish_state", "read_state", "rebuild_groups", "run_episode", "transfer", "validate", "wait_for_claim"]
+__all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim", "export_state",
+           "import_state", "publish_state", "read_state", "rebuild_groups", "run_episode", "transfer", "validate",
+           "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
 #: ordinary one (L2 as before).  The keeper posts within milliseconds of the death (``waitpid``).
@@ -59,19 +61,6 @@ NOTICE_GRACE_S = 3.0
 #: is noticed by its own keeper a few milliseconds later.
 SETTLE_S = 0.1
 
-NEXT_KEY = "accelpact/swap/next"
-
-
-def assign_key(k: int) -> str:
-    return f"accelpact/swap/assign/{k}"
-
-
-def claim_key(g: int, dead: int) -> str:
-    return f"accelpact/g{g}/spare/{dead}"
-
-
-def state_key(rank: int) -> str:
-    return f"accelpact/swap/state/r{rank}"
 
 
 class SwapError(RuntimeError):
@@ -335,7 +324,7 @@ def claim(store: Any, g: int, dead: int, spares: int, point: str = "") -> int | 
     assignment), then tells the spare (``swap/assign/{k}``).  Every survivor returns the claim that
     stands (None: no spare left)."""
     key = claim_key(g, dead)
-    if int(store.add(f"accelpact/g{g}/claimers/{dead}", 1)) == 1:
+    if int(store.add(claimers_key(g, dead), 1)) == 1:
         k = int(store.add(NEXT_KEY, 1)) - 1
         value = str(k) if k < spares else "none"
         stood = store.compare_set(key, "", value).decode()
@@ -362,7 +351,7 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
 
     be, gloo = backend(job.backend), backend("gloo")
     s, rank, topo = job.settings, job.rank, job.topology
-    pre = f"accelpact/g{g_next}/swap/"
+    pre = swap_prefix(g_next)
     world = list(range(job.world))
 
     def make(b: Any, name: str, members: list[int], timeout_s: float) -> tuple[Any, Any]:
@@ -398,6 +387,7 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
 
 
 def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:
+    """Broadcast each of ``tensors`` as it is (each must already be on ``pg``'s device)."""
     import torch.distributed as dist
 
     from .backends import wait_bounded
@@ -406,6 +396,25 @@ def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:
     opts.rootRank = root
     for t in tensors:
         wait_bounded(pg.broadcast([t], opts), timeout_s)
+
+
+def broadcast_in_place(pg: Any, tensors: list, root: int, timeout_s: float, *, write_back: bool = True,
+                       place: Callable[[Any, Any], Any] | None = None) -> None:
+    """Broadcast each of ``tensors`` from group rank ``root`` on ``pg``'s device and leave the
+    result in the tensor itself, wherever it lives.  A tensor not on the group's device (a CPU
+    tensor on NCCL, which registers ``ProcessGroupNCCL`` for ``cuda`` only: AdamW's ``step``, the
+    blob size) is copied there (``place``, default the group's :meth:`Backend.place`), broadcast, and
+    with ``write_back`` (the receivers) copied back into the original; one on the device already is
+    broadcast as it is (``place`` returns it).  One tensor at a time: at most one extra copy alive."""
+    if place is None:
+        from .backends import backend_of
+
+        place = backend_of(pg).place
+    for t in tensors:
+        moved = place(t, pg)
+        _broadcast(pg, [moved], root, timeout_s)
+        if write_back and moved is not t:
+            t.copy_(moved)  # after wait_bounded: on NCCL the current stream waited for the kernel
 
 
 def transfer(pg: Any, members: tuple[int, ...], source: int, rank: int, module: Any, optimizer: Any,
@@ -422,18 +431,17 @@ def transfer(pg: Any, members: tuple[int, ...], source: int, rank: int, module: 
         size = torch.tensor([blob.numel()], dtype=torch.int64)
     else:
         size = torch.zeros(1, dtype=torch.int64)
-    from .backends import backend_of
-
-    b = backend_of(pg)
-    _broadcast(pg, [b.place(size, pg)], root, timeout_s)
-    if rank != source:
+    receiver = rank != source
+    # every broadcast runs on the group's device and lands back in the CPU tensor a receiver reads
+    # (NCCL: ``size`` and the blob are CPU tensors; so is AdamW's ``step`` unless capturable/fused)
+    broadcast_in_place(pg, [size], root, timeout_s, write_back=receiver)
+    if receiver:
         blob = torch.empty(int(size[0]), dtype=torch.uint8)
-    moved = b.place(blob, pg)
-    _broadcast(pg, [moved], root, timeout_s)
-    if rank != source:
-        manifest = pickle.loads(moved.cpu().numpy().tobytes())
+    broadcast_in_place(pg, [blob], root, timeout_s, write_back=receiver)
+    if receiver:
+        manifest = pickle.loads(blob.numpy().tobytes())
         tensors = state_slots(manifest, device)
-    _broadcast(pg, tensors, root, timeout_s)
+    broadcast_in_place(pg, tensors, root, timeout_s, write_back=receiver)
     if rank != source and module is not None:
         import_state(module, optimizer, manifest, tensors)
     return int(size[0]) + sum(t.numel() * t.element_size() for t in tensors)
@@ -521,7 +529,7 @@ def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead:
 
     from .controlplane import ControlPlane
 
-    cp = ControlPlane(job.attempt_store, job.rank, job.world, prefix="accelpact/")
+    cp = ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX)
     s, rank, topo = job.settings, job.rank, job.topology
     t: dict[str, float] = {}
     mark = time.monotonic()
@@ -552,7 +560,7 @@ def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead:
         from .wrappers import wrapper_of
 
         kind = wrapper_of(module).recovers
-        trace.action("RankReplace", g, "ok", {"pc": PC_REPLACED, "comm": f"accelpact/g{g + 1}/swap/{kind}"},
+        trace.action("RankReplace", g, "ok", {"pc": PC_REPLACED, "comm": swap_prefix(g + 1) + kind},
                      {"groups": sorted(job.groups) + ["default", "control", "checkpoint"], "swap": True})
         torch.set_rng_state(rng)
         if old is not None:  # RankDiscardStep's effect: the committed state, in a wrapper that is idle
@@ -562,7 +570,7 @@ def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead:
         trace.action("RankRebind", g, "ok", {"pc": PC_REBOUND, "refs_stale": 0}, {"rebuilt": True})
         # every rank of W has its model on the new groups before any transfer starts: a slow build (a
         # spare's first) is waited for here, under its own deadline, not inside a collective's
-        _store_barrier(job.attempt_store, f"accelpact/g{g}/swap-rebuilt", job.world, s.deadline_s, "rebuilt its model")
+        _store_barrier(job.attempt_store, swap_rebuilt_key(g), job.world, s.deadline_s, "rebuilt its model")
         lap("rebuild")
         moved = 0
         done: set[tuple[int, ...]] = set()

@@ -22,8 +22,9 @@ so that every rank learns *which* replicate group failed: its members rebuild it
 everybody else only votes.
 
 Test-only hooks (:mod:`accelpact.impl.hooks`, passed at attach, never read from the environment)
-run at the named points between actions: fault injection, and the four seeded bugs
-(``skip-rebind`` here in ``_rebind``, ``skip-validation`` in ``_validate``, ``unheld-records`` in the write/record hold,
+run at the named points between actions: fault injection, and the six seeded bugs of
+:data:`accelpact.impl.hooks.SEEDED_BUGS` (``skip-rebind`` here in ``_rebind``, ``skip-validation`` in
+``_validate``, ``unheld-records`` in the write/record hold, ``wrong-members`` in the membership read,
 ``early-release`` and ``no-fence`` in :mod:`controlplane`).
 """
 
@@ -66,6 +67,7 @@ from .detector import Detector
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .guard import BoundaryGuard
 from .hooks import NO_HOOKS, Hooks
+from .job import DEFAULT_DEADLINE_S, default_step_deadline
 from .replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
 from .watchdog import Watchdog
@@ -175,23 +177,17 @@ def _group_name(pg) -> str:
     return str(pg.group_name)
 
 
+#: Issue 26: how much sooner than R's NCCL collective timeout a wait on R gives up: more than two
+#: of NCCL's watchdog polls (``kWatchdogThreadSleepMillis``, 100 ms), so the engine's own timeout
+#: raises before the watchdog can abort the communicator and leave the work completing normally.
+NCCL_WATCHDOG_MARGIN_S = 0.25
+
+
 def _state_checksum(module, optimizer, device):
     """Phase 6's replica check of this rank's state, on ``device`` (:func:`digest.state_checksum`)."""
     from .digest import state_checksum
 
     return state_checksum(module, optimizer, device)
-
-
-#: Floor of the default step deadline: a step (forward, backward, optimizer, boundary) that makes
-#: no progress for this long is taken to be hung (``RankExpire``).  Set ``step_deadline_s`` above
-#: the longest legitimate step including its waits on slow peers (the collective timeout).
-DEFAULT_STEP_DEADLINE_S = 600.0
-
-
-def default_step_deadline(deadline_s: float) -> float:
-    """Every phase wait (agreement, replacement, validation, release) can take ``deadline_s``;
-    the step deadline must outlast them all and the step's own collectives."""
-    return max(DEFAULT_STEP_DEADLINE_S, 6 * deadline_s)
 
 
 @dataclass(slots=True)
@@ -263,8 +259,8 @@ class Pact:
     the test hooks' point before each phase, and the phase's duration."""
 
     def __init__(self, module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
-                 key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
-                 strategy: ReplacementStrategy | None = None, step_deadline_s: float = DEFAULT_STEP_DEADLINE_S,
+                 key: ObservationKey | None = None, deadline_s: float = DEFAULT_DEADLINE_S, adapter=None, frontier: int = 0,
+                 strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
                  hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
                  hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None) -> None:
         if control.rank not in groups.members:
@@ -280,6 +276,10 @@ class Pact:
         if notice:  # an unqualified platform: every failure there is L2; say so once, at attach
             print(f"accelpact: {notice}", file=sys.stderr, flush=True)
         self.deadline_s = deadline_s
+        if step_deadline_s is None:  # the one rule (job.default_step_deadline), R's collective timeout as it was built
+            from .backends import backend_of
+
+            step_deadline_s = default_step_deadline(backend_of(groups.affected).timeout_of(groups.affected), deadline_s)
         self.step_deadline_s = step_deadline_s
         self.hooks = hooks if hooks is not None else NO_HOOKS
         self.gen = generation
@@ -391,6 +391,7 @@ class Pact:
         if self.detector is not None:
             self.detector.set_progress(self.guard.frontier)  # committed: a peer still behind is awaited
         observed, err = self._probe(loss)
+        self._fail_on_backend_errors(observed)
         t_obs = time.monotonic_ns()
         if observed:
             # a member observes before any effect of its observation (revoke, flag) reaches a peer
@@ -405,6 +406,18 @@ class Pact:
         self.reports.append(report)
         self.watchdog.disarm()
         return report
+
+    def _fail_on_backend_errors(self, observed: bool) -> None:
+        """Issue 26: with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a group whose work
+        failed and raises nothing, so a step whose shard-group collective failed could stand.  Any
+        training group whose backend recorded an error (:func:`backends.recorded_errors`; R left out
+        when its probe failed: that is the boundary's own, repairable failure) ends the rank (L2)."""
+        from .backends import recorded_errors
+
+        skip = (self.groups.name, self.groups.key) if observed else ()
+        if bad := recorded_errors(self.group_records(), skip=skip):
+            self._fail(RuntimeError(f"NCCL recorded an error on group(s) {bad} during the step (aborted by its "
+                                    "watchdog, TORCH_NCCL_ASYNC_ERROR_HANDLING=2): the step's result is not trusted"))
 
     def _probe(self, loss) -> tuple[bool, BaseException | None]:
         """The post-commit collective on R (it carries the loss, on R's device): (failed, its error)."""
@@ -483,7 +496,13 @@ class Pact:
                                           f"generation {self.gen}'s revoke")
 
         be = backend_of(self._pg)
-        budget = (be.timeout_of(self._pg) or self.deadline_s) + REVOKE_GRACE_S
+        timeout = be.timeout_of(self._pg)
+        budget = (timeout or self.deadline_s) + REVOKE_GRACE_S
+        if be.revoke == "abort" and timeout:
+            # issue 26: NCCL's watchdog (every 100 ms) aborts a timed-out group silently (mode 2) and the
+            # work's wait then returns normally; end the wait first (spec/nccl.md row 17; the boundary
+            # also reads get_error after the probe, _fail_on_backend_errors)
+            budget = max(timeout - NCCL_WATCHDOG_MARGIN_S, REVOKE_GRACE_S)
         try:
             try:
                 # raises the op's own error, if any
@@ -925,7 +944,7 @@ class Pact:
 
 
 def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
-           key: ObservationKey | None = None, deadline_s: float = 30.0, adapter=None, frontier: int = 0,
+           key: ObservationKey | None = None, deadline_s: float = DEFAULT_DEADLINE_S, adapter=None, frontier: int = 0,
            strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
            hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
            hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None) -> Pact:
@@ -933,10 +952,11 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
 
     ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
     (forward to the end of its boundary) before the watchdog takes the rank for hung and exits
-    72: default :func:`default_step_deadline`; ``math.inf`` turns it off.  ``hooks``: test-only
+    72: default :func:`accelpact.impl.job.default_step_deadline` of R's collective timeout and
+    ``deadline_s``; ``math.inf`` turns it off.  ``hooks``: test-only
     (:class:`accelpact.impl.hooks.Hooks`: fault injection at named points, seeded bugs)."""
     return Pact(module, optimizer, groups=groups, control=control, trace=trace, envelope=envelope, key=key,
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
-                step_deadline_s=step_deadline_s if step_deadline_s is not None else default_step_deadline(deadline_s),
+                step_deadline_s=step_deadline_s,
                 detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s, generation=generation,
                 notices=notices)

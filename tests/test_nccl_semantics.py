@@ -1,0 +1,274 @@
+"""NCCL semantics the engine relies on, tested without a GPU (issue 26; spec/nccl.md).
+
+* Hot swap's broadcasts run on the group's device and land back in the tensors the receivers read
+  (``hotswap.broadcast_in_place``): checked on gloo with a ``place`` that copies, as NCCL's
+  ``Backend.place`` copies a CPU tensor to CUDA, and a group that, like ``ProcessGroupNCCL``
+  (registered for ``cuda`` only), refuses a tensor that was not placed.
+* The NCCL environment check (``backends.prebuilt_env_problem``): with env dicts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accelpact.impl import backends, hotswap
+
+
+class _DeviceOnlyGroup:
+    """A gloo group that, as NCCL on a CPU tensor, refuses a tensor ``place`` did not return."""
+
+    def __init__(self, pg, placed: set) -> None:
+        self.pg, self.placed = pg, placed
+
+    def broadcast(self, tensors, opts):
+        for t in tensors:
+            if id(t) not in self.placed:
+                raise RuntimeError("No backend type associated with device type cpu")
+        return self.pg.broadcast(tensors, opts)
+
+    def name(self):
+        return "gloo"
+
+
+def _copying_place(placed: set):
+    def place(t, pg=None):
+        c = t.clone()  # a copy "on the device", as Tensor.to("cuda") of a CPU tensor
+        placed.add(id(c))
+        placed_keep.append(c)  # ids stay unique while the test runs
+        return c
+
+    placed_keep: list = []
+    return place
+
+
+def _pair(fn):
+    """Run ``fn(rank, pg)`` on two gloo ranks (threads, one HashStore); return their results."""
+    store = dist.HashStore()
+    out: dict[int, object] = {}
+    errs: list[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore("p/", store), r, 2, datetime.timedelta(seconds=20))
+            out[r] = fn(r, pg)
+        except BaseException as e:  # noqa: BLE001 - reraised below
+            errs.append(e)
+
+    ths = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(60)
+    if errs:
+        raise errs[0]
+    return out
+
+
+def test_broadcast_in_place_writes_the_placed_result_back():
+    """The receiver reads the value from its own (CPU) tensor after the broadcast: with the old code,
+    which broadcast into ``place(size)`` and read ``size``, the receiver still had 0."""
+
+    def body(r, pg):
+        placed: set = set()
+        place = _copying_place(placed)
+        g = _DeviceOnlyGroup(pg, placed)
+        size = torch.tensor([1234 if r == 0 else 0], dtype=torch.int64)
+        step = torch.tensor(7.0 if r == 0 else 0.0)  # AdamW's CPU step counter
+        hotswap.broadcast_in_place(g, [size, step], 0, 10.0, write_back=r != 0, place=place)
+        return int(size[0]), float(step)
+
+    assert _pair(body) == {0: (1234, 7.0), 1: (1234, 7.0)}
+
+
+def test_broadcast_in_place_without_write_back_leaves_the_tensor():
+    def body(r, pg):
+        placed: set = set()
+        g = _DeviceOnlyGroup(pg, placed)
+        t = torch.tensor([5 if r == 0 else 0])
+        hotswap.broadcast_in_place(g, [t], 0, 10.0, write_back=False, place=_copying_place(placed))
+        return int(t[0])
+
+    assert _pair(body) == {0: 5, 1: 0}
+
+
+def test_a_tensor_already_on_the_device_is_broadcast_as_it_is():
+    def body(r, pg):
+        t = torch.tensor([9 if r == 0 else 0])
+        hotswap.broadcast_in_place(pg, [t], 0, 10.0, place=lambda x, _pg: x)
+        return int(t[0])
+
+    assert _pair(body) == {0: 9, 1: 9}
+
+
+def test_transfer_moves_the_state_through_a_copying_place(monkeypatch):
+    """The whole ``hotswap.transfer`` on a device-only group whose ``place`` copies: the size, the
+    manifest blob and every state tensor (AdamW's CPU ``step`` included) reach the spare."""
+    placed: set = set()
+    place = _copying_place(placed)
+    monkeypatch.setattr(backends.Backend, "place", lambda self, t, pg=None: place(t, pg))
+
+    torch.manual_seed(0)
+    src = torch.nn.Linear(4, 3)
+    src_opt = torch.optim.AdamW(src.parameters(), lr=1e-2, foreach=False)
+    for _ in range(3):
+        src(torch.randn(2, 4)).pow(2).sum().backward()
+        src_opt.step()
+        src_opt.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    dst = torch.nn.Linear(4, 3)
+    dst_opt = torch.optim.AdamW(dst.parameters(), lr=1e-2, foreach=False)
+
+    def body(r, pg):
+        g = _DeviceOnlyGroup(pg, placed)
+        module, opt = (src, src_opt) if r == 0 else (dst, dst_opt)
+        return hotswap.transfer(g, (0, 1), 0, r, module, opt, torch.device("cpu"), 10.0)
+
+    moved = _pair(body)
+    assert moved[0] == moved[1] > 0
+    for a, b in zip(src.parameters(), dst.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(src.parameters(), dst.parameters(), strict=True):
+        sa, sb = src_opt.state[a], dst_opt.state[b]
+        assert list(sa) == list(sb)
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), k
+        assert sb["step"].device.type == "cpu" and float(sb["step"]) == 3.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_backend_place_copies_a_cpu_tensor_to_the_device():
+    be = backends.backend("nccl")
+    t = torch.zeros(1)
+    assert be.place(t) is not t and be.place(t).device.type == "cuda"
+
+
+# ------------------------------------------------------------------------ the inherited NCCL environment
+def test_groups_built_in_the_wrong_nccl_env_are_refused_with_what_to_do():
+    nccl = backends.backend("nccl")
+    torchrun = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}  # what torchrun's agent gives its workers
+    why = backends.prebuilt_env_problem(nccl, torchrun, prebuilt=True)
+    assert why is not None
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in why and "TORCH_NCCL_DUMP_ON_TIMEOUT=(unset)" in why
+    assert "before init_process_group" in why and "let accelpact.init build the groups" in why
+    for k, v in backends.NCCL_ENV.items():
+        assert f"{k}={v}" in why
+    one_off = {**backends.NCCL_ENV, "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "15000"}
+    why = backends.prebuilt_env_problem(nccl, one_off, prebuilt=True, what="the mesh's groups")
+    assert why is not None and why.startswith("the mesh's groups") and "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=15000" in why
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=2" not in why.split(";")[0]
+
+
+def test_groups_built_in_the_engines_env_or_by_the_engine_pass():
+    nccl, gloo = backends.backend("nccl"), backends.backend("gloo")
+    assert backends.prebuilt_env_problem(nccl, dict(backends.NCCL_ENV), prebuilt=True) is None
+    assert backends.prebuilt_env_problem(nccl, {**backends.NCCL_ENV, "OTHER": "x"}, prebuilt=True) is None
+    assert backends.prebuilt_env_problem(nccl, {}, prebuilt=False) is None  # accelpact.init builds them after prepare_process
+    assert backends.prebuilt_env_problem(gloo, {}, prebuilt=True) is None  # gloo reads none of it
+
+
+def test_init_refuses_a_user_nccl_mesh_built_in_the_wrong_env(monkeypatch):
+    """``accelpact.init("nccl", mesh=...)``: the check runs before ``prepare_process`` sets the env
+    (which would hide the mismatch); no GPU needed, the machine check is bypassed."""
+    import accelpact
+    from accelpact.impl.api import ApiError
+
+    class Mesh:
+        mesh_dim_names = ("replicate", "shard")
+
+        def size(self, dim=None):
+            return 4 if dim is None else 2
+
+    monkeypatch.setattr(backends.Backend, "unavailable", lambda self, world: None)
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    for k in backends.NCCL_ENV:
+        if k != "TORCH_NCCL_ASYNC_ERROR_HANDLING":
+            monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ApiError, match="TORCH_NCCL_ASYNC_ERROR_HANDLING=1.*let accelpact.init build the groups"):
+        accelpact.init("nccl", mesh=Mesh(), env={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+
+
+# ------------------------------------------------------------------------ a backend's recorded error
+class _Err:
+    def __init__(self, name):
+        self.name = name
+
+
+class _FakeNcclGroup:
+    def __init__(self, raw):
+        self.raw = raw
+
+    def name(self):
+        return "nccl"
+
+    def _get_backend(self, device):
+        assert device.type == "cuda"
+        return self.raw
+
+
+def test_backend_error_reads_the_accelerator_backends_error_state():
+    class Raw:
+        def __init__(self, name):
+            self.err = _Err(name)
+
+        def get_error(self):
+            return self.err
+
+    assert backends.backend_error(_FakeNcclGroup(Raw("SUCCESS"))) is None
+    assert backends.backend_error(_FakeNcclGroup(Raw("COMM_ERROR"))) == "COMM_ERROR"
+    assert backends.backend_error(_FakeNcclGroup(Raw("TIMEOUT"))) == "TIMEOUT"
+
+
+def test_backend_error_says_nothing_where_it_cannot_know():
+    class Unsupported:
+        def get_error(self):
+            raise RuntimeError("Backend nccl does not support getError")
+
+    assert backends.backend_error(_FakeNcclGroup(Unsupported())) is None
+    assert backends.backend_error(_FakeNcclGroup(object())) is None  # a binding without get_error
+    pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+    assert backends.backend_error(pg) is None  # gloo: CPU, not consulted
+
+
+def test_the_boundary_consults_every_recorded_groups_error_state():
+    """``recorded_errors`` over the engine's revoke records (``Pact.group_records``): a group whose
+    NCCL backend recorded an error is named; R is skipped when asked (its probe failed: the boundary's
+    own failure), revoked (closed) records and gloo records (no group reference) are left out."""
+    from accelpact.impl.revoke import SocketRecord, record_group
+
+    class Raw:
+        def __init__(self, name):
+            self.name_ = name
+
+        def get_error(self):
+            return _Err(self.name_)
+
+    shard, r = _FakeNcclGroup(Raw("COMM_ERROR")), _FakeNcclGroup(Raw("TIMEOUT"))
+    ok = _FakeNcclGroup(Raw("SUCCESS"))
+    recs = {"replicate": record_group(r), "replicate/0": record_group(r), "shard": record_group(shard),
+            "world": record_group(ok), "control": SocketRecord(backend="gloo")}
+    assert backends.recorded_errors(recs) == {"replicate": "TIMEOUT", "shard": "COMM_ERROR"}
+    assert backends.recorded_errors(recs, skip=("replicate", "replicate/0")) == {"shard": "COMM_ERROR"}
+    recs["shard"].closed = True
+    assert backends.recorded_errors(recs, skip=("replicate", "replicate/0")) == {}
+
+
+def test_the_gpu_count_check_counts_the_spares(monkeypatch):
+    """Spares take ``cuda:LOCAL_RANK`` past the training ranks': the check counts every process of the node."""
+    import accelpact
+    from accelpact.impl.api import ApiError
+
+    asked: list[int] = []
+
+    def unavailable(self, n):
+        asked.append(n)
+        return "stop here"
+
+    monkeypatch.setattr(backends.Backend, "unavailable", unavailable)
+    with pytest.raises(ApiError, match="stop here"):
+        accelpact.init("nccl", spares=1, env={"RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"})
+    assert asked == [3]  # two training ranks and one spare, each on its own GPU
