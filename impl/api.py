@@ -55,6 +55,8 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
 
 from .backends import backend as _backend
+from .controlplane import ABORT_KEY, PREFIX, progress_key
+from .job import DEFAULT_DEADLINE_S
 
 __all__ = ["ApiError", "Settings", "Training", "TrainingJob", "build_recorded_groups", "init", "pact_groups"]
 
@@ -71,7 +73,8 @@ class Settings:
 
     ``backend``: ``gloo`` or ``nccl`` (default: nccl when CUDA is available, else gloo);
     ``replicas``: how many replicas of the model the world holds (HSDP's replicate degree;
-    default ``WORLD_SIZE // LOCAL_WORLD_SIZE``: one replica per node); ``deadline_s``: each phase's
+    default ``WORLD_SIZE // LOCAL_WORLD_SIZE``: one replica per node; with one replica FSDP's replicate
+    groups are single ranks and nothing is repaired in place: ``attach`` warns); ``deadline_s``: each phase's
     wait on peers; ``collective_timeout_s``: the training groups' collective timeout (what turns a
     peer that stops answering into an error, when the detector has not already acted);
     ``pg_timeout_s``: setup and checkpoint groups; ``trace_dir``: write the recovery trace there
@@ -83,7 +86,7 @@ class Settings:
 
     backend: str | None = None
     replicas: int | None = None
-    deadline_s: float = 20.0
+    deadline_s: float = DEFAULT_DEADLINE_S
     collective_timeout_s: float = 60.0
     pg_timeout_s: float = 120.0
     step_deadline_s: float | None = None
@@ -199,6 +202,11 @@ class TrainingJob:
         t = self.training
         if t is not None and t.pact is not None and t.pact.groups.name == kind:
             return t.pact.process_group
+        if self.spare is not None:
+            raise ApiError(f"this process is spare {self.spare}: it holds no {kind} group until it takes a dead rank's "
+                           "identity, inside attach. With spares, build the model in a function and pass it to attach: "
+                           "job.attach(rebuild=build, ...), where build(job, extra) wraps the model on job's current groups "
+                           "(job.mesh, job.shard_group, ...) and returns (model, optimizer); touch no group before attach")
         raise ApiError(f"this process holds no {kind} group (a spare holds none until it takes a rank's identity)")
 
     @property
@@ -285,6 +293,7 @@ class TrainingJob:
                             hooks=hooks)
         self.training = training
         training._engage(model, optimizer, generation=self.generation, frontier=start, trace=trace)
+        _warn_if_single_replica(self.topology, training.wrapper)
         return training
 
     def _checkpoints(self, checkpoint_dir: Any, checkpoint_every: int) -> Any:
@@ -339,7 +348,7 @@ class TrainingJob:
         hotswap.warm_up()
         if warmup is not None:
             warmup()
-        got = hotswap.wait_for_claim(self.attempt_store, k, "accelpact/abort", self.settings.spare_wait_s)
+        got = hotswap.wait_for_claim(self.attempt_store, k, ABORT_KEY, self.settings.spare_wait_s)
         if isinstance(got, str):
             if got == "closed":
                 return None
@@ -350,6 +359,7 @@ class TrainingJob:
         if published is None:
             raise hotswap.SwapError(f"spare {k}: rank {dead} published no state at its last commit; cannot take its identity")
         self.rank = dead
+        _announce_identity(k, dead, os.environ.get("RANK"))
         trace: Any = NullTrace()
         if self.settings.trace_dir is not None:
             path = RunDir(self.settings.trace_dir).path / f"spare{k}-trace-a{self.attempt}-r{dead}.ndjson"
@@ -389,7 +399,7 @@ class TrainingJob:
         to), from the store's progress keys; None in attempt 0 or when the store lost them."""
         best = None
         for a in range(self.attempt):
-            key = f"accelpact/progress/a{a}/r{self.rank}"
+            key = progress_key(a, self.rank)
             if self.store.check([key]):
                 v = int(self.store.get(key).decode())
                 best = v if best is None else max(best, v)
@@ -413,6 +423,48 @@ class TrainingJob:
             dist.barrier(group=self.checkpoint_group)
             pact.watchdog.wake_and_join()
         dist.destroy_process_group()  # every group, in order, before the interpreter's teardown
+
+
+def identity_message(spare: int, rank: int, launcher_rank: str | None) -> str:
+    """The line a spare logs when it takes a dead rank's identity (its ``RANK`` env var stays its own)."""
+    return (f"accelpact: spare {spare} (launcher RANK={launcher_rank}) now acts as rank {rank}: use job.rank, not "
+            "os.environ['RANK']")
+
+
+def _announce_identity(spare: int, rank: int, launcher_rank: str | None) -> None:
+    """Log the identity on stderr and, where ``setproctitle`` is installed (optional), in the process title."""
+    import sys
+
+    print(identity_message(spare, rank, launcher_rank), file=sys.stderr, flush=True)
+    try:
+        import setproctitle  # type: ignore[import-not-found]  # optional: never a dependency
+    except ImportError:
+        return
+    setproctitle.setproctitle(f"accelpact rank {rank} (spare {spare})")
+
+
+def single_replica_message(topology: Any, wrapper_name: str) -> str | None:
+    """What :meth:`TrainingJob.attach` warns when R cannot be repaired in place: a hybrid wrapper
+    (R = the replicate group) on a world of one replica, where every replicate group is a single
+    rank; None when R has peers (always for DDP, whose R is the world group)."""
+    from .wrappers import wrapper
+
+    world = topology.nodes * topology.ranks_per_node
+    if world < 2 or topology.nodes != 1 or wrapper(wrapper_name).recovers != "replicate":
+        return None
+    return (f"accelpact: replicas=1 on {world} ranks: every replicate group is a single rank, so no failure can be "
+            "repaired in place (L1) and no spare can take a rank's place (hot swap needs a live replica): every "
+            "failure is an L2 restart from the last checkpoint. Set replicas= in accelpact.init (or "
+            "ACCELPACT_REPLICAS) to the number of model replicas, e.g. replicas=2 on 4 ranks (the default is one "
+            "replica per node, WORLD_SIZE // LOCAL_WORLD_SIZE: 1 under torchrun --standalone)")
+
+
+def _warn_if_single_replica(topology: Any, wrapper_name: str) -> None:
+    import warnings
+
+    msg = single_replica_message(topology, wrapper_name)
+    if msg is not None:
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
 
 def _progress_hook(store: Any, key: str, pact: Any) -> Callable[..., None]:
@@ -457,6 +509,8 @@ class Training:
     _notices: Any = None
     _watcher: Any = None
     _published: Any = None
+    #: the step :meth:`step` opened that no :meth:`boundary` has closed yet (None: none open)
+    _open: int | None = None
 
     # ---- the engine --------------------------------------------------------------------------
     def _engage(self, model: Any, optimizer: Any, *, generation: int, frontier: int, trace: Any) -> None:
@@ -473,7 +527,7 @@ class Training:
         wrap = wrapper_of(model)
         self.wrapper = wrap.name
         pg = pact_groups(job.topology, job.rank, wrap.name, job.control_group, _Groups(job.groups), job.records)
-        control = ControlPlane(job.attempt_store, job.rank, job.world, prefix="accelpact/")
+        control = ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX)
         key = ObservationKey(_backend(job.backend).platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
         envelope = load_envelope(s.envelope) if s.envelope else default_envelope()
         if job.spares and self._notices is None:
@@ -488,7 +542,7 @@ class Training:
         # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
         # (the hook holds the store and the pact, never this job: the job holds the training groups,
         # and phase 5's check would find them, through the module's hooks, as stale references)
-        optimizer.register_step_post_hook(_progress_hook(job.store, f"accelpact/progress/a{job.attempt}/r{job.rank}",
+        optimizer.register_step_post_hook(_progress_hook(job.store, progress_key(job.attempt, job.rank),
                                                          self.pact))
         # from here the engine owns R: keeping the generation-0 communicator here would keep it alive
         # (threads, sockets) after a repair retires it; job.replicate_group asks the engine
@@ -522,10 +576,20 @@ class Training:
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator["Training"]:
         """Context manager around forward, backward and ``optimizer.step()`` (see :meth:`Pact.step`).
-        With spares, a rank's death in it is a hot swap: the step is discarded (``discarded``)."""
+        With spares, a rank's death in it is a hot swap: the step is discarded (``discarded``).
+        Every step not discarded must be closed by :meth:`boundary` before the next one opens (the
+        commit: without it nothing is repaired or checkpointed); opening one otherwise is an
+        :class:`ApiError`."""
         from .hotswap import SwapNeeded
 
+        if self._open is not None and not self.discarded:
+            # without a boundary nothing is ever committed: no repair, no checkpoint, and the run
+            # still exits 0; a discarded step (hot swap) comes again without one, legitimately
+            raise ApiError(f"run.step({step}): step {self._open} was never closed by run.boundary(loss): write "
+                           "run.boundary(loss) after each `with run.step(step):` block (the committed boundary, "
+                           "where repairs and checkpoints happen; without it no checkpoint is ever written)")
         self.discarded = False
+        self._open = step
         try:
             with self.pact.step(step):
                 yield self
@@ -539,6 +603,7 @@ class Training:
         After a discarded step: nothing (None)."""
         from .hotswap import SwapNeeded
 
+        self._open = None
         if self.discarded:
             return None
         if self.job.spares:
@@ -698,11 +763,18 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     if world % n:
         raise ApiError(f"replicas={n} does not divide WORLD_SIZE={world}: each replica must hold the same number of "
                        "shards (set replicas= or ACCELPACT_REPLICAS)")
-    why = be.unavailable(local_world)
+    # issue 26: every process of this node takes cuda:LOCAL_RANK, spares too (their LOCAL_RANK is past the
+    # training ranks'): count them all, not the training ranks only
+    why = be.unavailable(_env_int(env, "LOCAL_WORLD_SIZE", world + s.spares))
     if why:
         raise ApiError(f"backend {be.name}: {why}; use backend='gloo' on CPU-only machines")
     if mesh is not None:
         n = _check_user_mesh(mesh, be, world)
+    from .backends import prebuilt_env_problem  # issue 26: NCCL groups keep the env they were built in
+
+    user_nccl = be.revoke == "abort" and (mesh is not None or (dist.is_initialized() and "nccl" in str(dist.get_backend()).lower()))
+    if why := prebuilt_env_problem(be, os.environ, prebuilt=user_nccl):
+        raise ApiError(why)
     device = be.prepare_process(local_rank)
     topo = Topology(n, world // n)
     fault_list: tuple[Fault, ...] = ()

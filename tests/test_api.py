@@ -68,6 +68,34 @@ def test_a_user_mesh_on_gloo_is_refused_with_what_to_do():
         accelpact.init("gloo", mesh=Mesh(), env={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
 
 
+def test_settings_job_and_attach_share_one_deadline_default_and_one_step_deadline_rule():
+    """Issue 23: one phase-deadline default, one step-deadline rule (spec/protocol.md P10.5), whether
+    the job comes from ``accelpact.init`` (Settings), a job file (Job) or a direct ``attach``."""
+    import datetime
+    import inspect
+
+    import torch.distributed as dist
+
+    from accelpact.impl import recovery
+    from accelpact.impl.backends import backend_of
+    from accelpact.impl.job import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, Job, Topology, Workload, default_step_deadline
+
+    job = Job(topology=Topology(2, 1), workload=Workload(wrapper="ddp", layers=1, steps=1, seed=1), out="/nonexistent")
+    assert Settings().deadline_s == job.deadline_s == DEFAULT_DEADLINE_S
+    for fn in (recovery.attach, recovery.Pact):
+        params = inspect.signature(fn).parameters
+        assert params["deadline_s"].default == DEFAULT_DEADLINE_S, fn
+        assert params["step_deadline_s"].default is None, fn   # derived by the rule below
+    assert job.step_deadline_s == default_step_deadline(job.collective_timeout_s, job.deadline_s)
+    assert default_step_deadline(60.0, 20.0) == STEP_DEADLINE_FLOOR_S              # a step's compute: the floor
+    assert default_step_deadline(1800.0, 20.0) == 1800.0 + 6 * 20.0               # outlasts a slow collective, then six phase waits
+    assert default_step_deadline(None, 200.0) == 6 * 200.0
+    assert job.replace(collective_timeout_s=1800.0).step_deadline_s == 1920.0
+    # attach reads the collective timeout off R's group, as the training groups were built with it
+    pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=1800))
+    assert backend_of(pg).timeout_of(pg) == 1800.0
+
+
 # ------------------------------------------------------------------------------------ fault flag
 def test_fault_flag_is_parsed_and_validated():
     assert Fault.parse_flag("collective_timeout@boundary:3:0,2") == Fault(3, "boundary", "collective_timeout", (0, 2))

@@ -1,0 +1,156 @@
+"""What a newcomer trips on (issue 29): each mistake is refused or warned about, with what to write.
+
+Single-process: a ``Training`` on a stand-in engine (the API's own bookkeeping is what is tested,
+not the engine), the single-replica warning from the topology and the wrapper alone, and a spare's
+``TrainingJob`` as ``init`` returns it (no group, no store needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import types
+import warnings
+
+import pytest
+
+from accelpact.impl.api import ApiError, Settings, Training, TrainingJob, single_replica_message
+from accelpact.impl.job import Topology
+
+torch = pytest.importorskip("torch")
+
+
+class _Engine:
+    """The part of :class:`accelpact.impl.recovery.Pact` that ``Training.step``/``boundary`` call."""
+
+    frontier = 0
+
+    def __init__(self, raise_in_step: BaseException | None = None) -> None:
+        self.raise_in_step = raise_in_step
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        yield self
+        if self.raise_in_step is not None:
+            exc, self.raise_in_step = self.raise_in_step, None
+            raise exc
+
+    def boundary(self, loss):
+        self.frontier += 1
+        return None
+
+
+def _training(engine: _Engine) -> Training:
+    job = types.SimpleNamespace(spares=0)
+    return Training(job=job, pact=engine, checkpoints=None, start_step=0, resumed_from=None,  # type: ignore[arg-type]  # a stand-in job and engine
+                    restored_extra=None, extra_state=None, wrapper="fsdp2-hybrid")
+
+
+FORGOT = ("run.step(1): step 0 was never closed by run.boundary(loss): write run.boundary(loss) after each "
+          "`with run.step(step):` block (the committed boundary, where repairs and checkpoints happen; without it no "
+          "checkpoint is ever written)")
+
+
+# ------------------------------------------------------------------------- 1. a forgotten boundary
+def test_a_step_opened_without_the_previous_boundary_is_refused():
+    run = _training(_Engine())
+    with run.step(0):
+        pass
+    with pytest.raises(ApiError) as err:
+        with run.step(1):
+            pass
+    assert str(err.value) == FORGOT
+
+
+def test_steps_closed_by_their_boundary_run_on():
+    run = _training(_Engine())
+    for step in range(3):
+        with run.step(step):
+            pass
+        run.boundary(None)
+    assert run.pact.frontier == 3
+
+
+def test_a_discarded_step_comes_again_without_a_boundary():
+    from accelpact.impl.hotswap import SwapNeeded
+
+    run = _training(_Engine(raise_in_step=SwapNeeded("backward", (1,), None)))
+    run._swap = lambda need: None  # type: ignore[method-assign]  # the swap itself is tested in test_hotswap
+    with run.step(0):
+        pass
+    assert run.discarded
+    with run.step(0):              # the same step again, no boundary in between: allowed
+        pass
+    assert not run.discarded
+    run.boundary(None)
+    with run.step(1):
+        pass
+
+
+# ------------------------------------------------------------------------- 2. one replica
+SINGLE = ("accelpact: replicas=1 on 4 ranks: every replicate group is a single rank, so no failure can be repaired in "
+          "place (L1) and no spare can take a rank's place (hot swap needs a live replica): every failure is an L2 "
+          "restart from the last checkpoint. Set replicas= in accelpact.init (or ACCELPACT_REPLICAS) to the number of "
+          "model replicas, e.g. replicas=2 on 4 ranks (the default is one replica per node, WORLD_SIZE // "
+          "LOCAL_WORLD_SIZE: 1 under torchrun --standalone)")
+
+
+def test_one_replica_of_a_hybrid_wrapper_is_warned_about():
+    from accelpact.impl.api import _warn_if_single_replica
+
+    assert single_replica_message(Topology(1, 4), "fsdp2-hybrid") == SINGLE
+    assert single_replica_message(Topology(1, 4), "fsdp1-hybrid") == SINGLE
+    with pytest.warns(UserWarning, match=re.escape(SINGLE)):
+        _warn_if_single_replica(Topology(1, 4), "fsdp2-hybrid")
+
+
+@pytest.mark.parametrize("topo, wrapper", [(Topology(2, 2), "fsdp2-hybrid"), (Topology(1, 1), "fsdp2-hybrid"),
+                                           (Topology(1, 4), "ddp")])
+def test_no_warning_where_r_has_peers_or_the_world_is_one_rank(topo, wrapper):
+    from accelpact.impl.api import _warn_if_single_replica
+
+    assert single_replica_message(topo, wrapper) is None     # DDP's R is the world group
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_single_replica(topo, wrapper)
+
+
+# ------------------------------------------------------------------------- 3. a spare without rebuild=
+def _spare_job() -> TrainingJob:
+    """What ``accelpact.init`` returns on the launcher's last process when ``spares=1``, world 4 + 1."""
+    return TrainingJob(settings=Settings(backend="gloo", spares=1), rank=-1, world=4, local_rank=4, attempt=0,
+                       replicas=2, device=torch.device("cpu"), store=None, attempt_store=None, control_group=None,
+                       checkpoint_group=None, topology=Topology(2, 2), spares=1, spare=0)
+
+
+SPARE = ("this process is spare 0: it holds no replicate group until it takes a dead rank's identity, inside attach. "
+         "With spares, build the model in a function and pass it to attach: job.attach(rebuild=build, ...), where "
+         "build(job, extra) wraps the model on job's current groups (job.mesh, job.shard_group, ...) and returns "
+         "(model, optimizer); touch no group before attach")
+
+
+def test_a_spare_touching_the_mesh_before_attach_is_told_to_use_rebuild():
+    job = _spare_job()
+    assert job.rank == -1                    # a spare has no identity yet
+    with pytest.raises(ApiError) as err:
+        _ = job.mesh
+    assert str(err.value) == SPARE
+    with pytest.raises(ApiError, match=re.escape("no shard group until")):
+        _ = job.shard_group
+
+
+def test_a_spare_attaching_a_built_model_is_told_to_pass_rebuild():
+    with pytest.raises(ApiError, match=re.escape("pass rebuild=fn, where fn(job, extra) builds")):
+        _spare_job().attach(torch.nn.Linear(2, 2), object())
+
+
+# ------------------------------------------------------------------------- 6. a spare's identity is logged
+def test_a_spare_taking_an_identity_says_so(capsys, monkeypatch):
+    import sys
+
+    from accelpact.impl.api import _announce_identity
+
+    monkeypatch.setitem(sys.modules, "setproctitle", None)   # not installed: the log line alone
+    _announce_identity(0, 1, "4")
+    assert capsys.readouterr().err == ("accelpact: spare 0 (launcher RANK=4) now acts as rank 1: use job.rank, not "
+                                       "os.environ['RANK']\n")
