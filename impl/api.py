@@ -436,11 +436,13 @@ def _announce_identity(spare: int, rank: int, launcher_rank: str | None) -> None
     import sys
 
     print(identity_message(spare, rank, launcher_rank), file=sys.stderr, flush=True)
+    import importlib
+
     try:
-        import setproctitle  # type: ignore[import-not-found]  # optional: never a dependency
+        titles: Any = importlib.import_module("setproctitle")  # optional: never a dependency
     except ImportError:
         return
-    setproctitle.setproctitle(f"accelpact rank {rank} (spare {spare})")
+    titles.setproctitle(f"accelpact rank {rank} (spare {spare})")
 
 
 def single_replica_message(topology: Any, wrapper_name: str) -> str | None:
