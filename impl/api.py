@@ -55,6 +55,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
 
 from .backends import backend as _backend
+from .backends import prebuilt_env_problem
 from .controlplane import ABORT_KEY, PREFIX, progress_key
 from .job import DEFAULT_DEADLINE_S
 
@@ -772,8 +773,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
         raise ApiError(f"backend {be.name}: {why}; use backend='gloo' on CPU-only machines")
     if mesh is not None:
         n = _check_user_mesh(mesh, be, world)
-    from .backends import prebuilt_env_problem  # issue 26: NCCL groups keep the env they were built in
-
+    # issue 26: NCCL groups keep the environment they were built in
     user_nccl = be.revoke == "abort" and (mesh is not None or (dist.is_initialized() and "nccl" in str(dist.get_backend()).lower()))
     if why := prebuilt_env_problem(be, os.environ, prebuilt=user_nccl):
         raise ApiError(why)
