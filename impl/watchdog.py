@@ -91,9 +91,16 @@ class Watchdog:
     def stop(self) -> None:
         """Stop watching (normal end of job).  The daemon threads leave at the end of their
         current wait slice and never exit the process after this call."""
-        self._stop.set()
-        self._target_changed.set()
-        self.disarm()
+        # under the exit claim: an abort read just before this call either exits first (this call
+        # then waits for the process to end, its RankExit recorded) or sees the stop and leaves;
+        # without it the abort watcher could exit after the trace ended, leaving no exit record
+        claim_exit()
+        try:
+            self._stop.set()
+            self._target_changed.set()
+            self.disarm()
+        finally:
+            release_exit()
 
     def wake_and_join(self, timeout_s: float = 5.0) -> bool:
         """After :meth:`stop` on *every* rank (the caller's barrier makes it so): end the threads'
@@ -257,7 +264,11 @@ class Watchdog:
                 return
             if reason == CLOSED:
                 return  # the job ended normally (wake_and_join), not an abort
-            self.exit_with(reason)
+            claim_exit()
+            if self._stop.is_set():  # stopped meanwhile (normal end): never exit after stop()
+                release_exit()
+                return
+            self.exit_with(reason, claimed=True)
             return
 
     def _revoke_loop(self) -> None:

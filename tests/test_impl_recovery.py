@@ -298,7 +298,7 @@ def test_ablation_skip_rebind_next_backward_fails(ranks):
             assert [x["action"] for x in after][-2:] == ["RankObserve", "RankReject"], after
             rejecters += 1
         else:  # never observed: ended by the first rejecter's job abort
-            assert [x["action"] for x in after][-1:] == ["RankExit"], after
+            assert [x["action"] for x in after][-1:] == ["RankExit"], (r, after, run.trace(r)[-3:], run.explain())
     assert rejecters >= 1, run.explain()
     # and the conformance checker rejects the traces (refs_stale != 0 is not a model behaviour)
     _, verdict = _verdict(run)
