@@ -6,7 +6,7 @@ clamps HYBRID_SHARD to NO_SHARD when the shard group has one rank, so one proces
 measure the hybrid wrappers; R is then each rank's one-rank replicate group for FSDP1/FSDP2 and the
 two-rank world for DDP: the work is per cached reference, not per peer) builds the workload model,
 trains one step (lazy initialisation creates some of the references), then times what the engine's
-``Pact._rebind`` does, called directly on the same objects (rank 0's times are reported):
+``Pact.rebind`` does, called directly on the same objects (rank 0's times are reported):
 
 * ``discover``: the adapter's targeted list of sites (the engine does it once, at attach);
 * ``rebind``: ``adapter.rebind(module, sites, old, new)`` (write every site, move the c10d name),
@@ -16,7 +16,7 @@ trains one step (lazy initialisation creates some of the references), then times
 * ``verify``: ``adapter.verify(...)``, the generic walker over the whole module graph finding no
   reference to the old group (the check of invariant S5);
 * ``phase5_bare`` = rebind + verify on the wrapped module alone;
-* ``phase5``: the engine's own phase 5, ``Pact._rebind`` (rebind + the O(sites) check of the known
+* ``phase5``: the engine's own phase 5, ``Pact.rebind`` (rebind + the O(sites) check of the known
   sites, :meth:`Adapter.verify_sites`, + its trace record) with the engine attached to the module as
   in a job; ``verify_attached`` is a walker verification of that graph (everything the guard's hooks
   reach: the pact, its watchdog, control plane, sites ...), timed alone.
@@ -59,7 +59,7 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
     from accelpact.impl import workload as W
     from accelpact.impl.adapters import adapter_for, find_references
     from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.recovery import _Episode, attach
+    from accelpact.impl.recovery import attach
     from accelpact.impl.replace import ReplaceAndRebind
     from accelpact.impl.trace import Trace
     from accelpact.impl.api import build_recorded_groups, pact_groups
@@ -115,7 +115,7 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
                 cur, nxt = nxt, cur
             if cur is not old:
                 adapter.rebind(job.module, sites, cur, old)
-            # attached: the engine's own phase 5 (Pact._rebind) with the engine attached, as in a job:
+            # attached: the engine's own phase 5 (Pact.rebind) with the engine attached, as in a job:
             # the walker then also walks what the guard's hooks reach (the pact and what it holds)
             pg = pact_groups(topo, ctx.rank, wrapper, control, groups, records)
             # traced (one record per rebind, as in a traced job): an unexpected exit leaves its reason
@@ -127,11 +127,10 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
                           control=ControlPlane(ctx.store, ctx.rank, ctx.world, prefix=f"bench/rebind/{wrapper}{L}/"))
             engine, engine_verify = [], []
             nxt = new
-            for i in range(repeat):
-                ep = _Episode(g=i, member=True, failed=(pg.index,), t_boundary=0, t_observed=0, error=None)
-                prev, ep.new_pg = pact.process_group, nxt
+            for _ in range(repeat):
+                prev = pact.process_group
                 t0 = time.perf_counter()
-                pact._rebind(ep)  # raises RebindError on a stale reference
+                pact.rebind(nxt)  # phase 5 (RankRebind); raises RebindError on a stale reference
                 t1 = time.perf_counter()
                 check = adapter.verify(job.module, pact.sites, prev, nxt)
                 t2 = time.perf_counter()
@@ -139,7 +138,7 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
                 engine.append(t1 - t0)
                 engine_verify.append(t2 - t1)
                 nxt = prev
-                del ep, prev
+                del prev
             W.train_step(job, 1)  # the rebound references still work
             pact.close()
             trace.close()

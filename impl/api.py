@@ -331,16 +331,16 @@ class TrainingJob:
                        checkpoint_every: int, extra_state: Any, trace_header: Any, hooks: Any,
                        warmup: Callable[[], Any] | None = None) -> "Training | None":
         """A spare: idle on the control plane until a survivor's claim hands it a dead identity
-        (``SpareJoin``), then the swap's episode as that rank (:func:`accelpact.impl.hotswap.run_episode`:
+        (``SpareJoin``), then the swap's episode as that rank (:class:`accelpact.impl.recovery.SpareEngine`:
         agreement, every group built in g+1, the model built by ``rebuild``, the state received from a
         live replica, validation, release); returns the training at the dead rank's frontier.  None:
         the job ended without needing this spare.  An abort of the job ends the spare with its code."""
         import copy
 
-        from accelpact.model.state import PC_JOINED
-
         from . import hotswap
+        from .controlplane import ControlPlane
         from .exitcodes import code_for, exit_now
+        from .recovery import SpareEngine
         from .rundir import RunDir
         from .trace import NullTrace, Trace
 
@@ -369,14 +369,13 @@ class TrainingJob:
                           frontier_at_start=published["frontier"], spare=k, generation_at_start=g)
             header.update(trace_header or {})
             trace = Trace(path, dead, header)
-        trace.action("SpareJoin", g, "ok", {"pc": PC_JOINED}, {"spare": k, "identity": dead})
+        engine = SpareEngine(self, control=ControlPlane(self.attempt_store, dead, self.world, prefix=PREFIX), spare=k,
+                             generation=g, published=published, trace=trace, hooks=hooks,
+                             deadline_s=self.settings.deadline_s)
+        engine.join()
         notices = hotswap.Notices(self.attempt_store)
         n = notices.count()
-        dead_set = tuple(r for r in range(self.world) if self.attempt_store.check([hotswap.claim_key(g, r)]))
-        claims = {r: int(self.attempt_store.get(hotswap.claim_key(g, r)).decode()) for r in dead_set}
-        module, optimizer, record = hotswap.run_episode(
-            self, role="spare", g=g, frontier=published["frontier"], point=point, dead=dead_set, claims=claims,
-            rebuild=rebuild, extra=copy.deepcopy(published["extra"]), rng=published["rng"], trace=trace)
+        module, optimizer, record = engine.swap(point=point, rebuild=rebuild, extra=copy.deepcopy(published["extra"]))
         notices.handled(n)
         self.spare = None
         ckpt = self._checkpoints(checkpoint_dir, checkpoint_every)
@@ -554,7 +553,7 @@ class Training:
             self._publish()
             pact = self.pact
             self._watcher = hotswap.SwapWatcher(
-                job.attempt_store, lambda: [pact._record, job.control_record, *pact.groups.others.values()],
+                job.attempt_store, lambda: [*{id(r): r for r in pact.group_records().values()}.values(), job.control_record],
                 seen=self._notices.seen).start()
 
     @property
@@ -634,43 +633,20 @@ class Training:
         self._published = publish_state(self.job.attempt_store, self.job.rank, self.pact.frontier, extra)
 
     def _swap(self, need: Any) -> None:
-        """A survivor's hot swap (:mod:`accelpact.impl.hotswap`): the decision (the contract with the
-        hot-swap facts; L2 exits as before), ``RankClaimSpare`` for each dead rank, ``RankDiscardStep``
-        in flight, then the episode; the engine of g+1 is attached to the rebuilt model."""
+        """A survivor's hot swap: the engine runs it (:meth:`accelpact.impl.recovery.Pact.swap`: the
+        decision, the claim, the discard, the swap's phases); then the engine of g+1 is attached to
+        the model it rebuilt."""
         import copy
-
-        from accelpact.model import hotswap as model_swap
-        from accelpact.model.state import PC_GUARDED
-
-        from . import hotswap
 
         pact, job = self.pact, self.job
         assert self.rebuild is not None and self._notices is not None
         g, frontier = pact.gen, pact.frontier
         n = self._notices.count()
-        pact.suspend()
         if self._watcher is not None:
             self._watcher.stop(join=False)
-        kind = pact.groups.name
-        replica = all(any(m not in need.dead for m in job.topology.group(kind, d)) for d in need.dead)
-        dec = model_swap.decide(pact.envelope, pact._key(need.point), True, died=True, spare=job.spares > 0,
-                                replica=replica)
-        if not dec.preserve:
-            pact._reject(dec.reason)
-        claims = {d: hotswap.claim(job.attempt_store, g, d, job.spares, need.point) for d in need.dead}
-        if any(k is None for k in claims.values()):
-            pact._reject(f"rank(s) {[d for d, k in claims.items() if k is None]} died and no spare is left to take "
-                         "their identity")
-        pact.trace.action("RankClaimSpare", g, "ok", {"pc": pact.pc}, {"claims": claims, "decision": dec.level})
-        if need.point in model_swap.DISCARDABLE:
-            pact.trace.action("RankDiscardStep", g, "ok", {"pc": PC_GUARDED, "point": "boundary"}, {"from": need.point})
         published = self._published or {}
-        module, optimizer, record = hotswap.run_episode(
-            job, role="survivor", g=g, frontier=frontier, point=need.point, dead=tuple(sorted(need.dead)),
-            claims={d: int(k) for d, k in claims.items() if k is not None}, rebuild=self.rebuild,
-            extra=copy.deepcopy(published.get("extra")), rng=published.get("rng"), trace=pact.trace,
-            old=(pact.module, pact.optimizer), held=(pact.process_group,))
-        pact.retire()
+        module, optimizer, record = pact.swap(need, job=job, rebuild=self.rebuild,
+                                              extra=copy.deepcopy(published.get("extra")), rng=published.get("rng"))
         self._notices.handled(n)
         self.swaps.append(record)
         if self.checkpoints is not None:

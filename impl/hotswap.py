@@ -47,12 +47,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .controlplane import (DEATHS_KEY, NEXT_KEY, PREFIX, assign_key, claim_key, claimers_key, death_key, state_key,
-                           swap_prefix, swap_rebuilt_key)
+from .controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, state_key,
+                           swap_prefix)
 
-__all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim", "export_state",
-           "import_state", "publish_state", "read_state", "rebuild_groups", "run_episode", "transfer", "validate",
-           "wait_for_claim"]
+__all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
+           "claim_write", "export_state", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups",
+           "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
 #: ordinary one (L2 as before).  The keeper posts within milliseconds of the death (``waitpid``).
@@ -318,21 +318,44 @@ def manifest_bytes(manifest: dict) -> bytes:
 _GRAVEYARD: list = []  # the survivors' old groups: never destroyed (a gloo group with a dead peer may block in teardown)
 
 
-def claim(store: Any, g: int, dead: int, spares: int, point: str = "") -> int | None:
-    """RankClaimSpare for ``dead`` in generation ``g``: the first survivor to claim takes one spare
-    from the pool (``swap/next``) and writes its index into ``g{g}/spare/{dead}`` (single
-    assignment), then tells the spare (``swap/assign/{k}``).  Every survivor returns the claim that
-    stands (None: no spare left)."""
+def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "") -> tuple[bool, int | None]:
+    """The store writes of ``RankClaimSpare`` for ``dead`` in generation ``g``: the first survivor to
+    claim (a counter) takes one spare from the pool (``swap/next``), writes its index into
+    ``g{g}/spare/{dead}`` (single assignment: ``none`` when the pool is empty) and tells the spare
+    (``swap/assign/{k}``).  Returns (this rank was the claimer, the spare it wrote or None).  No
+    wait: the engine takes it under its write/record hold."""
     key = claim_key(g, dead)
-    if int(store.add(claimers_key(g, dead), 1)) == 1:
-        k = int(store.add(NEXT_KEY, 1)) - 1
-        value = str(k) if k < spares else "none"
-        stood = store.compare_set(key, "", value).decode()
-        if stood == value and value != "none":
-            store.set(assign_key(k), f"{dead}:{g}:{point}")
-    store.wait([key], datetime.timedelta(seconds=30))
+    if int(store.add(claimers_key(g, dead), 1)) != 1:
+        return False, None
+    k = int(store.add(NEXT_KEY, 1)) - 1
+    value = str(k) if k < spares else "none"
+    stood = store.compare_set(key, "", value).decode()
+    if stood == value and value != "none":
+        store.set(assign_key(k), f"{dead}:{g}:{point}")
+        return True, k
+    return True, None
+
+
+def claim_read(store: Any, g: int, dead: int, timeout_s: float) -> int | None:
+    """The claim that stands for ``dead`` in generation ``g`` (None: no spare was left), waiting up
+    to ``timeout_s`` for the claimer to write it."""
+    key = claim_key(g, dead)
+    store.wait([key], datetime.timedelta(seconds=timeout_s))
     v = store.get(key).decode()
     return None if v == "none" else int(v)
+
+
+def read_claims(store: Any, g: int, world: int) -> dict[int, int]:
+    """Every claim of generation ``g`` that names a spare (dead rank -> spare index): what a spare
+    reads once its own assignment came (every claim of the episode was written before any spare was
+    told: the claimers write, then assign)."""
+    out = {}
+    for r in range(world):
+        if store.check([claim_key(g, r)]):
+            v = store.get(claim_key(g, r)).decode()
+            if v != "none":
+                out[r] = int(v)
+    return out
 
 
 def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
@@ -470,7 +493,7 @@ def validate(pg: Any, members: tuple[int, ...], rank: int, module: Any, optimize
     return checksum_hex(mine)
 
 
-def _store_barrier(store: Any, key: str, world: int, timeout_s: float, what: str) -> None:
+def store_barrier(store: Any, key: str, world: int, timeout_s: float, what: str) -> None:
     """Count this rank in at ``key`` and wait until all ``world`` ranks did, at most ``timeout_s``
     (:class:`SwapError` naming how many came)."""
     store.add(key, 1)
@@ -492,124 +515,3 @@ def warm_up() -> None:
             importlib.import_module(name)
         except ImportError:  # a build without it: the rebuild imports what it needs
             pass
-
-
-def _exit_on(cp: Any, trace: Any, g: int, reason: str, action: str, detail: dict) -> None:
-    """Fail-stop inside a swap: record ``action``, write the job abort (every other rank follows,
-    through its watchdog or its own wait), exit with the reason's code."""
-    from accelpact.model.state import PC_EXITED
-
-    from .exitcodes import claim_exit, code_for, exit_now
-
-    claim_exit()
-
-    def record() -> None:
-        trace.action(action, g, "fail", {"pc": PC_EXITED, "reason": reason}, detail)
-        try:
-            cp.abort(reason)
-        except Exception:  # noqa: BLE001 - store lost: peers' watchdogs exit on their own
-            pass
-
-    exit_now(code_for(reason), reason, trace, record=record, claimed=True)
-
-
-def run_episode(job: Any, *, role: str, g: int, frontier: int, point: str, dead: tuple[int, ...], claims: dict[int, int],
-                rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any, rng: Any, trace: Any,
-                old: tuple[Any, Any] | None = None, held: tuple = ()) -> tuple[Any, Any, SwapRecord]:
-    """The swap after the claim, on a survivor (``old``: its module and optimizer) or the spare
-    (``old`` None; ``job`` already carries the dead identity): agreement on (F, g) over all of W,
-    every group rebuilt in g+1, the model rebuilt by ``rebuild(job, extra)`` with RNG ``rng``, the
-    survivor's own committed state moved into it, each dead identity's state sent by a live replica
-    on the new group of R's kind (``Wrapper.recovers``), validation there, the release.  Returns the new module,
-    optimizer and the record.  Any failure ends this rank (and, through the abort, the job: L2)."""
-    import torch
-
-    from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_ARRIVED, PC_READY,
-                                       PC_REBOUND, PC_REPLACED, PC_VALIDATED, REASON_DEADLINE, REASON_EXCEPTION)
-
-    from .controlplane import ControlPlane
-
-    cp = ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX)
-    s, rank, topo = job.settings, job.rank, job.topology
-    t: dict[str, float] = {}
-    mark = time.monotonic()
-
-    def lap(name: str) -> None:
-        nonlocal mark
-        now = time.monotonic()
-        t[name] = round((now - mark) * 1e3, 3)
-        mark = now
-
-    sources: dict[int, int] = {}
-    kind = "replicate"
-    try:
-        count, last = cp.arrive(g, frontier)
-        trace.action("RankArrive", g, "ok", {"pc": PC_ARRIVED, "frontier": frontier}, {"count": count, "last": last, "swap": True})
-        if last:
-            dec = cp.decide_agreement(g)
-            trace.action("RankDecideAgreement", g, "ok" if dec == DECISION_COMMIT else "fail", {"pc": PC_ARRIVED}, {"decision": dec})
-        dec = cp.await_agreement(g, time.monotonic() + s.deadline_s)
-        if dec != DECISION_COMMIT:
-            reason = dec.split(":", 1)[-1]
-            _exit_on(cp, trace, g, reason, "RankExit", {"decision": dec})
-        trace.action("RankAwaitAgreement", g, "ok", {"pc": PC_AGREED}, {"decision": dec})
-        lap("agree")
-        rebuild_groups(job, g + 1, held)
-        lap("replace")
-        module, optimizer = rebuild(job, extra)
-        from .wrappers import wrapper_of
-
-        kind = wrapper_of(module).recovers
-        trace.action("RankReplace", g, "ok", {"pc": PC_REPLACED, "comm": swap_prefix(g + 1) + kind},
-                     {"groups": sorted(job.groups) + ["default", "control", "checkpoint"], "swap": True})
-        torch.set_rng_state(rng)
-        if old is not None:  # RankDiscardStep's effect: the committed state, in a wrapper that is idle
-            manifest, tensors = export_state(*old)
-            import_state(module, optimizer, manifest, tensors)
-            old = None
-        trace.action("RankRebind", g, "ok", {"pc": PC_REBOUND, "refs_stale": 0}, {"rebuilt": True})
-        # every rank of W has its model on the new groups before any transfer starts: a slow build (a
-        # spare's first) is waited for here, under its own deadline, not inside a collective's
-        _store_barrier(job.attempt_store, swap_rebuilt_key(g), job.world, s.deadline_s, "rebuilt its model")
-        lap("rebuild")
-        moved = 0
-        done: set[tuple[int, ...]] = set()
-        for d in dead:
-            members = topo.group(kind, d)
-            if rank not in members or members in done:
-                continue
-            done.add(members)
-            live = [m for m in members if m not in dead]
-            src = live[0]
-            for x in members:
-                if x in dead:
-                    sources[x] = src
-            holds = rank in dead or rank == src  # the spare loads the state, the source sends it
-            moved = transfer(job.groups[kind], members, src, rank, module if holds else None,
-                             optimizer if holds else None, job.device, s.deadline_s)
-            if rank == src:
-                trace.action("RankTransferState", g, "ok", {"pc": PC_ARRIVED},
-                             {"to": [x for x in members if x in dead], "bytes": moved})
-        lap("transfer")
-        digest = validate(job.groups[kind], topo.group(kind, rank), rank, module, optimizer, s.deadline_s)
-        trace.action("RankValidate", g, "ok", {"pc": PC_VALIDATED}, {"digest": digest})
-        lap("validate")
-        count, last = cp.ready(g)
-        trace.action("RankReady", g, "ok", {"pc": PC_READY}, {"count": count, "last": last})
-        if last:
-            dec = cp.decide_release(g)
-            trace.action("RankDecideRelease", g, "ok" if dec == DECISION_RELEASE else "fail", {"pc": PC_READY}, {"decision": dec})
-        dec = cp.await_release(g, time.monotonic() + s.deadline_s)
-        if dec != DECISION_RELEASE:
-            _exit_on(cp, trace, g, dec.split(":", 1)[-1], "RankExit", {"decision": dec})
-        lap("release")
-    except Exception as exc:  # noqa: BLE001 - any failure of the swap ends this rank (fail-stop), and so the job
-        # a communication failure (c10d's RuntimeError subclasses, sockets' OSError) is a wait on peers
-        # failing (deadline); anything else is an error of the swap itself
-        own = isinstance(exc, SwapError) or not isinstance(exc, (RuntimeError, OSError, TimeoutError))
-        _exit_on(cp, trace, g, REASON_EXCEPTION if own else REASON_DEADLINE, "RankFail" if own else "RankTimeout",
-                 {"error": f"{type(exc).__name__}: {exc}"[:500], "swap": True})
-        raise  # not reached: _exit_on ends the process
-    record = SwapRecord(generation=g, point=point, dead=list(dead), spares=dict(claims), sources=sources,
-                        frontier=frontier, role=role, durations_ms=t, t_resume=time.monotonic())
-    return module, optimizer, record

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from accelpact.model.contract import (DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, ObservationKey, decide,
                                       default_envelope, unqualified_notice)
@@ -48,6 +48,7 @@ from accelpact.model.state import (
     PC_ARRIVED,
     PC_EXITED,
     PC_GUARDED,
+    PC_JOINED,
     PC_OBSERVED,
     PC_READY,
     PC_REBOUND,
@@ -67,12 +68,13 @@ from .detector import Detector
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .guard import BoundaryGuard
 from .hooks import NO_HOOKS, Hooks
+from .hotswap import SwapError
 from .job import DEFAULT_DEADLINE_S, default_step_deadline
 from .replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
 from .watchdog import Watchdog
 
-__all__ = ["attach", "Pact", "PactGroups", "RecoveryReport", "RebindError", "ValidationError"]
+__all__ = ["attach", "Pact", "PactGroups", "RecoveryReport", "RebindError", "SpareEngine", "ValidationError"]
 
 
 class RebindError(RuntimeError):
@@ -210,6 +212,33 @@ class _Episode:
     new_pg: Any = None
     refs_rebound: int = 0
     durations: dict[str, int] = field(default_factory=dict)
+    #: a hot swap's facts (None: the classic repair)
+    swap: "_Swap | None" = None
+
+
+@dataclass(slots=True)
+class _Swap:
+    """What a hot swap's actions pass on along its episode (``_Episode.swap``).  ``job``: the
+    :class:`~accelpact.impl.api.TrainingJob` whose groups the swap rebuilds; ``rebuild``: the
+    user's factory ``(job, extra) -> (module, optimizer)``; ``extra``/``rng``: the state published
+    at F; ``old``: a survivor's committed module and optimizer (moved into the rebuilt ones, then
+    dropped); ``held``: a survivor's old R (the engine holds it, not the job)."""
+
+    role: str                         # "survivor" or "spare"
+    point: str                        # where the death struck
+    dead: tuple[int, ...]
+    job: Any
+    rebuild: Callable[[Any, Any], tuple[Any, Any]]
+    extra: Any
+    rng: Any
+    old: tuple[Any, Any] | None = None
+    held: tuple = ()
+    decision: str = ""
+    claims: dict[int, int] = field(default_factory=dict)
+    module: Any = None
+    optimizer: Any = None
+    kind: str = ""
+    sources: dict[int, int] = field(default_factory=dict)
 
 
 _RETIRE_QUEUE: "queue.SimpleQueue[tuple[list, threading.Event]]" = queue.SimpleQueue()
@@ -250,7 +279,333 @@ def _retire_off_path(box: list) -> threading.Event:
     return done
 
 
-class Pact:
+class _Engine:
+    """What every engine of a rank shares, survivor's and spare's: the trace records of model
+    actions (``_act``), the write/record hold (``_hold``), the control-plane actions of phase 3 and
+    of the release, and the one exit path of each kind (``_reject``, ``_decided_abort``, ``_fail``).
+    The hot swap's actions (model ``RankClaimSpare`` ... ``RankTransferState``) are here too: a
+    survivor (:class:`Pact`) and a spare (:class:`SpareEngine`) run the same episode.
+
+    A subclass sets ``rank``, ``control``, ``trace``, ``hooks``, ``gen``, ``pc``, ``deadline_s``,
+    ``watchdog``, ``_hold``, ``_episode`` and provides ``frontier`` and ``tau``."""
+
+    rank: int
+    control: ControlPlane
+    trace: Any
+    hooks: Hooks
+    gen: int
+    pc: str
+    deadline_s: float
+    watchdog: Watchdog
+    _episode: "_Episode | None"
+
+    @property
+    def frontier(self) -> int:  # pragma: no cover - every engine defines it
+        raise NotImplementedError
+
+    @property
+    def tau(self) -> int:  # pragma: no cover - every engine defines it
+        raise NotImplementedError
+
+    #: the write/record hold of one model action: exitcodes.holding_exit (nothing under "unheld-records")
+    _hold: Callable[[], Any]
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    def _st(self, pc: str, **more) -> dict:
+        self.pc = pc
+        return {"pc": pc, **more}
+
+    def _act(self, action: str, state: dict, detail: dict | None = None, outcome: str = "ok", gen: int | None = None) -> None:
+        self.trace.action(action, self.gen if gen is None else gen, outcome, state, detail)
+
+    def _at(self, point: str) -> None:
+        """Between actions: the hooks' point ``point`` (an external injector may act there; the
+        engine applies nothing it says)."""
+        self.hooks.point(point, self)
+
+    def _at_point(self, point: str) -> None:
+        """The guard's hooks (forward, backward, optimizer): the hooks' point, between actions."""
+        self._at(point)
+
+    # ---- Phase 3: RankArrive, RankDecideAgreement, RankAwaitAgreement -----------------------------
+    def _arrive(self, ep: _Episode) -> None:
+        """Report (F, g) at the control barrier.  Each store write is recorded under the exit claim
+        (exitcodes.holding_exit): a peer may act on it at once, and our watchdog must not exit
+        between write and record."""
+        ep.frontier = self.frontier
+        with self._hold():
+            count, last = self.control.arrive(ep.g, ep.frontier)
+            self.hooks.written()
+            self._act("RankArrive", self._st(PC_ARRIVED, frontier=ep.frontier, tau=self.tau),
+                      {"count": count, "last": last})
+        ep.last_arriver = last
+
+    def _decide_agreement(self, ep: _Episode) -> None:
+        """The last arriver compares every (F, g) with rank 0's and decides commit or abort:mismatch."""
+        if not ep.last_arriver:
+            return
+        with self._hold():
+            dec = self.control.decide_agreement(ep.g)
+            self.hooks.written()
+            if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
+                self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
+                                            before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
+                                                                     {"decision": dec}, outcome="fail"))
+                raise _Exited
+            self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
+
+    def _await_agreement(self, ep: _Episode) -> None:
+        dec = self.control.await_agreement(ep.g, time.monotonic() + self.deadline_s)
+        if dec != DECISION_COMMIT:
+            self._decided_abort(dec, expired=self.control.last_expired)
+        self._act("RankAwaitAgreement", self._st(PC_AGREED), {"decision": dec})
+
+    # ---- Release: RankReady, RankDecideRelease, RankResume ---------------------------------------
+    def _ready(self, ep: _Episode) -> None:
+        with self._hold():
+            count, last = self.control.ready(ep.g)
+            self.hooks.written()
+            self._act("RankReady", self._st(PC_READY), {"count": count, "last": last})
+        ep.last_ready = last
+
+    def _decide_release(self, ep: _Episode) -> None:
+        """The last ready rank decides the release (every rank of W voted)."""
+        if not ep.last_ready:
+            return
+        with self._hold():
+            dec = self.control.decide_release(ep.g)
+            self.hooks.written()
+            self._act("RankDecideRelease", {"pc": PC_READY}, {"decision": dec},
+                      outcome="ok" if dec == DECISION_RELEASE else "fail")
+
+    def _await_release(self, ep: _Episode) -> None:
+        dec = self.control.await_release(ep.g, time.monotonic() + self.deadline_s)
+        if dec != DECISION_RELEASE:
+            self._decided_abort(dec, expired=self.control.last_expired)
+
+    # ---- exits (fail-stop) ----------------------------------------------------------------------
+    def _which(self) -> str:
+        return self.control.decision_for(self.pc)
+
+    def _reject(self, why: str, guard_reasons=()) -> None:
+        """RankReject: the contract says L2; abort the job (every rank exits 70)."""
+        claim_exit()
+        g, which = self.gen, self._which()
+
+        def record():
+            self._act("RankReject", {"pc": PC_EXITED, "reason": REASON_REJECTED},
+                      {"why": why, "guard": list(guard_reasons)}, outcome="fail", gen=g)
+            self._store_abort(g, which, REASON_REJECTED)
+
+        exit_now(code_for(REASON_REJECTED), REASON_REJECTED, self.trace, record=record, claimed=True)
+        raise _Exited
+
+    def _decided_abort(self, dec: str, expired: bool) -> None:
+        """A decision key says abort.  If our own wait expired we are the RankTimeout;
+        otherwise a peer decided and we exit on the job abort (RankExit)."""
+        reason = dec[len("abort:"):] if dec.startswith("abort:") else REASON_EXCEPTION
+        if expired and reason == REASON_DEADLINE:
+            claim_exit()
+            g, which = self.gen, self._which()
+
+            def record():
+                self._act("RankTimeout", {"pc": PC_EXITED, "reason": REASON_DEADLINE}, {"decision": dec}, outcome="fail", gen=g)
+                self._store_abort(g, which, REASON_DEADLINE)
+
+            exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
+        self.watchdog.exit_on_abort(reason)
+        raise _Exited
+
+    def _fail(self, exc: BaseException) -> None:
+        """RankFail (exception in phases 2-6), or RankTimeout if a collective outlived the deadline."""
+        claim_exit()
+        g, which = self.gen, self._which()
+        if not self.control.reachable():
+            # the store is gone: no decision or abort can be read or written (model RankLoseStore)
+            self.watchdog.lose_store(exc, claimed=True)
+            raise _Exited
+        # Building R's communicator (phase 4, pc "agreed") and the validation collective (phase
+        # 6, pc "rebound") are waits on peers (model: RankTimeout there).  A communication error
+        # in them -- a peer died or never came -- is that wait failing: deadline.  Our own errors
+        # (stale references, digest mismatch, an injected exception) are exceptions.
+        # The boundary's control-group all-reduce (pc "train") is such a wait too.
+        # a communication failure (c10d raises RuntimeError subclasses, sockets OSError) is a wait
+        # on peers failing; anything else is an error of the phase itself
+        own_error = isinstance(exc, (RebindError, ValidationError, SwapError)) or not isinstance(exc, (RuntimeError, OSError))
+        if not own_error:
+            # a wait on peers failed: if a peer already aborted the job, this is that abort
+            # reaching us (RankExit with its reason), not a new failure
+            try:
+                standing = self.control.read_abort()
+            except Exception:  # noqa: BLE001 - store lost: no standing abort can be read
+                standing = ""
+            if standing:
+                self.watchdog.exit_with(standing, claimed=True)  # records RankExit, os._exit
+                raise _Exited
+        timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error and (
+            self.pc != PC_AGREED or (self._episode is not None and self._episode.member))
+        if timed_out and not self._first_to_expire(g, which):
+            # a peer's wait on the same decision failed first: its RankTimeout writes the abort (the
+            # model has one timeout per decision, then no more: an abort stands); we exit on it
+            standing = self.control.wait_abort(self.deadline_s)
+            self.watchdog.exit_on_abort(standing or REASON_DEADLINE)  # RankExit (writes the abort if none came)
+            raise _Exited
+        reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
+        action = "RankTimeout" if timed_out else "RankFail"
+
+        def record():
+            self._act(action, {"pc": PC_EXITED, "reason": reason}, {"error": f"{type(exc).__name__}: {exc}"[:500]},
+                      outcome="fail", gen=g)
+            self._store_abort(g, which, reason)
+
+        exit_now(code_for(reason), reason, self.trace, record=record, claimed=True)
+        raise _Exited
+
+    def _first_to_expire(self, g: int, which: str) -> bool:
+        """Whether this rank is the first whose wait on ``which`` of g failed (a store counter, as
+        for an expired decision wait: ``ControlPlane.first_expirer``)."""
+        try:
+            return self.control.first_expirer(g, which)
+        except Exception:  # noqa: BLE001 - store lost: nobody else can write the abort; it is ours
+            return True
+
+    def _store_abort(self, g: int, which: str, reason: str) -> None:
+        try:
+            self.control.write_abort_decision(g, which, reason)
+            self.control.abort(reason)
+        except Exception:  # noqa: BLE001 - store lost: peers' watchdogs exit DEADLINE on their own
+            pass  # store lost: peers' watchdogs exit DEADLINE on their own
+
+    # ---- hot swap: phases 3-6 of a swap episode (model "Hot swap"; spec/hotswap.md) -------------------
+    # A survivor (Pact.swap) and a spare (SpareEngine.swap) run the same actions, in the order the
+    # implementation is physically held to: the agreement over all of W (the spare arrives under the
+    # dead identity), every group rebuilt in g+1 (each contains the dead rank), the model rebuilt on
+    # them, the state sent by a live replica, validation, the release.
+
+    def _run_swap(self, ep: _Episode) -> Any:
+        """The swap's phase loop (as :meth:`Pact._recover` for a repair): the hooks' point before each
+        phase, then its actions; any exception ends the rank (fail-stop).  Returns the
+        :class:`~accelpact.impl.hotswap.SwapRecord`; the rebuilt model is on ``ep.swap``."""
+        from .hotswap import SwapRecord
+
+        sw = ep.swap
+        assert sw is not None
+        phases = (
+            ("agree", (self._arrive, self._decide_agreement, self._await_agreement)),
+            ("replace", (self._replace_every_group,)),
+            ("rebind", (self._rebuild_model,)),
+            ("validate", (self._transfer_state, self._validate_replicas)),
+            ("release", (self._ready, self._decide_release, self._await_release)),
+        )
+        try:
+            for point, actions in phases:
+                self._at(point)
+                t = time.monotonic_ns()
+                for action in actions:
+                    action(ep)
+                ep.durations[point] = time.monotonic_ns() - t
+        except _Exited:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any exception in the swap's phases ends the rank (fail-stop)
+            self._fail(exc)
+        self._resume_swapped(ep)
+        return SwapRecord(generation=ep.g, point=sw.point, dead=list(sw.dead), spares=dict(sw.claims),
+                          sources=dict(sw.sources), frontier=ep.frontier, role=sw.role,
+                          durations_ms={k: round(v / 1e6, 3) for k, v in ep.durations.items()},
+                          t_resume=time.monotonic())
+
+    def _replace_every_group(self, ep: _Episode) -> None:
+        """RankReplace of a swap: every group of the job built anew in generation g+1 by its members
+        (:func:`~accelpact.impl.hotswap.rebuild_groups`; the default, control and checkpoint groups
+        and every training group contain the dead identity, so none can be kept).  ``comm``: the
+        generation-(g+1) namespace all of them are built under."""
+        from .controlplane import swap_prefix
+        from .hotswap import rebuild_groups
+
+        sw = ep.swap
+        assert sw is not None
+        t = time.monotonic_ns()
+        rebuild_groups(sw.job, ep.g + 1, sw.held)
+        sw.held = ()
+        self._act("RankReplace", self._st(PC_REPLACED, comm=swap_prefix(ep.g + 1)),
+                  {"groups": sorted(sw.job.groups) + ["default", "control", "checkpoint"], "swap": True,
+                   "duration_ns": time.monotonic_ns() - t})
+
+    def _rebuild_model(self, ep: _Episode) -> None:
+        """RankRebind of a swap: the model is built anew on the new groups (the user's ``rebuild``),
+        so no reference to an old group can remain (``refs_stale`` 0); RNG back to F; a survivor moves
+        its own committed state into it (the discarded step's runtime state stays with the old
+        wrapper).  Then every rank of W waits until all have rebuilt (a spare's first build is slow:
+        it is waited for under the phase deadline, not inside a transfer's collective)."""
+        import torch
+
+        from .hotswap import export_state, import_state, store_barrier
+        from .controlplane import swap_rebuilt_key
+        from .wrappers import wrapper_of
+
+        sw = ep.swap
+        assert sw is not None
+        t = time.monotonic_ns()
+        sw.module, sw.optimizer = sw.rebuild(sw.job, sw.extra)
+        sw.kind = wrapper_of(sw.module).recovers
+        if sw.rng is not None:
+            torch.set_rng_state(sw.rng)
+        if sw.old is not None:
+            manifest, tensors = export_state(*sw.old)
+            import_state(sw.module, sw.optimizer, manifest, tensors)
+            sw.old = None
+        self._act("RankRebind", self._st(PC_REBOUND, refs_stale=0),
+                  {"rebuilt": True, "duration_ns": time.monotonic_ns() - t})
+        store_barrier(sw.job.attempt_store, swap_rebuilt_key(ep.g), sw.job.world, self.deadline_s, "rebuilt its model")
+
+    def _transfer_state(self, ep: _Episode) -> None:
+        """RankTransferState: for each dead identity, the first live member of its new group of R's
+        kind broadcasts its state (:func:`~accelpact.impl.hotswap.transfer`); the spare loads it, other
+        members receive and drop it.  Recorded by the sender."""
+        from .hotswap import transfer
+
+        sw = ep.swap
+        assert sw is not None
+        job, topo = sw.job, sw.job.topology
+        done: set[tuple[int, ...]] = set()
+        for d in sw.dead:
+            members = topo.group(sw.kind, d)
+            if self.rank not in members or members in done:
+                continue
+            done.add(members)
+            src = [m for m in members if m not in sw.dead][0]
+            sw.sources.update({x: src for x in members if x in sw.dead})
+            holds = self.rank in sw.dead or self.rank == src  # the spare loads the state, the source sends it
+            t = time.monotonic_ns()
+            moved = transfer(job.groups[sw.kind], members, src, self.rank, sw.module if holds else None,
+                             sw.optimizer if holds else None, job.device, self.deadline_s)
+            if self.rank == src:
+                self._act("RankTransferState", {"pc": self.pc},
+                          {"to": [x for x in members if x in sw.dead], "bytes": moved,
+                           "duration_ns": time.monotonic_ns() - t})
+
+    def _validate_replicas(self, ep: _Episode) -> None:
+        """RankValidate of a swap: on the new group of R's kind, the all-reduce that counts its members
+        and every replica's state checksum compared (:func:`~accelpact.impl.hotswap.validate`)."""
+        from .hotswap import validate
+
+        sw = ep.swap
+        assert sw is not None
+        t = time.monotonic_ns()
+        digest = validate(sw.job.groups[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank, sw.module,
+                          sw.optimizer, self.deadline_s)
+        self._act("RankValidate", self._st(PC_VALIDATED), {"digest": digest, "duration_ns": time.monotonic_ns() - t})
+
+    def _resume_swapped(self, ep: _Episode) -> None:
+        """RankResume of a swap: generation g+1 at F, on the rebuilt model (an engine of g+1 is
+        attached to it by the caller; this one retires)."""
+        self.gen = ep.g + 1
+        self._episode = None
+        self._act("RankResume", self._st(PC_TRAIN, gen=self.gen, point=""), {"from_gen": ep.g, "swap": True}, gen=ep.g)
+
+
+
+class Pact(_Engine):
     """The attached engine of one rank.  Create with :func:`attach`.
 
     Read beside ``model/protocol.py``: one method per model action of this rank (``_observe`` is
@@ -340,6 +695,11 @@ class Pact:
         """F as this rank reports it: its committed steps."""
         return self.guard.frontier
 
+    @property
+    def tau(self) -> int:
+        """The optimizer steps this rank has taken (tau; F at a committed boundary)."""
+        return self.guard.tau
+
     def model_view(self) -> dict[str, Any]:
         """This rank's state in model vocabulary (``pc``, ``gen``, ``frontier``, ``tau``, ``point``)."""
         return {"pc": self.pc, "gen": self.gen, "frontier": self.frontier, "tau": self.guard.tau,
@@ -348,23 +708,6 @@ class Pact:
     def group_records(self) -> dict[str, Any]:
         """Group name -> socket record of this rank's groups (R under its name and its key)."""
         return {self.groups.name: self._record, self.groups.key: self._record, **self.groups.others}
-
-    # ---- plumbing -------------------------------------------------------------------------------
-    def _st(self, pc: str, **more) -> dict:
-        self.pc = pc
-        return {"pc": pc, **more}
-
-    def _act(self, action: str, state: dict, detail: dict | None = None, outcome: str = "ok", gen: int | None = None) -> None:
-        self.trace.action(action, self.gen if gen is None else gen, outcome, state, detail)
-
-    def _at(self, point: str) -> None:
-        """Between actions: the hooks' point ``point`` (an external injector may act there; the
-        engine applies nothing it says)."""
-        self.hooks.point(point, self)
-
-    def _at_point(self, point: str) -> None:
-        """The guard's hooks (forward, backward, optimizer): the hooks' point, between actions."""
-        self._at(point)
 
     def _key(self, point: str) -> ObservationKey:
         return ObservationKey(self.key.platform, self.key.profile, point, self.key.objective)
@@ -587,6 +930,108 @@ class Pact:
         self.guard.remove()
         self._pg = None
 
+    def swap(self, need: Any, *, job: Any, rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any,
+             rng: Any) -> tuple[Any, Any, Any]:
+        """A survivor's hot swap after ``need`` (:class:`~accelpact.impl.hotswap.SwapNeeded`: the ranks
+        that died, and where; its ``RankObserve`` is recorded): the contract on the dead-rank key
+        (``RankReject`` if L2), ``RankClaimSpare``, ``RankDiscardStep`` of a step in flight,
+        ``RankGuard``, then the swap's phases (:meth:`_run_swap`) on ``job``'s groups and the model
+        ``rebuild(job, extra)`` builds, RNG ``rng``.  Returns the rebuilt module and optimizer and the
+        :class:`~accelpact.impl.hotswap.SwapRecord`; this engine is retired (the caller attaches one
+        of generation g+1 to the rebuilt model).  Any failure ends the rank, and with it the job (L2)."""
+        self.suspend()
+        t = time.monotonic_ns()
+        sw = _Swap(role="survivor", point=need.point, dead=tuple(sorted(need.dead)), job=job, rebuild=rebuild,
+                   extra=extra, rng=rng, old=(self.module, self.optimizer), held=(self._pg,))
+        ep = _Episode(self.gen, True, tuple(range(self.groups.count)), t, t, need.error, swap=sw)
+        self._episode = ep
+        try:
+            self._at("guard")
+            self._decide_swap(ep)
+            self._claim_spares(ep)
+            self._discard_step(ep)
+            self._guard_swapped(ep)
+        except _Exited:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any exception in phase 2 ends the rank (fail-stop)
+            self._fail(exc)
+        record = self._run_swap(ep)
+        module, optimizer = sw.module, sw.optimizer
+        sw.module = sw.optimizer = None
+        self.retire()
+        return module, optimizer, record
+
+    def _decide_swap(self, ep: _Episode) -> None:
+        """The contract on the dead-rank key (:func:`accelpact.model.hotswap.decide`: died, a spare in
+        the job, a live replica of every dead rank in its group of R's kind): L2 is ``RankReject``."""
+        from accelpact.model import hotswap as model_swap
+
+        sw = ep.swap
+        assert sw is not None
+        topo = sw.job.topology
+        replica = all(any(m not in sw.dead for m in topo.group(self.groups.name, d)) for d in sw.dead)
+        dec = model_swap.decide(self.envelope, self._key(sw.point), True, died=True, spare=sw.job.spares > 0,
+                                replica=replica)
+        if not dec.preserve:
+            self._reject(dec.reason)
+        sw.decision = dec.level
+
+    def _claim_spares(self, ep: _Episode) -> None:
+        """RankClaimSpare: for each dead rank, the first survivor to claim takes a spare from the pool
+        and tells it (:func:`~accelpact.impl.hotswap.claim_write`, single assignment); its writes and
+        record are one action under the hold, and only a rank whose claim stood records it (the
+        model's one claim for each dead identity).  Every survivor then reads the claims that stand;
+        a dead rank left without a spare is the contract's L2 (``RankReject``)."""
+        from .hotswap import claim_read, claim_write
+
+        sw = ep.swap
+        assert sw is not None
+        store = self.control.store
+        with self._hold():
+            mine = {}
+            for d in sw.dead:
+                first, k = claim_write(store, ep.g, d, sw.job.spares, sw.point)
+                if first and k is not None:
+                    mine[d] = k
+            self.hooks.written()
+            if mine:
+                self._act("RankClaimSpare", {"pc": self.pc}, {"claims": mine, "decision": sw.decision})
+        claims = {d: claim_read(store, ep.g, d, self.deadline_s) for d in sw.dead}
+        missing = [d for d, k in claims.items() if k is None]
+        if missing:
+            self._reject(f"rank(s) {missing} died and no spare is left to take their identity")
+        sw.claims = {d: int(k) for d, k in claims.items() if k is not None}
+
+    def _discard_step(self, ep: _Episode) -> None:
+        """RankDiscardStep (a death inside forward or backward): the step's gradients are dropped and
+        the rank stands at the committed boundary F again; the wrapper's runtime state of the step
+        stays with the old wrapper, which :meth:`_rebuild_model` replaces, and RNG and data cursor
+        come back to F there.  Nothing to discard after a commit (the optimizer or the boundary)."""
+        from accelpact.model.hotswap import DISCARDABLE
+
+        sw = ep.swap
+        assert sw is not None
+        if sw.point not in DISCARDABLE:
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        self._act("RankDiscardStep", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier),
+                  {"from": sw.point})
+
+    def _guard_swapped(self, ep: _Episode) -> None:
+        """RankGuard of a swap: at the committed boundary (nothing uncommitted is kept: a step in
+        flight was discarded) and the contract said L1 (:meth:`_decide_swap`)."""
+        sw = ep.swap
+        assert sw is not None
+        self._act("RankGuard", self._st(PC_GUARDED), {"decision": sw.decision, "swap": True})
+
+    def rebind(self, new_pg: Any) -> int:
+        """Phase 5 alone (``RankRebind``) onto ``new_pg``, outside any episode: for the phase-5
+        benchmark (``accelpact bench rebind``), which measures it in an attached engine.  Returns the
+        references rebound; a stale one is a :class:`RebindError`."""
+        ep = _Episode(self.gen, True, (self.groups.index,), 0, 0, None, new_pg=new_pg)
+        self._rebind(ep)
+        return ep.refs_rebound
+
     # ---- the phase loop --------------------------------------------------------------------------
     def _recover(self, failed: list[int], t0: int, t_obs: int, err: BaseException | None) -> RecoveryReport:
         """Phases 2-6 and the release, in the order of spec/protocol.md.  Before each phase the
@@ -682,39 +1127,6 @@ class Pact:
             self._reject(decision.reason, report.reasons)
         self._act("RankGuard", self._st(PC_GUARDED), {"decision": decision.level, "why": decision.reason})
 
-    # ---- Phase 3: RankArrive, RankDecideAgreement, RankAwaitAgreement -----------------------------
-    def _arrive(self, ep: _Episode) -> None:
-        """Report (F, g) at the control barrier.  Each store write is recorded under the exit claim
-        (exitcodes.holding_exit): a peer may act on it at once, and our watchdog must not exit
-        between write and record."""
-        ep.frontier = self.frontier
-        with self._hold():
-            count, last = self.control.arrive(ep.g, ep.frontier)
-            self.hooks.written()
-            self._act("RankArrive", self._st(PC_ARRIVED, frontier=ep.frontier, tau=self.guard.tau),
-                      {"count": count, "last": last})
-        ep.last_arriver = last
-
-    def _decide_agreement(self, ep: _Episode) -> None:
-        """The last arriver compares every (F, g) with rank 0's and decides commit or abort:mismatch."""
-        if not ep.last_arriver:
-            return
-        with self._hold():
-            dec = self.control.decide_agreement(ep.g)
-            self.hooks.written()
-            if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
-                self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
-                                            before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
-                                                                     {"decision": dec}, outcome="fail"))
-                raise _Exited
-            self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
-
-    def _await_agreement(self, ep: _Episode) -> None:
-        dec = self.control.await_agreement(ep.g, time.monotonic() + self.deadline_s)
-        if dec != DECISION_COMMIT:
-            self._decided_abort(dec, expired=self.control.last_expired)
-        self._act("RankAwaitAgreement", self._st(PC_AGREED), {"decision": dec})
-
     # ---- Phase 4: RankReplace --------------------------------------------------------------------
     def _replace(self, ep: _Episode) -> None:
         """Build R's generation-(g+1) communicator with the same members (replacement strategy)."""
@@ -806,29 +1218,6 @@ class Pact:
         self._act("RankValidate", self._st(PC_VALIDATED),
                   {"digest": checksum_hex(mine), "duration_ns": time.monotonic_ns() - t})
 
-    # ---- Release: RankReady, RankDecideRelease, RankResume ---------------------------------------
-    def _ready(self, ep: _Episode) -> None:
-        with self._hold():
-            count, last = self.control.ready(ep.g)
-            self.hooks.written()
-            self._act("RankReady", self._st(PC_READY), {"count": count, "last": last})
-        ep.last_ready = last
-
-    def _decide_release(self, ep: _Episode) -> None:
-        """The last ready rank decides the release (every rank of W voted)."""
-        if not ep.last_ready:
-            return
-        with self._hold():
-            dec = self.control.decide_release(ep.g)
-            self.hooks.written()
-            self._act("RankDecideRelease", {"pc": PC_READY}, {"decision": dec},
-                      outcome="ok" if dec == DECISION_RELEASE else "fail")
-
-    def _await_release(self, ep: _Episode) -> None:
-        dec = self.control.await_release(ep.g, time.monotonic() + self.deadline_s)
-        if dec != DECISION_RELEASE:
-            self._decided_abort(dec, expired=self.control.last_expired)
-
     def _resume(self, ep: _Episode) -> None:
         """RankResume: generation g+1, R's communicator swapped, the old one dropped."""
         ep.new_pg = None
@@ -836,99 +1225,6 @@ class Pact:
         self.watchdog.watch(self.gen, self.groups.key, self._record)
         self.control.retire_revoke(ep.g, self.groups.key)
         self._act("RankResume", self._st(PC_TRAIN, gen=self.gen, point=""), {"from_gen": ep.g}, gen=ep.g)
-
-    # ---- exits (fail-stop) ----------------------------------------------------------------------
-    def _which(self) -> str:
-        return self.control.decision_for(self.pc)
-
-    def _reject(self, why: str, guard_reasons=()) -> None:
-        """RankReject: the contract says L2; abort the job (every rank exits 70)."""
-        claim_exit()
-        g, which = self.gen, self._which()
-
-        def record():
-            self._act("RankReject", {"pc": PC_EXITED, "reason": REASON_REJECTED},
-                      {"why": why, "guard": list(guard_reasons)}, outcome="fail", gen=g)
-            self._store_abort(g, which, REASON_REJECTED)
-
-        exit_now(code_for(REASON_REJECTED), REASON_REJECTED, self.trace, record=record, claimed=True)
-        raise _Exited
-
-    def _decided_abort(self, dec: str, expired: bool) -> None:
-        """A decision key says abort.  If our own wait expired we are the RankTimeout;
-        otherwise a peer decided and we exit on the job abort (RankExit)."""
-        reason = dec[len("abort:"):] if dec.startswith("abort:") else REASON_EXCEPTION
-        if expired and reason == REASON_DEADLINE:
-            claim_exit()
-            g, which = self.gen, self._which()
-
-            def record():
-                self._act("RankTimeout", {"pc": PC_EXITED, "reason": REASON_DEADLINE}, {"decision": dec}, outcome="fail", gen=g)
-                self._store_abort(g, which, REASON_DEADLINE)
-
-            exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
-        self.watchdog.exit_on_abort(reason)
-        raise _Exited
-
-    def _fail(self, exc: BaseException) -> None:
-        """RankFail (exception in phases 2-6), or RankTimeout if a collective outlived the deadline."""
-        claim_exit()
-        g, which = self.gen, self._which()
-        if not self.control.reachable():
-            # the store is gone: no decision or abort can be read or written (model RankLoseStore)
-            self.watchdog.lose_store(exc, claimed=True)
-            raise _Exited
-        # Building R's communicator (phase 4, pc "agreed") and the validation collective (phase
-        # 6, pc "rebound") are waits on peers (model: RankTimeout there).  A communication error
-        # in them -- a peer died or never came -- is that wait failing: deadline.  Our own errors
-        # (stale references, digest mismatch, an injected exception) are exceptions.
-        # The boundary's control-group all-reduce (pc "train") is such a wait too.
-        # a communication failure (c10d raises RuntimeError subclasses, sockets OSError) is a wait
-        # on peers failing; anything else is an error of the phase itself
-        own_error = isinstance(exc, (RebindError, ValidationError)) or not isinstance(exc, (RuntimeError, OSError))
-        if not own_error:
-            # a wait on peers failed: if a peer already aborted the job, this is that abort
-            # reaching us (RankExit with its reason), not a new failure
-            try:
-                standing = self.control.read_abort()
-            except Exception:  # noqa: BLE001 - store lost: no standing abort can be read
-                standing = ""
-            if standing:
-                self.watchdog.exit_with(standing, claimed=True)  # records RankExit, os._exit
-                raise _Exited
-        timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error and (
-            self.pc != PC_AGREED or (self._episode is not None and self._episode.member))
-        if timed_out and not self._first_to_expire(g, which):
-            # a peer's wait on the same decision failed first: its RankTimeout writes the abort (the
-            # model has one timeout per decision, then no more: an abort stands); we exit on it
-            standing = self.control.wait_abort(self.deadline_s)
-            self.watchdog.exit_on_abort(standing or REASON_DEADLINE)  # RankExit (writes the abort if none came)
-            raise _Exited
-        reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
-        action = "RankTimeout" if timed_out else "RankFail"
-
-        def record():
-            self._act(action, {"pc": PC_EXITED, "reason": reason}, {"error": f"{type(exc).__name__}: {exc}"[:500]},
-                      outcome="fail", gen=g)
-            self._store_abort(g, which, reason)
-
-        exit_now(code_for(reason), reason, self.trace, record=record, claimed=True)
-        raise _Exited
-
-    def _first_to_expire(self, g: int, which: str) -> bool:
-        """Whether this rank is the first whose wait on ``which`` of g failed (a store counter, as
-        for an expired decision wait: ``ControlPlane.first_expirer``)."""
-        try:
-            return self.control.first_expirer(g, which)
-        except Exception:  # noqa: BLE001 - store lost: nobody else can write the abort; it is ours
-            return True
-
-    def _store_abort(self, g: int, which: str, reason: str) -> None:
-        try:
-            self.control.write_abort_decision(g, which, reason)
-            self.control.abort(reason)
-        except Exception:  # noqa: BLE001 - store lost: peers' watchdogs exit DEADLINE on their own
-            pass  # store lost: peers' watchdogs exit DEADLINE on their own
 
     # ---- end -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -941,6 +1237,71 @@ class Pact:
         self.watchdog.stop()
         self.guard.remove()
         self.trace.end("released", gen=self.gen, frontier=self.guard.frontier)
+
+
+class SpareEngine(_Engine):
+    """A spare's engine for the one episode in which it takes a dead rank's identity: ``SpareJoin``
+    (:meth:`join`), then the swap's phases 3-6 as that rank (:meth:`swap`, the same actions a
+    survivor runs).  Afterwards the identity trains under a :class:`Pact` of generation g+1 attached
+    to the model the episode built; this engine stops.  ``job``: the
+    :class:`~accelpact.impl.api.TrainingJob`, already under the dead identity (``job.rank``);
+    ``published``: what that rank published at its last commit (F, RNG, extra state).
+
+    Unlike a survivor it has no fault points (a fault plan names the job's ranks at their steps; this
+    process held no rank until now) and no step deadline; its watchdog ends it on the job's abort."""
+
+    def __init__(self, job: Any, *, control: ControlPlane, spare: int, generation: int, published: dict,
+                 trace=None, hooks: Hooks | None = None, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+        self.job = job
+        self.rank = job.rank
+        self.control = control
+        self.trace = trace if trace is not None else NullTrace()
+        self.hooks = hooks if hooks is not None else NO_HOOKS
+        self.gen = generation
+        self.pc = PC_JOINED
+        self.deadline_s = deadline_s
+        self.spare = spare
+        self.published = published
+        self._episode = None
+        unheld = self.hooks.bug("unheld-records")
+        self._hold = contextlib.nullcontext if unheld else holding_exit
+        self.control.claims_exit = not unheld
+        self.control.use_seeded_bug(self.hooks.seeded_bug)
+        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
+        self.watchdog.start()
+
+    @property
+    def frontier(self) -> int:
+        """F of the identity taken: what its predecessor published at its last commit."""
+        return int(self.published["frontier"])
+
+    @property
+    def tau(self) -> int:
+        return self.frontier
+
+    def _at(self, point: str) -> None:
+        """No fault points on a spare (see the class doc)."""
+
+    def join(self) -> None:
+        """SpareJoin: this process holds the dead rank's identity in its generation, with no state yet."""
+        self._act("SpareJoin", self._st(PC_JOINED), {"spare": self.spare, "identity": self.rank})
+
+    def swap(self, *, point: str, rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any) -> tuple[Any, Any, Any]:
+        """The swap's phases as the identity taken (:meth:`_Engine._run_swap`), with the claims of the
+        episode as they stand; returns the rebuilt module, optimizer and the swap's record."""
+        from .hotswap import read_claims
+
+        claims = read_claims(self.control.store, self.gen, self.job.world)
+        t = time.monotonic_ns()
+        sw = _Swap(role="spare", point=point, dead=tuple(sorted(claims)), job=self.job, rebuild=rebuild, extra=extra,
+                   rng=self.published.get("rng"), claims=claims)
+        ep = _Episode(self.gen, True, (), t, t, None, swap=sw)
+        self._episode = ep
+        record = self._run_swap(ep)
+        self.watchdog.stop()
+        module, optimizer = sw.module, sw.optimizer
+        sw.module = sw.optimizer = None
+        return module, optimizer, record
 
 
 def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,

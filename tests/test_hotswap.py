@@ -69,17 +69,22 @@ def test_slots_match_the_manifest_and_a_wrong_build_is_refused():
 
 
 def test_claim_is_single_assignment_and_the_pool_runs_out():
-    """RankClaimSpare: every survivor that claims for the same dead rank gets the same spare; each
-    dead rank takes its own; with the pool empty the claim stands as None (L2)."""
+    """RankClaimSpare: only the first survivor to claim for a dead rank writes (and so records) the
+    claim; every survivor reads the same spare; each dead rank takes its own; with the pool empty the
+    claim stands as None (L2)."""
     store = _store()
-    first = [hotswap.claim(store, 0, 1, spares=2) for _ in range(3)]
-    assert first == [0, 0, 0]
+    writes = [hotswap.claim_write(store, 0, 1, spares=2) for _ in range(3)]
+    assert writes == [(True, 0), (False, None), (False, None)]
+    assert [hotswap.claim_read(store, 0, 1, timeout_s=1) for _ in range(3)] == [0, 0, 0]
     assert store.get(hotswap.assign_key(0)).decode() == "1:0:"
-    assert hotswap.claim(store, 0, 3, spares=2) == 1
-    assert hotswap.claim(store, 0, 2, spares=2) is None
+    assert hotswap.claim_write(store, 0, 3, spares=2) == (True, 1)
+    assert hotswap.claim_write(store, 0, 2, spares=2) == (True, None)
+    assert hotswap.claim_read(store, 0, 2, timeout_s=1) is None
     assert not store.check([hotswap.assign_key(2)])
+    # what a spare reads once told: the claims that name a spare
+    assert hotswap.read_claims(store, 0, world=4) == {1: 0, 3: 1}
     # a later generation claims afresh, from what is left of the pool
-    assert hotswap.claim(store, 1, 1, spares=2) is None
+    assert hotswap.claim_write(store, 1, 1, spares=2) == (True, None)
 
 
 def test_spare_waits_for_its_assignment_or_the_end_of_the_job():
