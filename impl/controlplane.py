@@ -132,21 +132,12 @@ class ControlPlane:
         self.rank = rank
         self.world_size = world_size
         self.prefix = prefix
-        self._fenced = True
-        self._early_release = False
         self.last_expired = False  # set by the last await_*: True if its deadline expired
-
-    def use_seeded_bug(self, name: str | None) -> None:
-        """Test-only (:class:`accelpact.impl.hooks.Hooks`, set by the pact at attach, before any key
-        is used): ``no-fence`` drops the generation from the keys, ``early-release`` lets the first
-        release vote decide."""
-        self._fenced = name != "no-fence"
-        self._early_release = name == "early-release"
 
     # ---- keys -----------------------------------------------------------------------
     def key(self, g: int, name: str) -> str:
-        """``{prefix}g{g}/{name}``; the ``no-fence`` seeded bug drops the generation."""
-        return f"{self.prefix}g{g}/{name}" if self._fenced else f"{self.prefix}{name}"
+        """``{prefix}g{g}/{name}``: every key of a generation's episode is fenced by it."""
+        return f"{self.prefix}g{g}/{name}"
 
     @property
     def abort_key(self) -> str:
@@ -255,10 +246,8 @@ class ControlPlane:
 
     def retire_revoke(self, g: int, group: str) -> None:
         """After the release of g: wake watchers still waiting on g's revoke key (value ``retired``,
-        ignored by them).  Single assignment: a real revoke that stands is left as it is.  Without
-        fencing (seeded bug ``no-fence``) the key is shared by every generation: left alone."""
-        if self._fenced:
-            self._decide(self.revoke_key(g, group), "retired")
+        ignored by them).  Single assignment: a real revoke that stands is left as it is."""
+        self._decide(self.revoke_key(g, group), "retired")
 
     def revoked(self, g: int, group: str) -> bool:
         return bool(self.store.check([self.revoke_key(g, group)]))
@@ -283,6 +272,11 @@ class ControlPlane:
                 raise ControlPlaneError(f"frontier of rank {r} in g{g} is {text!r}; expected 'F,g'") from None
         return out
 
+    @staticmethod
+    def agrees(row: tuple[int, int], ref: tuple[int, int], g: int) -> bool:
+        """Whether a rank's report ``(F, g')`` agrees with rank 0's ``ref``: the same F, in generation g."""
+        return row == (ref[0], g)
+
     def decide_agreement(self, g: int) -> str:
         """RankDecideAgreement (last arriver): commit if the frontiers agree, else
         ``abort:mismatch``.  Returns the decision that stands (an expirer's ``abort:deadline``
@@ -291,7 +285,7 @@ class ControlPlane:
         before this write (``exitcodes.holding_exit``): every peer sees the decision at once."""
         rows = self.frontiers(g)
         ref = rows.get(0)
-        ok = ref is not None and all(v == (ref[0], g) or (not self._fenced and v[0] == ref[0]) for v in rows.values())
+        ok = ref is not None and all(self.agrees(v, ref, g) for v in rows.values())
         value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
         return self._decide(self.key(g, "agree"), value)
 
@@ -301,11 +295,13 @@ class ControlPlane:
 
     # ---- phase 6 release -------------------------------------------------------------------
     def ready(self, g: int) -> tuple[int, bool]:
-        """RankReady: count a release vote; the add that returns |W| is the last voter.
-        (Seeded bug ``early-release``: the first vote is taken as the last.)"""
+        """RankReady: count a release vote; the add that returns the quorum (|W|) is the last voter."""
         count = int(self.store.add(self.key(g, "ready"), 1))
-        quorum = 1 if self._early_release else self.world_size
-        return count, count == quorum
+        return count, count == self.release_quorum()
+
+    def release_quorum(self) -> int:
+        """How many release votes decide: every rank of W."""
+        return self.world_size
 
     def decide_release(self, g: int) -> str:
         """RankDecideRelease (last voter): ``release`` unless an abort already stands."""

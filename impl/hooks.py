@@ -8,7 +8,7 @@ conformance runner pass a :class:`Hooks` at ``attach(hooks=...)``:
 * ``injector``: a callable ``(point, pact) -> effects`` run at each point; :class:`FaultInjector`
   fires a job's :class:`~accelpact.impl.faults.FaultPlan` there;
 * ``seeded_bug``: one of :data:`SEEDED_BUGS`, a deliberately broken engine that the conformance
-  suite must reject (its teeth), each a small branch named where it acts;
+  suite must reject (its teeth): engine methods replaced at attach (:mod:`accelpact.impl.seeded`);
 * ``write_to_record_s``: a sleep between each control-plane write and its trace record, to widen
   the window that the exit claim closes (``unheld-records`` shows why it matters).
 
@@ -21,16 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .seeded import NAMES as SEEDED_BUGS
+
 __all__ = ["FaultInjector", "Hooks", "NO_HOOKS", "SEEDED_BUGS"]
 
-#: Seeded bugs (the conformance suite's teeth): ``skip-rebind`` (phase 5 skips the rebind and
-#: does not fail on stale references), ``early-release`` (the first release vote decides),
-#: ``no-fence`` (control-plane keys not namespaced by the generation), ``unheld-records`` (a
-#: control-plane write and its trace record are not one action), ``skip-validation`` (phase 6
-#: records its success without the collective or the replicas' digests), ``wrong-members`` (phase 4
-#: builds R's new communicator with the wrong membership: the mesh read along the wrong axis, so a
-#: rank's new group holds the ranks at its position in every failed group; phase 6 must catch it).
-SEEDED_BUGS = ("skip-rebind", "early-release", "no-fence", "unheld-records", "skip-validation", "wrong-members")
 
 
 @dataclass(frozen=True, slots=True)

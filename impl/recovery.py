@@ -22,10 +22,8 @@ so that every rank learns *which* replicate group failed: its members rebuild it
 everybody else only votes.
 
 Test-only hooks (:mod:`accelpact.impl.hooks`, passed at attach, never read from the environment)
-run at the named points between actions: fault injection, and the six seeded bugs of
-:data:`accelpact.impl.hooks.SEEDED_BUGS` (``skip-rebind`` here in ``_rebind``, ``skip-validation`` in
-``_validate``, ``unheld-records`` in the write/record hold, ``wrong-members`` in the membership read,
-``early-release`` and ``no-fence`` in :mod:`controlplane`).
+run at the named points between actions (fault injection); a seeded bug (:mod:`accelpact.impl.seeded`)
+replaces engine methods on the instance at attach, and nothing here branches on one.
 """
 
 from __future__ import annotations
@@ -62,6 +60,7 @@ from accelpact.model.state import (
 )
 
 from . import revoke as _revoke
+from . import seeded
 from .adapters import adapter_for
 from .controlplane import ControlPlane
 from .detector import Detector
@@ -307,7 +306,7 @@ class _Engine:
     def tau(self) -> int:  # pragma: no cover - every engine defines it
         raise NotImplementedError
 
-    #: the write/record hold of one model action: exitcodes.holding_exit (nothing under "unheld-records")
+    #: the write/record hold of one model action: exitcodes.holding_exit (a seeded bug may replace it)
     _hold: Callable[[], Any]
 
     # ---- plumbing -------------------------------------------------------------------------------
@@ -653,12 +652,10 @@ class Pact(_Engine):
         # find it (the guard's hooks make the pact reachable from the module) and the old group
         # could never be freed
         self.groups = dataclasses.replace(groups, affected=None)
-        # Each control-plane write and its trace record form one model action (exitcodes.holding_exit);
-        # seeded bug "unheld-records" drops the hold.
-        unheld = self.hooks.bug("unheld-records")
-        self._hold = contextlib.nullcontext if unheld else holding_exit
-        self.control.claims_exit = not unheld
-        self.control.use_seeded_bug(self.hooks.seeded_bug)
+        # Each control-plane write and its trace record form one model action (exitcodes.holding_exit)
+        self._hold = holding_exit
+        self.control.claims_exit = True
+        seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)  # test-only: replaces methods
         self.adapter = adapter if adapter is not None else adapter_for(module)
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
         self.sites: list = []
@@ -1131,16 +1128,16 @@ class Pact(_Engine):
     def _replace(self, ep: _Episode) -> None:
         """Build R's generation-(g+1) communicator with the same members (replacement strategy)."""
         t = time.monotonic_ns()
-        members, key = self.groups.members, self.groups.key
-        if self.hooks.bug("wrong-members"):
-            # seeded bug: the mesh read along the wrong axis (this rank's position in every failed group)
-            p = members.index(self.rank)
-            members, key = tuple(members[p] - self.groups.index + j for j in ep.failed), f"{self.groups.name}-at{p}"
+        members, key = self._new_members(ep)
         ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, members, self.rank, self.control.store,
                                           self.deadline_s, name=key)
         # the record names the real group object: its c10d name (controlplane.comm_name), which the
         # checker reads the generation from
         self._act("RankReplace", self._st(PC_REPLACED, comm=_group_name(ep.new_pg)), {"duration_ns": time.monotonic_ns() - t})
+
+    def _new_members(self, ep: _Episode) -> tuple[tuple[int, ...], str]:
+        """R's members in g+1 (the same as in g) and its name in store keys."""
+        return self.groups.members, self.groups.key
 
     # ---- Phase 5: RankRebind ---------------------------------------------------------------------
     def _rebind(self, ep: _Episode) -> None:
@@ -1151,20 +1148,23 @@ class Pact(_Engine):
         # the engine's own reference moves first: it is one of the references to rebind
         old_pg, self._pg, self._record = self._pg, ep.new_pg, self.strategy.last_record
         if self.strategy.needs_rebind:
-            skip = self.hooks.bug("skip-rebind")
-            if not skip:
-                self.adapter.rebind(self.module, self.sites, old_pg, ep.new_pg)
-            check = self.adapter.verify_sites(self.sites, old_pg, ep.new_pg)
-            stale = int(check.stale)
-            ep.refs_rebound = int(check.total) - stale
-            if not check.ok and not skip:
-                raise RebindError(f"{stale} of {check.total} cached references still name the generation-{ep.g} "
-                                  f"communicator after rebinding: {check.detail}")
+            stale, total = self._rebind_sites(old_pg, ep.new_pg)
+            ep.refs_rebound = total - stale
         retiring = [old_pg]  # this frame's last reference: the old group is destroyed off the critical path
         del old_pg
         self._retiring = [ev for ev in self._retiring if not ev.is_set()] + [_retire_off_path(retiring)]
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=stale),
                   {"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t})
+
+    def _rebind_sites(self, old_pg: Any, new_pg: Any) -> tuple[int, int]:
+        """Rebind every known site from ``old_pg`` to ``new_pg`` and verify: (stale, total); a stale
+        reference left is a :class:`RebindError`."""
+        self.adapter.rebind(self.module, self.sites, old_pg, new_pg)
+        check = self.adapter.verify_sites(self.sites, old_pg, new_pg)
+        if not check.ok:
+            raise RebindError(f"{int(check.stale)} of {check.total} cached references still name the old "
+                              f"communicator after rebinding: {check.detail}")
+        return int(check.stale), int(check.total)
 
     def _discover(self) -> list:
         """Every cached reference to R reachable from the module: the adapter's sites united with the
@@ -1199,9 +1199,6 @@ class Pact(_Engine):
         from .digest import checksum_hex
 
         t = time.monotonic_ns()
-        if self.hooks.bug("skip-validation"):
-            self._act("RankValidate", self._st(PC_VALIDATED), {"digest": "", "duration_ns": time.monotonic_ns() - t})
-            return
         n = len(self.groups.members)
         device = backend_of(ep.new_pg).device_for(ep.new_pg)
         one = torch.ones(1, device=device)
@@ -1263,10 +1260,9 @@ class SpareEngine(_Engine):
         self.spare = spare
         self.published = published
         self._episode = None
-        unheld = self.hooks.bug("unheld-records")
-        self._hold = contextlib.nullcontext if unheld else holding_exit
-        self.control.claims_exit = not unheld
-        self.control.use_seeded_bug(self.hooks.seeded_bug)
+        self._hold = holding_exit
+        self.control.claims_exit = True
+        seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)  # test-only: replaces methods
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
         self.watchdog.start()
 

@@ -38,7 +38,7 @@ def test_one_home_per_concept() -> None:
         r"^BACKENDS\s*[:=]": "impl/backends.py",
         r"^(FAULT_KINDS|KINDS)\s*[:=]": "impl/faults.py",
         r"^FAULT_POINTS\s*[:=]": "impl/faults.py",
-        r"^SEEDED_BUGS\s*[:=]": "impl/hooks.py",
+        r"^SEEDED_BUGS\s*[:=]": "impl/seeded.py",
         # a file name built or globbed in code (a quote right before it); prose in docstrings may name them
         r"[\"'](trace-a|result-a|final-r|job\.json)": "impl/rundir.py",
     }
@@ -83,3 +83,25 @@ def test_store_keys_live_in_the_control_plane() -> None:
     assert not hits, "store keys spelled outside impl/controlplane.py (import its constants):\n" + "\n".join(hits)
     pending = _grep(r"""(?<![\w.])[rfbRFB]{0,2}["']accelpact/""", [ROOT / p for p in sorted(STORE_KEY_PENDING)])
     assert pending or not STORE_KEY_PENDING, f"{sorted(STORE_KEY_PENDING)} spell no key any more: empty STORE_KEY_PENDING"
+
+
+def test_seeded_bugs_replace_methods_and_nothing_branches_on_them() -> None:
+    """Issue 23: a seeded bug is a table entry of replaced engine/control-plane methods
+    (impl/seeded.py); no engine module asks which bug is on, and every replaced name exists on the
+    class it replaces (a renamed method would leave the bug silently inert)."""
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.recovery import Pact, SpareEngine
+    from accelpact.impl.seeded import SEEDED_BUGS
+
+    for name in ("recovery.py", "controlplane.py", "hotswap.py", "api.py", "watchdog.py"):
+        text = (ROOT / "impl" / name).read_text()
+        assert ".bug(" not in text, f"impl/{name} branches on a seeded bug; replace a method in impl/seeded.py instead"
+        for bug in SEEDED_BUGS:
+            assert f'"{bug}"' not in text, f"impl/{name} names seeded bug {bug!r}; its behaviour belongs in impl/seeded.py"
+    for bug, entry in SEEDED_BUGS.items():
+        assert entry.engine or entry.control, bug
+        for attr in entry.engine:
+            assert attr in Pact.__annotations__ or any(hasattr(c, attr) for c in (Pact, SpareEngine)) or \
+                attr in {a for c in Pact.__mro__ for a in getattr(c, "__annotations__", {})}, (bug, attr)
+        for attr in entry.control:
+            assert hasattr(ControlPlane, attr), (bug, attr)

@@ -1,0 +1,120 @@
+"""Seeded bugs: deliberately broken engines that the conformance suite must reject (its teeth).
+
+As ``model/mutants.py`` replaces a model action, each seeded bug *replaces* methods of one rank's
+engine (:class:`~accelpact.impl.recovery.Pact`, :class:`~accelpact.impl.recovery.SpareEngine`)
+or of its control plane (:class:`~accelpact.impl.controlplane.ControlPlane`) on that instance,
+once, at attach (:func:`install`).  Nothing in the engine branches on a seeded bug: read the
+engine for what it does, and this table for how each bug breaks it.
+
+A bug is named in a job (``seeded_bug``) or in test hooks (:class:`accelpact.impl.hooks.Hooks`),
+never in the environment.  Which oracle rejects each: ``conformance/test_conformance.py``
+(``CAUGHT_BY_CHECKER``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["NAMES", "SEEDED_BUGS", "SeededBug", "check", "install"]
+
+
+@dataclass(frozen=True)
+class SeededBug:
+    """One seeded bug: ``engine`` and ``control`` map a method (or attribute) name to its
+    replacement, a function of the instance (bound at install) or, for ``_hold``, a value."""
+
+    doc: str
+    engine: dict[str, Any]
+    control: dict[str, Callable[..., Any]]
+
+
+# ---- replacements of the engine's (recovery.Pact) helpers ----------------------------------------
+def _rebind_sites_unchecked(self: Any, old_pg: Any, new_pg: Any) -> tuple[int, int]:
+    """skip-rebind: no reference is rebound, and the stale ones found are not an error."""
+    check = self.adapter.verify_sites(self.sites, old_pg, new_pg)
+    return int(check.stale), int(check.total)
+
+
+def _validate_nothing(self: Any, ep: Any) -> None:
+    """skip-validation: RankValidate recorded without the collective or the replicas' digests."""
+    from accelpact.model.state import PC_VALIDATED
+
+    t = time.monotonic_ns()
+    self._act("RankValidate", self._st(PC_VALIDATED), {"digest": "", "duration_ns": time.monotonic_ns() - t})
+
+
+def _members_along_wrong_axis(self: Any, ep: Any) -> tuple[tuple[int, ...], str]:
+    """wrong-members: the mesh read along the wrong axis (this rank's position in every failed group)."""
+    members = self.groups.members
+    p = members.index(self.rank)
+    return tuple(members[p] - self.groups.index + j for j in ep.failed), f"{self.groups.name}-at{p}"
+
+
+# ---- replacements of the control plane's -----------------------------------------------------------
+def _key_unfenced(self: Any, g: int, name: str) -> str:
+    """no-fence: keys not namespaced by the generation."""
+    return f"{self.prefix}{name}"
+
+
+def _retire_nothing(self: Any, g: int, group: str) -> None:
+    """no-fence: the revoke key is shared by every generation; left alone."""
+
+
+def _agrees_on_frontier_only(self: Any, row: tuple[int, int], ref: tuple[int, int], g: int) -> bool:
+    """no-fence: a frontier report agrees whatever generation it names."""
+    return row[0] == ref[0]
+
+
+def _quorum_of_one(self: Any) -> int:
+    """early-release: the first release vote is taken as the last."""
+    return 1
+
+
+SEEDED_BUGS: dict[str, SeededBug] = {
+    "skip-rebind": SeededBug("phase 5 skips the rebind and does not fail on stale references",
+                             engine={"_rebind_sites": _rebind_sites_unchecked}, control={}),
+    "early-release": SeededBug("the first release vote decides", engine={}, control={"release_quorum": _quorum_of_one}),
+    "no-fence": SeededBug("control-plane keys not namespaced by the generation", engine={},
+                          control={"key": _key_unfenced, "retire_revoke": _retire_nothing,
+                                   "agrees": _agrees_on_frontier_only}),
+    "unheld-records": SeededBug("a control-plane write and its trace record are not one action",
+                                engine={"_hold": contextlib.nullcontext}, control={}),
+    "skip-validation": SeededBug("phase 6 records its success without the collective or the digests",
+                                 engine={"_validate": _validate_nothing}, control={}),
+    "wrong-members": SeededBug("phase 4 builds R's new communicator with the wrong membership (phase 6 must catch it)",
+                               engine={"_new_members": _members_along_wrong_axis}, control={}),
+}
+
+
+#: the seeded bugs' names, in the table's order
+NAMES: tuple[str, ...] = tuple(SEEDED_BUGS)
+
+
+def check(name: str | None) -> None:
+    """ValueError unless ``name`` is a seeded bug or None."""
+    if name is not None and name not in SEEDED_BUGS:
+        raise ValueError(f"seeded_bug {name!r} is not a seeded bug; use one of {tuple(SEEDED_BUGS)} or None")
+
+
+def install(name: str | None, *, engine: Any = None, control: Any = None) -> None:
+    """Replace, on these instances, what seeded bug ``name`` replaces (None: nothing).  ``_hold``
+    is replaced by value, and with it the control plane's exit claim on an expired wait
+    (``ControlPlane.claims_exit``) goes: both are the hold of one write and its record."""
+    check(name)
+    if name is None:
+        return
+    bug = SEEDED_BUGS[name]
+    if engine is not None:
+        for attr, fn in bug.engine.items():
+            if attr == "_hold":
+                engine._hold = fn
+                engine.control.claims_exit = False
+            elif hasattr(type(engine), attr):
+                setattr(engine, attr, types.MethodType(fn, engine))
+    if control is not None:
+        for attr, fn in bug.control.items():
+            setattr(control, attr, types.MethodType(fn, control))
