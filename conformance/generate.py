@@ -140,6 +140,17 @@ def candidates() -> list[tuple[tuple, Scenario]]:
         Topology(2, 2, spares=1), "fsdp1-hybrid", [Fault(STEP, "backward", "crash", (0, 1), "replicate")])
     add(("3x1", "ddp", "backward", "crash-swap-f2", "-", 2), "3x1-ddp-spare2-backward-crash-r0-r2",
         Topology(3, 1, spares=2), "ddp", [Fault(STEP, "backward", "crash", (0, 2), "world")])
+    # a swapped job meets every later fault the model allows (issue 23): a second swap (the second
+    # spare), a repair of a replicate group after the swap, and a second death during the swap's own
+    # agreement (no replica of the dead identities' state is left whole: L2)
+    t22s2 = Topology(2, 2, spares=2)
+    add(("2x2", "fsdp1-hybrid", "backward", "crash-swap-twice", "-", 2), "2x2-fsdp1-spare2-two-swaps", t22s2,
+        "fsdp1-hybrid", [Fault(2, "backward", "crash", (1,), "replicate"), Fault(5, "backward", "crash", (2,), "replicate")])
+    add(("2x2", "fsdp1-hybrid", "boundary", "crash-swap-then-repair", "-", 2), "2x2-fsdp1-spare1-swap-then-repair",
+        Topology(2, 2, spares=1), "fsdp1-hybrid",
+        [Fault(2, "backward", "crash", (1,), "replicate"), Fault(5, "boundary", "collective_timeout", (0, 2), "replicate")])
+    add(("2x2", "fsdp1-hybrid", "agree", "crash-swap-crash", "-", 2), "2x2-fsdp1-spare2-crash-during-swap", t22s2,
+        "fsdp1-hybrid", [Fault(2, "backward", "crash", (1,), "replicate"), Fault(2, "agree", "crash", (2,), "replicate")])
     # a few 4x2 cases (symmetric scripts only: the model search is larger there)
     for at in ("boundary", "forward"):
         name = f"4x2-fsdp1-{'repair' if at == 'boundary' else 'reject-' + at}"

@@ -195,7 +195,8 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
         # of the scenario may be the one; earlier ones may have been repaired in place)
         every = sc.workload.checkpoint_every
         allowed_c = {(s // every) * every for s in sc.episode_steps}
-        resumed = {r_.get("resumed_from") for r_ in last.values()}
+        # a restart with no checkpoint yet (C = 0) starts from the initial state: resumed_from None
+        resumed = {r_.get("resumed_from") or 0 for r_ in last.values()}
         if len(resumed) != 1 or not resumed <= allowed_c:
             rep.problems.append(f"restart resumed from {sorted(map(str, resumed))}, expected one last checkpoint C in {sorted(allowed_c)}")
         rep.replayed_steps = max(int(r_.get("replayed_steps") or 0) for r_ in last.values())

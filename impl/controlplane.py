@@ -25,7 +25,7 @@ from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED
                                    REASON_DEADLINE, REASON_MISMATCH)
 
 __all__ = ["ABORT_KEY", "DEATHS_KEY", "NEXT_KEY", "PREFIX", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
-           "claimers_key", "comm_generation", "comm_name", "death_key", "heartbeat_key", "progress_key", "state_key",
+           "claimers_key", "comm_generation", "comm_name", "death_key", "heartbeat_key", "progress_key", "spare_gone_key", "state_key",
            "swap_prefix", "swap_rebuilt_key"]
 
 # ---------------------------------------------------------------------------------- store keys
@@ -51,6 +51,11 @@ def death_key(n: int) -> str:
 def assign_key(k: int) -> str:
     """Hot swap: what spare ``k`` waits for (``{dead}:{g}``)."""
     return f"{PREFIX}swap/assign/{k}"
+
+
+def spare_gone_key(k: int) -> str:
+    """Hot swap: set by spare ``k``'s keeper when the spare died idle (no claim takes it)."""
+    return f"{PREFIX}swap/spare-gone/{k}"
 
 
 def claim_key(g: int, dead: int) -> str:

@@ -75,6 +75,10 @@ class FaultInjector:
     plan: Any
     fenced_points: tuple[str, ...] = ("optimizer", "boundary")
     fired: list[Any] = field(default_factory=list)
+    #: a spare that took a rank's identity at F: the identity's faults up to step F struck its first
+    #: process (one of them killed it), so only later steps' fire here; it still joins every fence
+    after_first_step: bool = False
+    _first: int | None = None
 
     def __call__(self, point: str, pact: Any) -> None:
         from .faults import FaultContext
@@ -82,6 +86,10 @@ class FaultInjector:
         step = pact.step_index
         if point in self.fenced_points and self.plan.scheduled(point, step):
             self._fence(point, step, pact)
+        if self._first is None:
+            self._first = step
+        if self.after_first_step and step <= self._first:
+            return
         for f in self.plan.at(point, step, pact.rank):
             self.fired.append(f)
             ctx = FaultContext(pact.trace, pact.rank, pact.gen, pact.model_view(), pact.group_records(), pact.guard,

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, state_key,
+from .controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, spare_gone_key, state_key,
                            swap_prefix)
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
@@ -320,7 +320,8 @@ _GRAVEYARD: list = []  # the survivors' old groups: never destroyed (a gloo grou
 
 def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "") -> tuple[bool, int | None]:
     """The store writes of ``RankClaimSpare`` for ``dead`` in generation ``g``: the first survivor to
-    claim (a counter) takes one spare from the pool (``swap/next``), writes its index into
+    claim (a counter) takes one spare from the pool (``swap/next``; spares whose keeper posted them
+    gone, :func:`~accelpact.impl.controlplane.spare_gone_key`, are passed over), writes its index into
     ``g{g}/spare/{dead}`` (single assignment: ``none`` when the pool is empty) and tells the spare
     (``swap/assign/{k}``).  Returns (this rank was the claimer, the spare it wrote or None).  No
     wait: the engine takes it under its write/record hold."""
@@ -328,6 +329,8 @@ def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "") -> 
     if int(store.add(claimers_key(g, dead), 1)) != 1:
         return False, None
     k = int(store.add(NEXT_KEY, 1)) - 1
+    while k < spares and store.check([spare_gone_key(k)]):  # a spare that died idle is no longer in the pool
+        k = int(store.add(NEXT_KEY, 1)) - 1
     value = str(k) if k < spares else "none"
     stood = store.compare_set(key, "", value).decode()
     if stood == value and value != "none":

@@ -29,15 +29,18 @@ between the agent and the training process: the agent sees the keeper, the keepe
     ``exception``, ...: the job fails as a whole, L2) -> exit ``128 + signal``.  The wait is bounded
     by ``ACCELPACT_KEEPER_WAIT_S`` (seconds, default 86400) and ends early, also with
     ``128 + signal``, if the store cannot be reached.
-  - A spare's own death (``RANK >= WORLD_SIZE - ACCELPACT_SPARES``): exit ``128 + signal`` at once,
-    no notice.
+  - A spare's own death (``RANK >= WORLD_SIZE - ACCELPACT_SPARES``, spare ``k = RANK - (WORLD_SIZE -
+    ACCELPACT_SPARES)``): if a claim had given it a rank's identity (``swap/assign/{k}``), that rank
+    died: its death notice, as above; if it died idle, it is posted gone (``swap/spare-gone/{k}``: no
+    claim takes it) and the job goes on with one spare fewer.  Either way the keeper then waits for
+    the job's end as above, so torchrun sees nothing (:func:`spare_died`).
   - If the keeper itself was asked to stop (SIGTERM/SIGINT, e.g. the agent stopping the group), a
     child killed by a signal is no crash: exit ``128 + signal``, no notice.
 
 Every non-zero exit the keeper decides on its own prints one line on stderr saying why.  A malformed
 ``ACCELPACT_SPARES``, ``RANK``, ``WORLD_SIZE`` or ``ACCELPACT_KEEPER_WAIT_S`` exits 2 naming the variable.
 
-A training rank's keeper imports torch's store client in a background thread while its worker runs
+With spares, every keeper imports torch's store client in a background thread while its worker runs
 (so a notice is posted within milliseconds of the death); without spares it imports nothing.
 """
 
@@ -49,11 +52,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from .controlplane import ABORT_KEY, DEATHS_KEY, death_key
+from .controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, spare_gone_key
 
-__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death",
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death", "spare_died",
            "wait_for_end"]
 
 #: Environment variable: how many spare processes the job has (0: no keeper process at all).
@@ -163,42 +166,70 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _notify_and_wait(env: Mapping[str, str], rank: int, sig: int, wait_s: float) -> int:
-    """A training rank's worker crashed: post the notice, then wait for the job's end (exit code)."""
+def _attempt_store(env: Mapping[str, str]) -> Any:
+    """The job's store under this attempt's namespace (``attempt{TORCHELASTIC_RESTART_COUNT}/``);
+    KeyError/ValueError if MASTER_ADDR/MASTER_PORT are unusable, a store error if it cannot be reached."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    code = 128 + sig
     attempt = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
+    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+    return dist.PrefixStore(f"attempt{attempt}", store)
+
+
+def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callable[[Any], str]) -> int:
+    """A worker died by ``sig``: ``post(store)`` says so on the store (returns what it posted, for
+    stderr), then wait for the job's end: ``closed`` -> 0, an abort reason, a lost store or no end
+    within ``wait_s`` -> ``128 + sig``."""
+    code = 128 + sig
     try:
-        addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+        s = _attempt_store(env)
     except (KeyError, ValueError) as exc:
-        _say(f"worker killed by {_signame(sig)}; no death notice: MASTER_ADDR/MASTER_PORT unusable ({exc!r}); "
+        _say(f"worker killed by {_signame(sig)}; nothing posted: MASTER_ADDR/MASTER_PORT unusable ({exc!r}); "
              f"exiting {code}")
+        return code
+    except Exception as exc:  # noqa: BLE001 - any store failure (connect, reset, timeout) means nothing posted
+        _say(f"worker killed by {_signame(sig)}; could not reach the store ({exc}); exiting {code}")
         return code
     try:
-        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
-        s = dist.PrefixStore(f"attempt{attempt}", store)
-        n = post_death(s, rank)
-    except Exception as exc:  # noqa: BLE001 - any store failure (connect, reset, timeout) means no notice
-        _say(f"worker killed by {_signame(sig)}; could not post the death notice on {addr}:{port} ({exc}); "
-             f"exiting {code}")
+        what = post(s)
+    except Exception as exc:  # noqa: BLE001 - any store failure (reset, timeout) means nothing posted
+        _say(f"worker killed by {_signame(sig)}; could not post on the store ({exc}); exiting {code}")
         return code
+    _say(f"worker killed by {_signame(sig)}: {what}; waiting for the job's end")
     try:
         value = wait_for_end(s, wait_s)
     except Exception as exc:  # noqa: BLE001 - a lost store ends the wait: the job cannot finish through it
-        _say(f"worker killed by {_signame(sig)} (death notice {n} posted); the store became unreachable while "
+        _say(f"worker killed by {_signame(sig)} ({what}); the store became unreachable while "
              f"waiting for the job's end ({exc}); exiting {code}")
         return code
     if value == CLOSED:
         return 0
     if not value:
-        _say(f"worker killed by {_signame(sig)} (death notice {n} posted); the job did not end within "
+        _say(f"worker killed by {_signame(sig)} ({what}); the job did not end within "
              f"{WAIT_ENV}={wait_s:g}s; exiting {code}")
         return code
-    _say(f"worker killed by {_signame(sig)} (death notice {n} posted); the job aborted ({value!r}); exiting {code}")
+    _say(f"worker killed by {_signame(sig)} ({what}); the job aborted ({value!r}); exiting {code}")
     return code
+
+
+def _notify_and_wait(env: Mapping[str, str], rank: int, sig: int, wait_s: float) -> int:
+    """A training rank's worker crashed: post the notice, then wait for the job's end (exit code)."""
+    return _post_and_wait(env, sig, wait_s, lambda s: f"death notice {post_death(s, rank)} posted")
+
+
+def spare_died(store: Any, k: int) -> str:
+    """Spare ``k``'s worker died.  If a claim had assigned it an identity (``swap/assign/{k}``: it
+    holds, or was taking, that rank's place), that rank died: post its death notice.  Otherwise it
+    died idle: post it gone (:func:`~accelpact.impl.controlplane.spare_gone_key`), so that no claim
+    takes it and the job goes on with one spare fewer.  Returns what was posted."""
+    if store.check([assign_key(k)]):
+        identity = int(_s(store.get(assign_key(k))).split(":")[0])
+        return f"spare {k} held rank {identity}: death notice {post_death(store, identity)} posted"
+    store.set(spare_gone_key(k), "1")
+    return f"spare {k} died idle: posted gone"
 
 
 def _warm_import() -> None:
@@ -243,10 +274,10 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         return EXIT_NOT_FOUND
     if stopping:  # asked to stop before the child existed
         proc.send_signal(stopping[0])
-    if training:
-        # import torch's store client while the worker runs (about a second on a loaded node), so that
-        # a death is posted within milliseconds of it: survivors wait for the notice before they act
-        threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
+    # every keeper, a spare's too (a spare holding a rank's identity dies as that rank): import torch's
+    # store client while the worker runs (about a second on a loaded node), so that a death is posted
+    # within milliseconds of it: survivors wait for the notice before they act
+    threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
     rc = proc.wait()
     # The child is gone: a stop request from now on ends the keeper as it would a plain worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -259,8 +290,8 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
              f"exiting {128 + sig}")
         return 128 + sig
     if not training:
-        _say(f"spare (rank {rank} >= {world - spares}) killed by {_signame(sig)}; no death notice; exiting {128 + sig}")
-        return 128 + sig
+        k = rank - (world - spares)
+        return _post_and_wait(env, sig, wait_s, lambda s: spare_died(s, k))
     return _notify_and_wait(env, rank, sig, wait_s)
 
 

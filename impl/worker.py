@@ -232,10 +232,12 @@ def run_job(job: Job) -> int:
         holder["app"] = app
         return app.module, app.optimizer
 
-    # a spare injects nothing: the job's faults name the processes it started with (a crash at step s
-    # of rank r strikes r's first process, not the spare that reruns step s under r's identity)
-    faults = job.faults_for_attempt(attempt) if rank < world else ()
-    hooks = Hooks(injector=FaultInjector(FaultPlan(faults)) if faults else None, seeded_bug=job.seeded_bug)
+    # a fault names an identity and strikes the process holding it; a spare that takes rank r's identity
+    # at F fires r's faults of later steps only (those up to F struck r's first process: one killed it),
+    # and joins every fault fence (a fault at a boundary strikes once all of W reached it)
+    faults = job.faults_for_attempt(attempt)
+    hooks = Hooks(injector=FaultInjector(FaultPlan(faults), after_first_step=rank >= world) if faults else None,
+                  seeded_bug=job.seeded_bug)
     if aj.spare is not None:  # an idle spare reports under its own name (spare_path), not under a rank's
         result.update(spare=aj.spare, outcome="spare-idle")
         rank = -1

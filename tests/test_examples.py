@@ -14,6 +14,7 @@ loopback ports.
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -128,6 +129,51 @@ def test_fsdp2_two_agents_restart_from_checkpoint(tmp_path, fsdp2_reference):
     torchrun("fsdp2_hsdp.py", out, "--fault", "crash@backward:4:1", nproc=2, nnodes=2, max_restarts=1)
     assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [0, 1, 2, 3], \
         "every worker of both agents must run a second attempt"
+    assert_bit_identical(fsdp2_reference, out, 4)
+
+
+def _spare_worker(script: str, rank: int) -> int | None:
+    """The pid of the worker (not the keeper) running ``examples/<script>`` with ``RANK=rank``, if any."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(script.encode() in c for c in cmd) and b"accelpact.impl.keeper" not in cmd \
+                and f"RANK={rank}".encode() in env:
+            return int(d.name)
+    return None
+
+
+def test_an_idle_spares_death_costs_nothing(tmp_path, fsdp2_reference):
+    """Issue 25: SIGKILL of the idle spare's worker from outside while the job trains: its keeper posts
+    it gone and waits; the job finishes with zero restarts (the agent exits 0), bit-identical."""
+    import threading
+
+    from accelpact.impl import inject
+
+    out = tmp_path / "spare-death"
+    killed: list[int] = []
+
+    def kill_the_spare() -> None:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline and not killed:
+            pid = _spare_worker("fsdp2_hsdp.py", 4)
+            if pid is not None and (out / "trace-a0-r0.ndjson").exists():  # the job is training
+                inject.crash(pid)
+                killed.append(pid)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=kill_the_spare, daemon=True)
+    t.start()
+    text = torchrun("fsdp2_hsdp.py", out, "--replicas", "2", nproc=5, spares=1)
+    t.join(timeout=5)
+    assert killed, "the spare's worker was never found to kill"
+    assert "spare 0 died idle: posted gone" in text, text[-3000:]
+    assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [], "no second attempt: nothing restarted"
     assert_bit_identical(fsdp2_reference, out, 4)
 
 

@@ -155,13 +155,54 @@ def test_notices_are_numbered_in_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiproc
-def test_spare_death_exits_without_notice(tmp_path: Path) -> None:
+def test_idle_spare_death_is_absorbed(tmp_path: Path) -> None:
+    """Issue 25: an idle spare SIGKILLed: no death notice, the spare posted gone (no claim takes it),
+    and the keeper waits for the job's end like a training rank's: ``closed`` -> exit 0 (torchrun
+    sees nothing)."""
+    from accelpact.impl.controlplane import spare_gone_key
+
     store = _master()
     with ProcessSet() as ps:
         p = ps.start(KEEPER + _child("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
                      env=_env(tmp_path, "1", rank=2, world=3, port=store.port))
-        assert _wait_exit(p, 20) == 128 + signal.SIGKILL
+        store.wait([_key(0, spare_gone_key(0))], datetime.timedelta(seconds=NOTICE_S))
+        time.sleep(0.3)
+        assert p.poll() is None, f"keeper exited ({p.returncode}) instead of waiting for the job's end"
+        store.set(_key(0, keeper.ABORT_KEY), keeper.CLOSED)
+        assert _wait_exit(p, 10) == 0
     assert not store.check([_key(0, keeper.DEATHS_KEY)])
+
+
+@pytest.mark.multiproc
+def test_a_swapped_in_spare_dies_as_the_rank_it_holds(tmp_path: Path) -> None:
+    """A spare that a claim assigned rank 1 (``swap/assign/0`` = ``1:g:point``) dies: the death notice
+    names rank 1, so the survivors can swap again; an abort then ends the keeper with 128 + signal."""
+    from accelpact.impl.controlplane import assign_key, spare_gone_key
+
+    store = _master()
+    store.set(_key(0, assign_key(0)), "1:0:backward")
+    with ProcessSet() as ps:
+        p = ps.start(KEEPER + _child("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
+                     env=_env(tmp_path, "1", rank=3, world=4, port=store.port))
+        store.wait([_key(0, keeper.death_key(1))], datetime.timedelta(seconds=NOTICE_S))
+        assert store.get(_key(0, keeper.death_key(1))) == b"1"
+        assert not store.check([_key(0, spare_gone_key(0))])
+        store.set(_key(0, keeper.ABORT_KEY), "rejected")
+        assert _wait_exit(p, 10) == 128 + signal.SIGKILL
+
+
+def test_claims_pass_over_a_spare_that_died_idle() -> None:
+    """The pool skips spares posted gone: with spare 0 gone, the first claim takes spare 1; with
+    both gone, the claim stands as none (L2)."""
+    from accelpact.impl import hotswap
+    from accelpact.impl.controlplane import spare_gone_key
+
+    store = _master()
+    store.set(spare_gone_key(0), "1")
+    assert hotswap.claim_write(store, 0, 1, spares=2) == (True, 1)
+    assert store.get(hotswap.assign_key(1)).decode() == "1:0:"
+    store.set(spare_gone_key(1), "1")
+    assert hotswap.claim_write(store, 1, 2, spares=2) == (True, None)
 
 
 @pytest.mark.multiproc
