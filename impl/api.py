@@ -38,7 +38,8 @@ Your code and AccelPact (documented behaviour, spec/implementation.md "Public AP
 * An exception raised by your code inside ``with run.step(step):`` is an in-flight failure: the
   contract decides it (L2 by default): every rank exits 70 and torchrun restarts all of them from the
   last committed checkpoint.  An exception outside ``run.step`` is yours: AccelPact does not catch it
-  (torchrun sees the rank fail and restarts everyone).
+  (torchrun sees the rank fail and restarts everyone); the rank exits 1 after the traceback, never
+  through the interpreter's teardown, which live process groups can turn into SIGABRT.
 * Your own collectives: on groups AccelPact built for you (``shard_group``...) or your own.  Only R
   is repaired in place; a failure of any other group surfaces in your code as the backend's error.
   Collectives on R inside ``run.step`` are observed as failures of R at the next boundary.
@@ -701,6 +702,31 @@ def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups, recor
 
 
 # ------------------------------------------------------------------------------------- init
+def _exit_cleanly_on_uncaught() -> None:
+    """An exception your script does not catch ends the rank with exit code 1 after its traceback, as
+    Python's default does, but without the interpreter's teardown: with process groups alive, their
+    threads' teardown aborts the process ("terminate called without an active exception", SIGABRT,
+    -6; seen after an ``ApiError`` at a second ``attach``).  Installed once, at :func:`init`, after the
+    default group exists: torch's own hook then prints the traceback (with its ``[rankN]:`` prefix)
+    and this one exits."""
+    import sys
+
+    if getattr(sys.excepthook, "_accelpact", False):
+        return
+    previous = sys.excepthook
+
+    def hook(tp: Any, value: Any, tb: Any) -> None:
+        try:
+            previous(tp, value, tb)
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            os._exit(1)
+
+    hook._accelpact = True  # type: ignore[attr-defined]  # a marker on the function: installed once per process
+    sys.excepthook = hook
+
+
 def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any = None, faults: Any = None,
          env: Mapping[str, str] | None = None, **settings: Any) -> TrainingJob:
     """Build this rank's job (collective: every rank calls it, before building its model).
@@ -765,6 +791,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     store = dist.TCPStore(_env(env, "MASTER_ADDR"), _env_int(env, "MASTER_PORT"), is_master=False, timeout=timeout)
     astore = dist.PrefixStore(f"attempt{attempt}", store)
     if rank >= world:  # a spare: no group until it takes a dead rank's identity (TrainingJob.attach)
+        _exit_cleanly_on_uncaught()
         return TrainingJob(settings=s, rank=-1, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                            device=device, store=store, attempt_store=astore, control_group=None,
                            checkpoint_group=None, topology=topo, faults=fault_list, spares=s.spares,
@@ -775,6 +802,9 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     elif dist.get_world_size() != world or dist.get_rank() != rank:
         raise ApiError(f"the default process group (rank {dist.get_rank()} of {dist.get_world_size()}) does not match "
                        f"RANK={rank} WORLD_SIZE={world}")
+    # after init_process_group, whose own hook (the "[rankN]:" prefix) prints into a buffer: ours must
+    # wrap it, not be wrapped by it, or the traceback would be lost at the exit
+    _exit_cleanly_on_uncaught()
     # out-of-band gloo groups over W, in the same order on every rank: the engine's control group
     # (failure flag, validation) and DCP's (never a communicator that may fail)
     from . import revoke

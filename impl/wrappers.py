@@ -33,6 +33,9 @@ class Wrapper:
     wrap: str
     doc: str = ""
     uses_r: tuple[str, ...] = ("backward", "boundary")
+    #: ``module:function`` of ``(module) -> str | None``: why a model under this wrapper's class is
+    #: not this wrapper (e.g. FSDP1 without HYBRID_SHARD); "" if the class says it all
+    unsupported: str = ""
 
     def adapter_class(self) -> Any:
         return _resolve(self.adapter)
@@ -50,7 +53,8 @@ WRAPPERS: dict[str, Wrapper] = {w.name: w for w in (
     # HSDP: R (the replicate group) carries backward's gradient all-reduce only; forward's all-gather
     # and the optimizer step (no gradient clipping) use the shard group or nothing
     Wrapper("fsdp1-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp1:FSDP1Adapter",
-            "accelpact.impl.workload:wrap_fsdp1", "FSDP1 FullyShardedDataParallel, HYBRID_SHARD over (shard, replicate)"),
+            "accelpact.impl.workload:wrap_fsdp1", "FSDP1 FullyShardedDataParallel, HYBRID_SHARD over (shard, replicate)",
+            unsupported="accelpact.impl.adapters.fsdp1:unsupported"),
     Wrapper("fsdp2-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp2:FSDP2Adapter",
             "accelpact.impl.workload:wrap_fsdp2", "FSDP2 fully_shard on a 2-D (replicate, shard) DeviceMesh (HSDP)"),
     Wrapper("ddp", "world", ("world",), "accelpact.impl.adapters.ddp:DDPAdapter",
@@ -77,6 +81,9 @@ def wrapper_of(module: Any) -> Wrapper:
     kind = type(adapter_for(module))
     for w in WRAPPERS.values():
         if w.adapter_class() is kind:
+            problem = _resolve(w.unsupported)(module) if w.unsupported else None
+            if problem:
+                raise ValueError(problem)
             return w
     raise ValueError(f"{type(module).__name__} is not wrapped by a supported wrapper; wrap it with one of "
                      + "; ".join(f"{w.name} ({w.doc})" for w in WRAPPERS.values()))

@@ -70,3 +70,28 @@ def test_fsdp1_hybrid_device_mesh_counts(ranks):
         assert agree and n == 2 * (L + 1) + 1, paths  # + the mesh's _pg_registry entry
         n, agree, paths = r["shard"]
         assert agree and n == 2 * (L + 1) + 1 + 1, paths
+
+
+def full_shard_wrapper(ctx):
+    """FSDP1 FULL_SHARD over the world group: what ``wrapper_of`` says of it (and of HYBRID_SHARD)."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+
+    from accelpact.impl.wrappers import wrapper_of
+
+    torch.manual_seed(0)
+    m = FSDP(torch.nn.Linear(4, 4), process_group=ctx.group, sharding_strategy=ShardingStrategy.FULL_SHARD,
+             device_id=torch.device("cpu"))
+    try:
+        wrapper_of(m)
+    except ValueError as exc:
+        return str(exc)
+    return "accepted"
+
+
+@pytest.mark.timeout(120)
+def test_full_shard_fsdp1_is_not_taken_for_hybrid(ranks):
+    """Issue 23: ``wrapper_of`` reads FSDP1's sharding_strategy: FULL_SHARD has no replicate group to
+    repair, so it is refused with what to do, not taken for ``fsdp1-hybrid``."""
+    for msg in ranks.run(full_shard_wrapper, 2, init_group=True, timeout_s=90).values():
+        assert "FULL_SHARD has no replicate group" in msg and "HYBRID_SHARD" in msg, msg

@@ -19,6 +19,23 @@ from .walker import ATTR, KEY, SLOT, RefSite
 _STATE_ATTRS = ("process_group", "_inter_node_pg")
 
 
+def unsupported(module: Any) -> str | None:
+    """Why this FSDP1 model cannot be recovered in place, or None.  AccelPact repairs R, the
+    replicate group of HYBRID_SHARD (a replica holds every shard); FULL_SHARD, SHARD_GRAD_OP and
+    NO_SHARD over one group have no replicate group to repair, so they are not ``fsdp1-hybrid``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+
+    hybrid = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
+    bad = sorted({m.sharding_strategy.name for m in module.modules()
+                  if isinstance(m, FSDP) and m.sharding_strategy not in hybrid})
+    if not bad:
+        return None
+    return (f"FSDP1 with sharding_strategy {', '.join(bad)} has no replicate group to repair in place; AccelPact "
+            "recovers FSDP1 as HYBRID_SHARD: wrap with sharding_strategy=ShardingStrategy.HYBRID_SHARD and "
+            "process_group=(job.shard_group, job.replicate_group)")
+
+
 def _mesh_sites(mesh: Any, old_pg: Any, path: str, seen: set[int]) -> list[RefSite]:
     out: list[RefSite] = []
     if mesh is None:
