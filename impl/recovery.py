@@ -751,12 +751,15 @@ class Pact(_Engine):
         """Issue 26: with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a group whose work
         failed and raises nothing, so a step whose shard-group collective failed could stand.  Any
         training group whose backend recorded an error (:func:`backends.recorded_errors`; R left out
-        when its probe failed: that is the boundary's own, repairable failure) ends the rank (L2)."""
+        when its probe failed: that is the boundary's own, repairable failure) is an in-flight failure
+        of the step: the contract rejects it (L2, exit 70)."""
         from .backends import recorded_errors
 
         skip = (self.groups.name, self.groups.key) if observed else ()
         if bad := recorded_errors(self.group_records(), skip=skip):
-            self._fail(RuntimeError(f"NCCL recorded an error on group(s) {bad} during the step (aborted by its "
+            # a collective of the step failed: an in-flight failure (RankObserve, RankReject: exit 70),
+            # observed only now; which point of the step is not known, and every in-flight point is L2
+            self._observe_in_flight("backward", RuntimeError(f"NCCL recorded an error on group(s) {bad} during the step (aborted by its "
                                     "watchdog, TORCH_NCCL_ASYNC_ERROR_HANDLING=2): the step's result is not trusted"))
 
     def _probe(self, loss) -> tuple[bool, BaseException | None]:
@@ -1038,8 +1041,11 @@ class Pact(_Engine):
         ep = _Episode(self.gen, self.groups.index in failed, tuple(failed), t0, t_obs, err)
         ep.revoke_to_observe_ns = self._revoke_latency(ep)
         self._episode = ep
-        if not ep.member:  # a member recorded its RankObserve at the boundary, before its flag
-            self._observe(ep.g, member=False, failed=ep.failed, error=None)
+        if self._observed_gen != ep.g:
+            # a member whose own probe failed recorded its RankObserve at the boundary, before its flag;
+            # a rank outside the failed groups, or a member whose probe passed while a peer's failed,
+            # learns of the failure from the flag and records it now (a member then publishes R's revoke)
+            self._observe(ep.g, member=ep.member, failed=ep.failed, error=None)
         member = (self._replace, self._rebind, self._validate) if ep.member else (None, None, None)
         phases = (
             ("guard", (self._guard,)),

@@ -68,7 +68,7 @@ def _measure(step: int, report=None) -> dict:
 
 def ddp_worker(ctx, steps: int = 4, faults=(), deadline_s: float = 8.0, step_deadline_s: float | None = None,
                reference: bool = True, measure: bool = False, seeded_bug: str | None = None,
-               write_to_record_s: float = 0.0) -> dict:
+               write_to_record_s: float = 0.0, probe_passes_on: int | None = None) -> dict:
     """DDP over the default group (``init_group=True``) with the real adapter
     (:class:`accelpact.impl.adapters.DDPAdapter`, chosen by ``attach``): a reference run without
     the pact (``reference``), then the run under the pact with ``faults``.  Returns both snapshots,
@@ -125,6 +125,16 @@ def ddp_worker(ctx, steps: int = 4, faults=(), deadline_s: float = 8.0, step_dea
     pact = attach(model, opt, groups=groups, control=cp, trace=trace, deadline_s=deadline_s,
                   step_deadline_s=step_deadline_s, hooks=hooks_for(faults, seeded_bug, write_to_record_s))
     assert isinstance(pact.adapter, DDPAdapter), pact.adapter
+    if rank == probe_passes_on:
+        # a member whose boundary probe passed while a peer's failed (a race gloo does not produce on
+        # two ranks, NCCL may): this rank learns of R's failure from the failure flag only
+        real = pact._probe
+
+        def passed(loss):
+            real(loss)  # the collective itself (the fault's fence, the peer's all-reduce), its failure unseen
+            return False, None
+
+        pact._probe = passed
     if measure:
         rows.append(_measure(-1))
     train(model, opt, pact, 0, steps)
@@ -269,6 +279,20 @@ def test_ten_repairs_no_leak(ranks):
             assert x["fds"] == base["fds"], (r, [y["fds"] for y in repairs])
             assert x["threads"] == base["threads"], (r, [y["threads"] for y in repairs])
             assert x["groups"] == base["groups"] == rows[0]["groups"]
+
+
+@pytest.mark.timeout(120)
+def test_a_member_whose_probe_passed_observes_from_the_flag(ranks):
+    """Issue 23: R fails at rank 0's boundary while rank 1's probe passes; rank 1 learns of it from the
+    failure flag, records its RankObserve (as a member) before its RankGuard, and the repair conforms."""
+    faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [0], "group": "world"}]
+    run = ranks.run(ddp_worker, 2, init_group=True, steps=3, faults=faults, reference=False, probe_passes_on=1)
+    assert run.codes == {0: 0, 1: 0}, run.explain()
+    acts = [x for x in run.trace(1) if x.get("type") == "action"]
+    names = [x["action"] for x in acts]
+    assert names[:2] == ["RankObserve", "RankGuard"], names
+    assert acts[0]["detail"]["member"] is True, acts[0]
+    _assert_conforms(run, 2)
 
 
 @pytest.mark.timeout(120)

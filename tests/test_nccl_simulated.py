@@ -86,7 +86,7 @@ def _judge(groups: dict[str, object], observed: bool = False):
     others = {k: record_group(g) for k, g in groups.items() if k != "replicate"}
     others["control"] = SocketRecord(backend="gloo")
     stub = types.SimpleNamespace(groups=types.SimpleNamespace(name="replicate", key="replicate/0", others=others),
-                                 _record=r, _fail=failed.append)
+                                 _record=r, _observe_in_flight=lambda point, exc: failed.append(exc))
     stub.group_records = types.MethodType(Pact.group_records, stub)
     Pact._fail_on_backend_errors(stub, observed)
     return failed[0] if failed else None
