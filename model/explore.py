@@ -60,11 +60,12 @@ def exit_bound_limit(cfg: Config) -> int:
 
     Once ``store.abort`` is set no new group failure can start, so each rank takes at most
     :data:`STEPS_PER_RANK` steps, every remaining fault costs one step, and the supervisor
-    restart is one more: ``12 * |W| + max_faults + 1``; with spares (hot swap), plus one step per
-    spare: a deposed holder that wakes is fenced out (RankFenced) whether or not an abort stands.
+    restart is one more: ``12 * |W| + max_faults + 1``; with spares (hot swap), plus two steps per
+    spare: a deposed holder wakes (``RankFenced(rank, wake)``) and is fenced out at its first store
+    operation (``RankFenced(rank)``) whether or not an abort stands.
     The search measures the real longest path and checks it against this bound.
     """
-    return STEPS_PER_RANK * len(cfg.world) + cfg.max_faults + 1 + cfg.spares
+    return STEPS_PER_RANK * len(cfg.world) + cfg.max_faults + 1 + 2 * cfg.spares
 
 
 def l1_config(cfg: Config) -> Config:

@@ -1,4 +1,4 @@
-"""Safety properties as predicates on one state (spec/properties.md: S1-S12, and W1-W2 for the model itself).
+"""Safety properties as predicates on one state (spec/properties.md: S1-S13, and W1-W2 for the model itself).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
 when it holds, or a sentence saying what is wrong.
@@ -21,6 +21,7 @@ from typing import Callable
 from .state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
+    DEPOSED_ACTING,
     EXIT_REASONS,
     PC_CRASHED,
     PC_EXITED,
@@ -31,6 +32,9 @@ from .state import (
     Config,
     State,
 )
+
+#: the program counters of a seat no live process holds (the oracle's own list)
+_GONE = (PC_EXITED, PC_CRASHED, PC_RESTARTED)
 
 #: the points of a step inside it (not at the committed boundary): the oracle's own reading of STEP_ORDER
 _IN_FLIGHT = tuple(p for p in STEP_ORDER if p != "boundary")
@@ -51,13 +55,6 @@ def _qualifies_l1(cfg: Config, phase: str, died: bool = False, spare: bool = Fal
                 and bool(k.died) == died and bool(k.spare) == spare and bool(k.replica) == replica and "L1" in e.actions):
             return True
     return False
-
-
-def _failed_groups(s: State, gen: int) -> frozenset[int] | None:
-    """The groups whose communicators failed in generation ``gen`` (raw ``Store.failed``), or None
-    when the store's failure entry is of another generation."""
-    f = s.store.failed
-    return f[2] if f is not None and f[0] == gen else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,17 +142,20 @@ def agreement_quorum(cfg: Config, s: State) -> str | None:
 
 def l1_only_qualified(cfg: Config, s: State) -> str | None:
     """S3: L1 (resume) only at a committed boundary, with passing guards, for a key the envelope
-    qualifies for L1: the full key, with the hot-swap facts of the generation (a rank died in it:
-    ``Store.dead``; a spare claimed for each dead rank: ``Store.claims``; each one's state received
-    from a replica: history ``transfers``).  Judged from the envelope's raw entries and the guard
-    flags directly, never by the contract's ``decide`` or ``Envelope.lookup`` (which the protocol calls)."""
-    for g, r, point, dirty, *_ in sorted(s.resumed):
-        if point in _IN_FLIGHT:
+    qualifies for L1: the full key, with the point at which the rank observed the failure (history
+    ``resumed``, from ``Rank.seen``: not the ``boundary`` a discard rewrote its point to) and the
+    hot-swap facts of the generation (a rank died in it: ``Store.dead``; a spare claimed for each dead
+    rank: ``Store.claims``; each one's state received from a replica: history ``transfers``).  In
+    flight only where a rank died (a swap after a discard, if the envelope lists that key).  Judged from
+    the envelope's raw entries and the guard flags directly, never by the contract's ``decide`` or
+    ``Envelope.lookup`` (which the protocol calls)."""
+    for g, r, point, dirty in sorted(s.resumed):
+        dead = [d for gd, d in s.store.dead if gd == g]
+        died = bool(dead)
+        if point in _IN_FLIGHT and not died:
             return f"rank {r} resumed (L1) from generation {g} after a failure in flight ({point})"
         if dirty:
             return f"rank {r} resumed (L1) from generation {g} with a failed guard (outstanding gradients or a busy wrapper)"
-        dead = [d for gd, d in s.store.dead if gd == g]
-        died = bool(dead)
         spare = died and all(any(gc == g and dc == d for gc, dc, _i in s.store.claims) for d in dead)
         replica = died and all((g, d, True) in s.transfers for d in dead)
         if not _qualifies_l1(cfg, point, died, spare, replica):
@@ -175,21 +175,22 @@ def fenced_release(cfg: Config, s: State) -> str | None:
 
 def rebind_complete(cfg: Config, s: State) -> str | None:
     """S5: a rank resumes from generation g holding the communicator it must (generation g+1's if
-    its group failed in g, its old one otherwise), and every cached reference names that one.
-    Judged on the ranks that train in g+1 while g's failure entry is still the store's (the state
-    right after each RankResume is one of them), with R read from the raw ``Store.failed``, not by
-    the protocol's ``_member`` (nor the ``rebound_ok`` that RankResume computes with it)."""
+    its group failed in g; otherwise the one built after the last generation in which its group
+    failed, generation 0's if it never did), and every cached reference names that one.  Judged on
+    every rank that trains in a generation > 0, with the groups that failed in each generation read
+    from history ``failures`` (``Store.failed`` keeps only the latest episode), not through the
+    protocol's ``_member``."""
     for r, rk in enumerate(s.ranks):
         if rk.pc != PC_TRAIN or rk.gen == 0:
             continue
-        groups = _failed_groups(s, rk.gen - 1)
-        if groups is None:
-            continue
-        want = rk.gen if cfg.group_of(r) in groups else rk.comm
+        grp = cfg.group_of(r)
+        last = max((g for g, gi in s.failures if gi == grp and g < rk.gen), default=-1)
+        want = last + 1
         if rk.comm != want or any(ref != want for ref in rk.refs):
-            return (f"rank {r} resumed from generation {rk.gen - 1} with communicator {rk.comm} and references "
-                    f"{list(rk.refs)}: it must hold generation {want}'s (its group "
-                    f"{'failed' if cfg.group_of(r) in groups else 'did not fail'}) and every reference must name it")
+            why = (f"its group failed in generation {last}, the last before {rk.gen}" if last >= 0
+                   else "its group never failed")
+            return (f"rank {r} trains in generation {rk.gen} with communicator {rk.comm} and references "
+                    f"{list(rk.refs)}: it must hold generation {want}'s ({why}) and every reference must name it")
     return None
 
 
@@ -228,8 +229,7 @@ def replicas_validated(cfg: Config, s: State) -> str | None:
     ``validated``: the collective's membership is the group's), and the members of g's failed groups still in g (not exited: an exited
     process holds nothing) are not corrupt, and the members of each group hold one shard (their
     group's, or the one a spare received) at one optimizer step.  The oracle's own digest
-    comparison, from the ranks' fields: not the protocol's ``_replicas_agree`` (nor the
-    ``released_disagreeing`` it computes with it)."""
+    comparison, from the ranks' fields: not the protocol's ``_replicas_agree``."""
     f = s.store.failed
     if f is None or _decided(s.store.release, f[0]) != DECISION_RELEASE:
         return None
@@ -275,14 +275,57 @@ def spare_state_exact(cfg: Config, s: State) -> str | None:
 def one_holder(cfg: Config, s: State) -> str | None:
     """S10: no identity is held by two live processes: a process deposed from a rank's identity (a
     spare took it) never acts as that rank again while the rank's seat is alive -- a late-waking
-    "dead" rank is fenced out by the identity's incarnation before it does anything."""
+    "dead" rank (``RankFenced(rank, wake)``: a stage the spec reaches) is fenced out by the identity's
+    incarnation at its first store operation, before it does anything (history ``deposed``: a woken
+    process that went on past that operation is ``DEPOSED_ACTING``)."""
     if not s.deposed:
         return None
-    for g, d, inc, awake in sorted(s.deposed):
+    for g, d, inc, stage in sorted(s.deposed):
         rk = s.ranks[d]
-        if awake and rk.pc not in (PC_EXITED, PC_CRASHED, PC_RESTARTED):
+        if stage == DEPOSED_ACTING and rk.pc not in _GONE:
             return (f"rank {d}'s identity is held by two live processes: incarnation {rk.inc} ({rk.pc}) and the "
                     f"deposed incarnation {inc} (deposed in generation {g}), which woke and was not fenced out")
+    return None
+
+
+def identity_conserved(cfg: Config, s: State) -> str | None:
+    """S13: one holder per identity and incarnation, and the spare pool conserved.  From the store's raw
+    claims (``g{g}/spare/{rank}``), the dead ranks, the pool (``Store.spares``), history ``joins`` and each
+    seat's incarnation: a claim names a rank that died in training in that generation, at most one claim
+    per dead identity and generation, each incarnation of an identity claimed once and one above the
+    identity's previous one; every claim took one spare from the pool (claims + spares left = the job's
+    spares); every join took a claimed incarnation, at most one per claim; and a live seat is held by
+    the identity's latest joined incarnation (0, the original process, when no spare joined)."""
+    st = s.store
+    if not (st.claims or s.joins or st.spares != cfg.spares):
+        return None
+    if len(st.claims) + st.spares != cfg.spares:
+        return (f"the spare pool is not conserved: {len(st.claims)} claim(s) and {st.spares} spare(s) left, "
+                f"but the job has {cfg.spares} spare(s)")
+    per_rank: dict[int, list[tuple[int, int]]] = {}
+    for g, d, inc in sorted(st.claims):
+        if (g, d) not in st.dead:
+            return f"a spare was claimed for rank {d} in generation {g}, but rank {d} did not die in training in it"
+        per_rank.setdefault(d, []).append((g, inc))
+    for d, rows in per_rank.items():
+        gens = [g for g, _inc in rows]
+        if len(set(gens)) != len(gens):
+            return f"rank {d}'s identity was claimed twice in one generation: (generation, incarnation) {rows}"
+        incs = [inc for _g, inc in rows]  # by generation
+        if incs != list(range(1, len(incs) + 1)):
+            return (f"rank {d}'s identity was claimed at incarnations {incs} over generations {gens}: each claim "
+                    "must take the next incarnation, once")
+    joined: dict[int, int] = {}
+    for g, d, inc in sorted(s.joins):
+        if (g, d, inc) not in st.claims:
+            return f"a spare joined as rank {d} at incarnation {inc} in generation {g} without that claim"
+        if joined.get(d, -1) >= inc:
+            return f"two spares joined as rank {d} at incarnation {inc}"
+        joined[d] = inc
+    for d, rk in enumerate(s.ranks):
+        if rk.pc not in _GONE and rk.inc != joined.get(d, 0):
+            return (f"rank {d}'s seat is held by incarnation {rk.inc} ({rk.pc}), but its latest joined incarnation "
+                    f"is {joined.get(d, 0)}")
     return None
 
 
@@ -357,6 +400,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S6", "StatePreserved", state_preserved),
     Invariant("S8", "ReplicasValidated", replicas_validated),
     Invariant("S10", "OneHolder", one_holder),
+    Invariant("S13", "IdentityConserved", identity_conserved),
     Invariant("S11", "DiscardLeavesNoTrace", discard_leaves_no_trace),
     # model well-formedness: checked on every state, but true of the encoding, not of the protocol
     Invariant("W2", "ExitReasons", exit_reasons),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Callable, Mapping
 
 from .contract import IN_FLIGHT_PHASES, decide
@@ -35,7 +36,7 @@ from .protocol import (
     _via_store,
     true_lookup,
 )
-from .state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_JOINED, PC_OBSERVED,
+from .state import (DECISION_COMMIT, DECISION_RELEASE, DEPOSED_ACTING, DEPOSED_AWAKE, PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_JOINED, PC_OBSERVED,
                     PC_READY, PC_REBOUND, PC_TRAIN, REASON_DEADLINE, REASON_MISMATCH, RECOVERY_PCS, Config, State,
                     Store)
 
@@ -244,11 +245,14 @@ def _transfer_any_time(spec: ActionSpec) -> Enabled:
     return enabled
 
 
-# no-identity-fence: a deposed holder that wakes is not checked against its identity's incarnation
+# no-identity-fence: a deposed holder that woke is not checked against its identity's incarnation at
+# its first store operation: it goes on acting as the rank
 def _wake_unfenced(spec: ActionSpec) -> Step:
     def step(cfg, s, r, arg):
-        entry = min(e for e in s.deposed if e[1] == r and not e[3])
-        return replace(s, deposed=(s.deposed - {entry}) | {entry[:3] + (True,)})
+        if arg == _protocol.WAKE:
+            return spec.step(cfg, s, r, arg)
+        entry = min(e for e in s.deposed if e[1] == r and e[3] == DEPOSED_AWAKE)
+        return replace(s, deposed=(s.deposed - {entry}) | {(*entry[:3], DEPOSED_ACTING)})
     return step
 
 
@@ -296,23 +300,23 @@ def _transfer_from_anyone(spec: ActionSpec) -> ActionSpec:
 # every action with the protocol module's helper swapped for a broken one (the spec's module is
 # restored after each call: the model is single-threaded per process; engine_parallel forks).
 
-def _with_helper(helper: str, broken: Callable) -> Callable[[ActionSpec], ActionSpec]:
+def _with_helper(helper: str, broken: Callable, module: ModuleType = _protocol) -> Callable[[ActionSpec], ActionSpec]:
     def make(spec: ActionSpec) -> ActionSpec:
         def swapped(fn):
             def call(cfg, s, r, arg):
-                good = getattr(_protocol, helper)
-                setattr(_protocol, helper, broken)
+                good = getattr(module, helper)
+                setattr(module, helper, broken)
                 try:
                     return fn(cfg, s, r, arg)
                 finally:
-                    setattr(_protocol, helper, good)
+                    setattr(module, helper, good)
             return call
         return replace(spec, enabled=swapped(spec.enabled), step=swapped(spec.step))
     return make
 
 
-def _helper_everywhere(helper: str, broken: Callable) -> dict[str, Callable[[ActionSpec], ActionSpec]]:
-    return {name: _with_helper(helper, broken) for name in ACTIONS}
+def _helper_everywhere(helper: str, broken: Callable, module: ModuleType = _protocol) -> dict[str, Callable[[ActionSpec], ActionSpec]]:
+    return {name: _with_helper(helper, broken, module) for name in ACTIONS}
 
 
 # weak-replicas-agree: the digest comparison ignores the bits (a corrupt replica compares equal)
@@ -355,6 +359,28 @@ def _transfer_claiming_replica(spec: ActionSpec) -> ActionSpec:
         return _send_claiming_replica(cfg, s, r, _spares_to_load(cfg, s, r) + _orphans(cfg, s, r))
 
     return replace(broken, step=step)
+
+
+# claim-keeps-pool: the claim hands the identity to a spare without taking it from the pool
+def _claim_keeping_pool(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        return spec.step(cfg, s, r, arg).with_store(spares=s.store.spares)
+    return step
+
+
+# double-claim: helper hotswap.unclaimed reads no claim: every dead rank of the generation is "not
+# claimed yet", so a second survivor claims it again (and takes another spare)
+def _unclaimed_ignoring_claims(s: State, gen: int) -> tuple[int, ...]:
+    return hotswap.dead_in(s, gen)
+
+
+# fence-reads-next-generation: helper hotswap.claim_of, for the fence, reads the identity's key of the
+# generation after the deposed one (g{g+1}/spare/{rank}, empty): the woken process finds no later incarnation
+_claim_of = hotswap.claim_of
+
+
+def _claim_of_next_generation(s: State, gen: int, r: int) -> int | None:
+    return _claim_of(s, gen + 1, r)
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -409,7 +435,7 @@ MUTANTS: dict[str, Mutant] = {
                ("S12", "S9"), {"RankClaimSpare": _enabled(_claim_without_replica), "RankTransferState": _transfer_from_anyone}),
         # issue 24: helpers replaced for the protocol, and a history fact written wrong
         Mutant("weak-replicas-agree",
-               "helper _replicas_agree (phase 6's digests, and the protocol's own released_disagreeing) ignores a corrupt replica's bits",
+               "helper _replicas_agree (phase 6's digests) ignores a corrupt replica's bits",
                ("S8",), _helper_everywhere("_replicas_agree", _replicas_agree_ignoring_bits)),
         Mutant("shrunk-member",
                "helper _member (who is in R) counts only the first member of each failed group: the others keep the broken communicator",
@@ -420,6 +446,15 @@ MUTANTS: dict[str, Mutant] = {
                "swap-without-replica, and the history fact transfers records every sender as a replica of the dead rank",
                ("S9",), {"RankClaimSpare": _enabled(_claim_without_replica),
                          "RankTransferState": _transfer_claiming_replica}),
+        Mutant("fence-reads-next-generation",
+               "helper hotswap.claim_of, for the fence, reads the next generation's identity key: a woken deposed process finds no later incarnation and acts",
+               ("S10",), {"RankFenced": _with_helper("claim_of", _claim_of_next_generation, hotswap)}),
+        # issue 24: one holder per identity and incarnation, the spare pool conserved (S13)
+        Mutant("claim-keeps-pool", "claiming a spare for a dead rank does not take it from the pool (Store.spares)",
+               ("S13",), {"RankClaimSpare": _step(_claim_keeping_pool)}),
+        Mutant("double-claim",
+               "helper hotswap.unclaimed ignores the claims: a dead identity is claimed again by another survivor",
+               ("S13",), _helper_everywhere("unclaimed", _unclaimed_ignoring_claims, hotswap)),
     )
 }
 

@@ -24,6 +24,9 @@ from .contract import IN_FLIGHT_PHASES, decide
 from .state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
+    DEPOSED_ACTING,
+    DEPOSED_AWAKE,
+    DEPOSED_STOPPED,
     PC_AGREED,
     PC_ARRIVED,
     PC_CRASHED,
@@ -322,7 +325,7 @@ def _st_observe(cfg: Config, s: State, r, point) -> State:
     # in flight, the step is uncommitted: gradients outstanding, the wrapper mid-pass, RNG and data
     # cursor one step past the committed frontier
     inflight = point in IN_FLIGHT_PHASES
-    s = s.with_rank(r, pc=PC_OBSERVED, point=point, frontier=rk.frontier + step, tau=rk.tau + step,
+    s = s.with_rank(r, pc=PC_OBSERVED, point=point, seen=point, frontier=rk.frontier + step, tau=rk.tau + step,
                     grads=inflight, ahead=1 if inflight else 0)
     if _member(cfg, s, r):  # members publish revoke(R, g) so every rank observes within ms
         s = s.with_store(revoked=s.store.revoked | {rk.gen})
@@ -529,8 +532,6 @@ def _en_decide_release(cfg, s, r, arg) -> bool:
 
 def _st_decide_release(cfg, s, r, arg) -> State:
     g = s.ranks[r].gen
-    if true_lookup(s.store.release, g) is None and not _replicas_agree(cfg, s, _failed_members(cfg, s)):
-        s = s.with_(released_disagreeing=s.released_disagreeing | {g})  # history: what S8 judges
     return s.with_store(release=_compare_set(s.store.release, g, DECISION_RELEASE))
 
 
@@ -541,12 +542,11 @@ def _en_resume(cfg, s, r, arg) -> bool:
 
 def _st_resume(cfg, s, r, arg) -> State:
     rk = s.ranks[r]
-    want = rk.gen + 1 if _member(cfg, s, r) else rk.comm
-    rebound = rk.comm == want and all(ref == want for ref in rk.refs)
-    entry = (rk.gen, r, rk.point, rk.dirty, rk.gen not in s.released_disagreeing, rebound)
+    # the point it observed the failure at (not the ``boundary`` a discard rewrote it to; a spare's: its transfer's)
+    entry = (rk.gen, r, rk.seen or rk.point, rk.dirty)
     if s.store.claims and (rk.gen, r, rk.inc) in s.store.claims:  # a spare's first resume: what S9 judges
         s = s.with_(swapped=s.swapped | {(rk.gen, r, rk.shard, rk.tau, rk.ahead, rk.grads, rk.corrupt)})
-    s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", dirty=False, delayed=False, replayed=0)
+    s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", seen="", dirty=False, delayed=False, replayed=0)
     return s.with_(resumed=s.resumed | {entry})
 
 
@@ -712,7 +712,7 @@ def _st_group_fail(cfg, s, r, point) -> State:
     gen, f = max(rk.gen for rk in s.ranks), s.store.failed
     groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {_failing_group(cfg, r)}
     s = s.with_store(failed=(gen, point, groups))
-    return s.with_(faults=s.faults + 1)
+    return s.with_(faults=s.faults + 1, failures=s.failures | {(gen, _failing_group(cfg, r))})
 
 
 def _bump(s: State) -> State:
@@ -759,6 +759,7 @@ def _st_crash_in_training(cfg, s, r, point) -> State:
     gen, f = s.ranks[r].gen, s.store.failed
     groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {cfg.group_of(r)}
     s = s.with_store(failed=(gen, point, groups), dead=s.store.dead | {(gen, r)})
+    s = s.with_(failures=s.failures | {(gen, cfg.group_of(r))})
     return _bump(s.with_rank(r, pc=PC_CRASHED, hung=False, raised=False))
 
 
@@ -937,7 +938,7 @@ def _st_join(cfg, s, r, arg) -> State:
     inc = hotswap.claim_of(s, rk.gen, r)
     assert inc is not None
     spare = Rank(pc=PC_JOINED, gen=rk.gen, frontier=-1, tau=-1, comm=-1, refs=(-1,) * cfg.refs, inc=inc, shard=SHARD_NONE)
-    s = s.with_(deposed=s.deposed | {(rk.gen, r, rk.inc, False)})
+    s = s.with_(deposed=s.deposed | {(rk.gen, r, rk.inc, DEPOSED_STOPPED)}, joins=s.joins | {(rk.gen, r, inc)})
     return s.with_rank(r, **{name: getattr(spare, name) for name in _RANK_FIELDS})
 
 
@@ -976,16 +977,32 @@ def _send_state(cfg: Config, s: State, p: int, spares: tuple[int, ...]) -> State
     return s
 
 
+#: ``RankFenced``'s argument for the instance in which a deposed process wakes (the other instance,
+#: without an argument, is its first store operation)
+WAKE = "wake"
+
+
 def _en_fenced(cfg, s, r, arg) -> bool:
-    """A deposed process of rank r's identity (stopped, not dead) wakes up."""
-    return any(d == r and not awake for _g, d, _inc, awake in s.deposed)
+    """``RankFenced(r, wake)``: a deposed process of rank r's identity, stopped, not dead, wakes up.
+    ``RankFenced(r)``: a woken one makes its first store operation."""
+    want = DEPOSED_STOPPED if arg == WAKE else DEPOSED_AWAKE
+    return any(d == r and stage == want for _g, d, _inc, stage in s.deposed)
 
 
 def _st_fenced(cfg, s, r, arg) -> State:
-    """Its first store operation reads its identity's incarnation (``g{g}/spare/{rank}``), finds a
-    later one, and it exits at once, writing nothing (no abort: the job goes on without it)."""
-    entry = min(e for e in s.deposed if e[1] == r and not e[3])
-    return s.with_(deposed=s.deposed - {entry})
+    """Waking, it runs again (nothing read yet).  Its first store operation reads its identity's
+    incarnation (``g{g}/spare/{rank}``): it finds a later one (or no store) and exits at once, writing
+    nothing (no abort: the job goes on without it); finding none later, it would go on as the rank
+    (``DEPOSED_ACTING``; never in the spec: every deposed identity was claimed at a later incarnation)."""
+    if arg == WAKE:
+        entry = min(e for e in s.deposed if e[1] == r and e[3] == DEPOSED_STOPPED)
+        return s.with_(deposed=(s.deposed - {entry}) | {(*entry[:3], DEPOSED_AWAKE)})
+    entry = min(e for e in s.deposed if e[1] == r and e[3] == DEPOSED_AWAKE)
+    g, _d, inc, _stage = entry
+    held = hotswap.claim_of(s, g, r)
+    if s.store.down or (held is not None and held > inc):
+        return s.with_(deposed=s.deposed - {entry})
+    return s.with_(deposed=(s.deposed - {entry}) | {(g, r, inc, DEPOSED_ACTING)})
 
 
 # --------------------------------------------------------------------------------------
@@ -1022,7 +1039,7 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankTransferState", "rank", 3, _en_transfer, _st_transfer,
                    doc="a replica at the committed boundary sends its state to the spares of its group"),
         ActionSpec("RankFenced", "rank", None, _en_fenced, _st_fenced,
-                   doc="a deposed holder wakes: its store operation finds a later incarnation; it exits"),
+                   doc="a deposed holder wakes (arg wake); its first store operation finds a later incarnation; it exits"),
         ActionSpec("FaultGroupFail", "fault", None, _en_group_fail, _st_group_fail, fault_kind="group_fail", doc="R's communicator fails at a point"),
         ActionSpec("FaultCrash", "fault", None, _en_crash, _st_crash, fault_kind="crash"),
         ActionSpec("FaultHang", "fault", None, _en_hang, _st_hang, fault_kind="hang"),
@@ -1059,6 +1076,9 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
                 out.extend(Action(spec.name, None, p) for p in cfg.points)
             else:  # one instance per group, acted by its first rank (the group's representative)
                 out.extend(Action(spec.name, cfg.members(gi)[0], p) for gi in cfg.groups for p in cfg.points)
+        elif spec.name == "RankFenced":  # a deposed process wakes, then makes its first store operation
+            out.extend(Action(spec.name, r, WAKE) for r in cfg.world)
+            out.extend(Action(spec.name, r) for r in cfg.world)
         elif spec.name == "RankObserve":  # one instance per point where a failure can be observed
             seen = tuple(q for q in STEP_ORDER if any(q in cfg.observable(p) for p in cfg.points))
             out.extend(Action(spec.name, r, q) for r in cfg.world for q in seen)

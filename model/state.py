@@ -72,6 +72,12 @@ SHARD_OWN = -1
 #: ``Rank.shard`` of a spare that joined but holds no state yet (``PC_JOINED``).
 SHARD_NONE = -2
 
+#: Stages of a deposed process (``State.deposed``): stopped; woken (its first store operation still to
+#: come); acting as the rank again after that operation (it was not fenced out: never in the spec).
+DEPOSED_STOPPED = "stopped"
+DEPOSED_AWAKE = "awake"
+DEPOSED_ACTING = "acting"
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -293,6 +299,10 @@ class Rank(_CachedHash):
     frontier: int = 0        # F this rank reports at the control barrier
     tau: int = 0             # optimizer step counter
     point: str = ""          # failure phase recorded by the guard when the failure was observed
+    #: history, kept with the process: the point where it observed its episode's failure (RankObserve),
+    #: which RankDiscardStep does not rewrite (``point`` becomes ``boundary``); RankResume records it
+    #: in ``State.resumed`` (what S3 judges); "" for a spare, which observed nothing
+    seen: str = ""
     comm: int = 0            # generation of the communicator held for R (members of R)
     refs: tuple[int, ...] = ()
     dirty: bool = False      # guard will fail (outstanding grads / wrapper busy)
@@ -349,13 +359,10 @@ class State(_CachedHash):
     faults: int = 0                  # faults injected so far (the budget is Config.max_faults)
     supervisor: str = ""             # "" | "restarted"
     # History variables (not implementation state; they let invariants be state predicates).
-    #: (gen, rank, point, dirty, replicas_ok, rebound_ok) of each RankResume: ``replicas_ok`` is False
-    #: when generation ``gen``'s release was decided while some member of a failed group held a
-    #: corrupt S_app (``released_disagreeing``: a later episode's corruption, struck after this
-    #: release was decided, is not this resume's); ``rebound_ok`` when the
-    #: rank held the communicator it must (generation g+1's if its group failed in g, else its old
-    #: one) and every modelled cached reference named it
-    resumed: frozenset[tuple[int, int, str, bool, bool, bool]] = frozenset()
+    #: (gen, rank, point, dirty) of each RankResume: the point where the rank observed the failure
+    #: (``Rank.seen``; a spare's, which observed nothing: its transfer's, the committed boundary) and
+    #: whether its guard had failed (what S3 judges)
+    resumed: frozenset[tuple[int, int, str, bool]] = frozenset()
     agreed: frozenset[tuple[int, int, int]] = frozenset()          # (gen, rank, F reported) of each pass of phase 3
     #: (gen, rank, reason, released) of each fail-stop exit: ``released`` when the release of ``gen``
     #: had been decided before the rank exited (a failure of the next generation, not of ``gen``)
@@ -365,18 +372,21 @@ class State(_CachedHash):
     #: the members hold at that moment; each member then compares them on its own, even if a peer
     #: exited since (an exited rank holds nothing: the digests it published are here)
     validated: frozenset[tuple[int, int, bool]] = frozenset()
-    #: generations whose release was decided while some member of a failed group held a corrupt
-    #: S_app (recorded by ``RankDecideRelease``: what S8 judges; empty in every correct run)
-    released_disagreeing: frozenset[int] = frozenset()
+    #: history: (gen, group) of each group whose communicator failed in generation gen (FaultGroupFail,
+    #: and FaultCrash in training for the dead rank's group): ``Store.failed`` holds only the latest
+    #: episode's, overwritten by the next (what S5 judges)
+    failures: frozenset[tuple[int, int]] = frozenset()
     #: generations in which a member of a failed group saw the episode's collective fail where the
     #: failure struck (its point was ``Store.failed``'s) and then exited: the witness of a partial
     #: collective that its peers' ``RankObserve`` still asks for, kept after the process is gone
     witnessed: frozenset[int] = frozenset()
     # Hot swap (issue 13); all empty without spares.
-    #: processes that held a rank's identity before a spare took it (gen, rank, inc, awake): stopped (a
-    #: SIGSTOP or SIGKILL: the failure detector cannot tell) when deposed; ``awake`` only if one woke and
-    #: was not fenced out (never in the spec: RankFenced ends a woken one)
-    deposed: frozenset[tuple[int, int, int, bool]] = frozenset()
+    #: processes that held a rank's identity before a spare took it (gen, rank, inc, stage): stopped (a
+    #: SIGSTOP or SIGKILL: the failure detector cannot tell) when deposed (``DEPOSED_STOPPED``); one that
+    #: was only stopped may wake (``RankFenced(rank, wake)``: ``DEPOSED_AWAKE``), and its first store
+    #: operation (``RankFenced(rank)``) reads its identity's incarnation: a later one, and it exits (the
+    #: entry goes); otherwise it goes on acting as the rank (``DEPOSED_ACTING``: never in the spec, what S10 judges)
+    deposed: frozenset[tuple[int, int, int, str]] = frozenset()
     #: history: (gen, rank) of each RankDiscardStep (what S11 judges)
     discarded: frozenset[tuple[int, int]] = frozenset()
     #: history: (gen, rank, from_replica) of each RankTransferState into rank's spare: whether the sender
@@ -385,6 +395,9 @@ class State(_CachedHash):
     #: history: (gen, rank, shard, tau, ahead, grads, corrupt) of a spare's S_app when it resumed (L1)
     #: from the generation in which it took the identity (what S9 judges)
     swapped: frozenset[tuple[int, int, int, int, int, bool, bool]] = frozenset()
+    #: history: (gen, rank, inc) of each SpareJoin: a spare took rank's identity at incarnation inc in
+    #: generation gen (with ``Store.claims``, ``Store.spares`` and each seat's ``Rank.inc``: what S13 judges)
+    joins: frozenset[tuple[int, int, int]] = frozenset()
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     _rh: int = field(default=0, init=False, repr=False, compare=False)  # cached hash of the ranks
 

@@ -9,7 +9,7 @@ construction, and a spare that took an identity is that rank.
 
 A state is canonicalised by renaming rank ids inside their class, *including every rank
 id in the store* (arrivals, last_arriver, ready, last_ready) and in the history sets
-(resumed, agreed, exits, and the hot swap's deposed, discarded, transfers, swapped; the store's dead
+(resumed, agreed, exits, and the hot swap's deposed, discarded, transfers, swapped, joins; the store's dead
 and claims).  Every store/history element names at most one rank, so a rank's full
 "signature" (its own variables plus every element that mentions it, with the id removed,
 plus its positions in the ordered tuples) determines it up to renaming: sorting each class
@@ -48,7 +48,7 @@ def rank_classes(cfg: Config) -> tuple[tuple[int, ...], ...]:
 
 def _rank_key(rk: Rank) -> tuple:
     return (
-        rk.pc, rk.gen, rk.frontier, rk.tau, rk.point, rk.comm, rk.refs, rk.dirty, rk.hung,
+        rk.pc, rk.gen, rk.frontier, rk.tau, rk.point, rk.seen, rk.comm, rk.refs, rk.dirty, rk.hung,
         rk.delayed, rk.drop, rk.lost, rk.raised, rk.reason, rk.replayed, rk.corrupt, rk.grads, rk.ahead,
         rk.inc, rk.shard,
     )
@@ -101,6 +101,7 @@ class Symmetry:
             part(5, s.discarded, r, _set_signature),
             part(6, s.transfers, r, _set_signature),
             part(7, s.swapped, r, _set_signature),
+            part(8, s.joins, r, _set_signature),
         )
 
     def _part(self, tag: int, x, r: int, fn) -> tuple:
@@ -182,11 +183,12 @@ class Symmetry:
             self._rename("discarded", s.discarded, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
             self._rename("transfers", s.transfers, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
             self._rename("swapped", s.swapped, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
+            self._rename("joins", s.joins, pk, lambda x: frozenset((g, p(r, r), *e) for g, r, *e in x)),
         )
 
 
 #: the history (and deposed) sets whose elements name a rank second, (gen, rank, ...), renamed by a permutation
-_NAMED_SETS = ("resumed", "exits", "agreed", "deposed", "discarded", "transfers", "swapped")
+_NAMED_SETS = ("resumed", "exits", "agreed", "deposed", "discarded", "transfers", "swapped", "joins")
 
 #: ``replace(s, ranks=.., store=.., resumed=.., exits=.., agreed=.., deposed=.., ...)``, written out
 _renamed = _copier(State, "ranks", "store", *_NAMED_SETS)

@@ -1,4 +1,4 @@
-"""Hot swap in the model (issue 13, item 1; spec/protocol.md P16, spec/properties.md S9-S12).
+"""Hot swap in the model (issue 13, item 1; spec/protocol.md P16, spec/properties.md S9-S13).
 
 A rank that dies in training is replaced in place by a spare that takes its identity and its state
 from a live replica; the survivors discard the uncommitted step and the job releases at F with zero
@@ -27,12 +27,14 @@ from accelpact.model.invariants import (
     check_edge,
     check_state,
     discard_leaves_no_trace,
+    identity_conserved,
+    l1_only_qualified,
     one_holder,
     spare_state_exact,
     swap_qualified,
 )
 from accelpact.model.protocol import ACTIONS, HOTSWAP_ACTIONS, Action, all_actions, enabled, is_final, step, successors
-from accelpact.model.state import PC_JOINED, PC_TRAIN, Config, State, initial_state
+from accelpact.model.state import DEPOSED_ACTING, DEPOSED_AWAKE, DEPOSED_STOPPED, PC_JOINED, PC_TRAIN, Config, State, initial_state
 from accelpact.model.stateful import make_machine
 from accelpact.model.symmetry import Symmetry, apply, rank_classes
 
@@ -200,12 +202,18 @@ def test_a_late_waking_holder_is_fenced_out_and_the_job_goes_on():
     reads a later incarnation at its first store operation and exits, writing nothing."""
     cfg = Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1, spares=1, faults=CRASH)
     s = _run(cfg, initial_state(cfg), "FaultCrash(1,boundary)", "RankObserve(0,boundary)", "RankClaimSpare(0)", "SpareJoin(1)")
-    assert s.ranks[1].pc == PC_JOINED and s.ranks[1].inc == 1 and s.deposed == {(0, 1, 0, False)}
-    assert one_holder(cfg, s) is None
-    t = _run(cfg, s, "RankFenced(1)")
+    assert s.ranks[1].pc == PC_JOINED and s.ranks[1].inc == 1 and s.deposed == {(0, 1, 0, DEPOSED_STOPPED)}
+    assert s.joins == {(0, 1, 1)} and one_holder(cfg, s) is None and identity_conserved(cfg, s) is None
+    assert not enabled(cfg, s, Action("RankFenced", 1))  # stopped: it makes no store operation
+    woke = _run(cfg, s, "RankFenced(1,wake)")  # S10 is reachable: a spec step wakes the deposed process
+    assert woke.deposed == {(0, 1, 0, DEPOSED_AWAKE)} and one_holder(cfg, woke) is None
+    t = _run(cfg, woke, "RankFenced(1)")
     assert not t.deposed and not t.store.abort
-    broken = replace(s, deposed=frozenset({(0, 1, 0, True)}))
+    broken = replace(s, deposed=frozenset({(0, 1, 0, DEPOSED_ACTING)}))
     assert "held by two live processes" in one_holder(cfg, broken)
+    # the fence is the store's incarnation: a woken process that finds no later claim goes on as the rank
+    unclaimed = woke.with_store(claims=frozenset())
+    assert (0, 1, 0, DEPOSED_ACTING) in step(cfg, unclaimed, Action("RankFenced", 1)).deposed
     t = _run(cfg, t, "RankGuard(0)", "RankArrive(0)", "RankTransferState(0)", "RankArrive(1)", "RankDecideAgreement(1)",
              "RankAwaitAgreement(0)", "RankAwaitAgreement(1)", "RankReplace(0)", "RankReplace(1)", "RankRebind(0)",
              "RankRebind(1)", "RankValidate(0)", "RankValidate(1)", "RankReady(0)", "RankReady(1)", "RankDecideRelease(1)",
@@ -283,13 +291,31 @@ def test_spare_state_and_swap_qualification_predicates_can_fail():
                 (0, 1, 1, 3, 0, True, False), (0, 1, 1, 3, 0, False, True)):
         assert "state at F=3" in spare_state_exact(cfg, replace(s, swapped=frozenset({bad})))
     dead = s.with_store(dead=frozenset({(0, 1)}))
-    resumed = replace(dead, resumed=frozenset({(0, 0, "boundary", False, True, True)}))
+    resumed = replace(dead, resumed=frozenset({(0, 0, "boundary", False)}))
     assert "no live replica" in swap_qualified(cfg, resumed)
     assert swap_qualified(cfg, replace(resumed, transfers=frozenset({(0, 1, True)}))) is None
     assert "from a rank that is not its replica" in swap_qualified(cfg, replace(resumed, transfers=frozenset({(0, 1, False)})))
     many = dead.with_store(claims=frozenset({(0, 1, 1), (0, 3, 1)}))
     assert "has 1 spare" in swap_qualified(cfg, many)
-    assert [i.id for i in INVARIANTS if i.id in ("S9", "S10", "S11", "S12")] == ["S12", "S9", "S10", "S11"]
+    assert [i.id for i in INVARIANTS if i.id in ("S9", "S10", "S11", "S12", "S13")] == ["S12", "S9", "S10", "S13", "S11"]
+
+
+def test_identity_conserved_judges_claims_joins_seats_and_the_pool():
+    """S13: one holder per identity and incarnation, the spare pool conserved, from the raw claims,
+    the dead ranks, the pool, history joins and each seat's incarnation."""
+    cfg = Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1, spares=2, faults=CRASH)
+    s = _run(cfg, initial_state(cfg), "FaultCrash(1,boundary)", "RankObserve(0,boundary)", "RankClaimSpare(0)", "SpareJoin(1)")
+    assert s.store.claims == {(0, 1, 1)} and s.store.spares == 1 and identity_conserved(cfg, s) is None
+    assert "pool is not conserved" in identity_conserved(cfg, s.with_store(spares=2))
+    twice = s.with_store(claims=s.store.claims | {(0, 1, 2)}, spares=0)
+    assert "claimed twice in one generation" in identity_conserved(cfg, twice)
+    skipped = replace(s.with_store(claims=frozenset({(0, 1, 2)})), joins=frozenset({(0, 1, 2)})).with_rank(1, inc=2)
+    assert "next incarnation" in identity_conserved(cfg, skipped)
+    alive = s.with_store(claims=frozenset({(0, 0, 1)}), dead=frozenset({(0, 1)}))
+    assert "did not die in training" in identity_conserved(cfg, alive)
+    assert "without that claim" in identity_conserved(cfg, replace(s, joins=frozenset({(0, 1, 2)})))
+    assert "held by incarnation 0" in identity_conserved(cfg, s.with_rank(1, inc=0))
+    assert identity_conserved(cfg, initial_state(cfg)) is None
 
 
 # ---- symmetry, hypothesis, spec ----------------------------------------------------------------
@@ -338,3 +364,13 @@ def test_spec_names_and_replays_the_hot_swap_run():
         s = t
     assert is_final(cfg, s) and all_resumed(cfg, s)
     assert all(rk.pc == PC_TRAIN and rk.gen == 1 and rk.tau == cfg.frontier for rk in s.ranks)
+    # S3 judges the point each rank observed (backward), not the boundary its discard rewrote it to;
+    # the spare observed nothing: its point is its transfer's (the committed boundary)
+    assert {(r, p) for _g, r, p, *_ in s.resumed} == {(0, "backward"), (1, "boundary"), (2, "backward"), (3, "backward")}
+    assert l1_only_qualified(cfg, s) is None
+    env = cfg.envelope
+    without = replace(env, entries=tuple(e for e in env.entries if not (e.key.died and e.key.phase == "backward")))
+    assert "(cpu-gloo, hsdp, backward, zero-replay; died=True, spare=True, replica=True) for L1" in \
+        l1_only_qualified(cfg.with_(envelope=without), s)
+    no_death = s.with_store(dead=frozenset())
+    assert "after a failure in flight (backward)" in l1_only_qualified(cfg, no_death)

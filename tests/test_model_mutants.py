@@ -6,7 +6,8 @@ state machine (ci profile) must fail on the same configuration.  The correct pro
 both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
 S2.3 (no-fence), S5 (partial-rebind), S3 (admit-inflight, ignore-guard), S1 (timeout-leaves-decision-open),
 S2.1 (overwrite-decision), S8 (skip-validation), S2.2 (no-frontier-check), S4.2 (stale-release),
-S6 (reload-on-resume), L2/L3 (linger, no-step-deadline, wait-on-lost-store).
+S6 (reload-on-resume), S10 (no-identity-fence, fence-reads-next-generation), S13 (claim-keeps-pool, double-claim), L2/L3 (linger,
+no-step-deadline, wait-on-lost-store).
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ SMALLEST.update({
     "shrunk-member": Config(**_DDP2, max_faults=1),
     "resume-skips-batch": Config(**_DDP2, max_faults=1),
     "transfer-fact-always-replica": Config(nodes=1, ranks_per_node=2, affected_local=1, **_CRASH, points=_BOUNDARY),
+    # S13: one holder per identity and incarnation, the spare pool conserved (double-claim: a second
+    # spare must be left for the second claim)
+    "fence-reads-next-generation": Config(**_DDP2, **_CRASH, points=_BOUNDARY),
+    "claim-keeps-pool": Config(**_DDP2, **_CRASH, points=_BOUNDARY),
+    "double-claim": Config(**_DDP2, **{**_CRASH, "spares": 2}, points=_BOUNDARY),
 })
 
 

@@ -335,7 +335,7 @@ def test_p6_each_failed_group_validates_on_its_own():
 
 #: a value other than the initial one for every field an exit forgets (protocol._EXIT_FORGETS); hung
 #: and raised stay False: an exit clears them as it always did (the watchdog thread died with the process)
-_PERTURBED = {"point": "backward", "frontier": 7, "tau": 9, "comm": 5, "refs": (5, 4), "dirty": True, "drop": True,
+_PERTURBED = {"point": "backward", "seen": "forward", "frontier": 7, "tau": 9, "comm": 5, "refs": (5, 4), "dirty": True, "drop": True,
               "lost": True, "corrupt": True, "replayed": 3, "grads": True, "ahead": 1, "inc": 2, "shard": 1}
 
 
