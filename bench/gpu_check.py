@@ -1,24 +1,55 @@
 """``python -m accelpact.bench.gpu_check``: the engine's NCCL paths on one GPU, as one prepared script.
 
-A world-size-1 NCCL job (a TCPStore on loopback hosted by this process, one rank in a child process
-started and reaped by :func:`accelpact.testing.run_ranks`) runs the real engine end to end on CUDA:
+Five sub-checks, each a world-size-1 job of its own (a TCPStore on loopback hosted by this process,
+one rank in a child process started, bounded and reaped by :func:`accelpact.testing.run_ranks`), so
+that one failing or hanging sub-check costs its own bound and no other's.  Every rank begins with
+``Backend.prepare_process(0)`` (the NCCL error-handling environment of :data:`NCCL_ENV`, ``cuda:0``
+current) and ``init_process_group("nccl", device_id=cuda:0)``.
 
-1. ``Backend.prepare_process(0)`` (the NCCL error-handling environment, ``cuda:0`` current), then
-   ``init_process_group("nccl", device_id=cuda:0)``; R is ``new_group([0], backend="nccl",
-   device_id=...)`` with the training timeout; the control group is gloo;
-2. DDP over R on ``cuda:0``, ``attach`` with the candidate envelope of the ``(cuda-nccl, ddp)`` cell
-   (what ``accelpact qualify`` runs its trials under), a ``collective_timeout`` fault at step 1's
-   boundary (the injector's revoke record aborts R's communicator);
-3. the engine observes the failure at the boundary, then guard (stream drain), agree, replace (a new
-   NCCL communicator, bound, eagerly connected, with R's training timeout), rebind (DDP's reducer,
-   the c10d name), validate (all-reduce and the state checksum on CUDA) and release; training goes on;
-4. checks: generation 1, one repair, the new group's backend/device/timeout, the old c10d name on the
-   new group and its registration, the default and control groups still registered and working after
-   R's abort, a collective on the new group, the guard's bounded drain behind a queued kernel.
+``watchdog_timeout`` (bound 90 s)
+    A real NCCL watchdog timeout: a 1-rank NCCL group with a 2 s collective timeout, warmed by one
+    all-reduce; then ``torch.cuda._sleep`` spinning about 8 s on the current stream and an
+    all-reduce queued behind it.  The watchdog times the work out and, in
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``, aborts the group's communicators and raises nothing.
+    Checks: no error before; ``get_error()`` on the group's backend (:func:`backend_error`) says
+    ``TIMEOUT``; the engine's boundary check (:func:`recorded_errors` over the group's revoke record)
+    names the group; the process survives (the default group still all-reduces, a new NCCL group
+    builds and all-reduces).  Also reported, not judged: ``is_completed()``/``exception()`` of the
+    timed-out work and when the error became visible.
+``ddp_repair`` (bound 150 s)
+    DDP over R on ``cuda:0``, ``attach`` with the candidate envelope of the ``(cuda-nccl, ddp)`` cell,
+    a ``collective_timeout`` fault at step 1's boundary (the injector aborts R's communicator); the
+    engine observes it, guards (stream drain), agrees, replaces (a new NCCL communicator, bound,
+    eagerly connected, with R's training timeout), rebinds (DDP's reducer, the c10d name), validates
+    (all-reduce and the state checksum on CUDA) and releases; training goes on.  Checks: generation 1,
+    one repair, the new group's backend/device/timeout/name/registration, the default and control
+    groups after R's abort, a collective on the new group, the guard's bounded drain behind a queued
+    kernel.
+``fsdp2_boundary`` (bound 120 s)
+    FSDP2 (``fully_shard`` per layer and at the root, on the 1x1 (replicate, shard) mesh of
+    :func:`accelpact.impl.workload.build_groups` over NCCL groups bound to ``cuda:0``) with the engine
+    attached (``fsdp2-hybrid``, R = the replicate group) through two steps and their boundaries.
+    Checks: no repair, generation 0, finite losses, the parameters' shards on the device, the guard
+    clean, no group with a recorded backend error.
+``swap_blob_exchange`` (bound 60 s)
+    The hot swap's exchange on a 1-rank NCCL group: :func:`accelpact.impl.hotswap.broadcast_in_place`
+    of a CPU int64 (the blob size) and a CPU uint8 blob (1 MiB) through the device and written back
+    into the CPU tensors (the value a receiver would read), of a CUDA tensor broadcast as it is; and
+    :func:`accelpact.impl.hotswap.transfer` as the source (manifest, AdamW's CPU ``step``, the state
+    tensors).  Checks: the written-back values, the placement, the bytes moved, the state unchanged.
+``state_checksum`` (bound 60 s)
+    :func:`accelpact.impl.digest.state_checksum` on CUDA (model and AdamW state): an int64 vector on
+    the device, the same twice, the same as a CPU copy's, changed by one flipped bit and restored.
 
-Prints one JSON object (the last line); exit 0 when every check passed, 1 otherwise, and 0 with
-``{"skipped": reason}`` on a machine without CUDA.  Nothing here runs in the CPU test suite except
-the skip (tests/test_backend_paths.py).
+Prints one JSON object (the last line): ``ok`` and, per sub-check, ``ok`` (true/false; null where it
+did not run) with its observations.  Exit codes: **0** every sub-check passed; **1** any failed or
+ran past its bound; **0** with ``{"ok": null, "skipped": reason}`` on a machine without CUDA (the
+contract tests/test_backend_paths.py and conformance/conftest.py rely on; tell a skip from a pass by
+``ok``).  The sub-checks' bounds add up to 480 s; ``--timeout`` (default 540 s) caps the total.
+``--only a,b`` runs some sub-checks.  ``--backend gloo`` runs the backend-neutral ones
+(``fsdp2_boundary``, ``swap_blob_exchange``, ``state_checksum``) on the CPU: the CPU suite's check of
+the script itself (tests/test_gpu_check.py), never evidence about NCCL.  spec/nccl.md, "Running on one
+lent GPU".
 """
 
 from __future__ import annotations
@@ -31,9 +62,11 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["main", "rank_main"]
+__all__ = ["EXIT_FAILED", "SUBCHECKS", "ddp_repair", "device_checksum", "fsdp2_boundary", "main",
+           "swap_blob_exchange", "watchdog_timeout"]
 
-
+#: Exit code of a run with a failed (or timed-out) sub-check; a pass and a skip (no CUDA) both exit 0.
+EXIT_FAILED = 1
 def _registration(pg) -> dict[str, Any]:
     """What c10d's registries say about ``pg`` (None fields: not registered)."""
     import torch.distributed.distributed_c10d as c10d
@@ -44,8 +77,9 @@ def _registration(pg) -> dict[str, Any]:
             "config": w.pg_backend_config.get(pg), "ranks": sorted(w.pg_group_ranks.get(pg, {}))}
 
 
-def rank_main(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.0, collective_timeout_s: float = 120.0) -> dict:
-    """The rank (world size 1): see the module doc.  Returns the observations and ``ok``."""
+
+def ddp_repair(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.0, collective_timeout_s: float = 120.0) -> dict:
+    """Sub-check ``ddp_repair`` (world size 1): see the module doc.  Returns the observations and ``ok``."""
     import os
 
     import torch
@@ -157,32 +191,358 @@ def rank_main(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.0
     return res
 
 
+def _start(ctx, backend_name: str = "nccl", timeout_s: float = 120.0):
+    """``prepare_process(0)`` and the default group (world size 1) on ``backend_name``: (backend, device)."""
+    import torch.distributed as dist
+
+    from accelpact.impl.backends import backend
+
+    be = backend(backend_name)
+    dev = be.prepare_process(0)
+    dist.init_process_group(be.name, store=dist.PrefixStore("pg/", ctx.store), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=timeout_s), **be.init_kwargs(dev))
+    return be, dev
+
+
+def _finish(res: dict, checks: dict[str, bool]) -> dict:
+    res["checks"] = checks
+    res["ok"] = all(checks.values())
+    return res
+
+
+def _value(fn) -> Any:
+    """``fn()``, or what it raised (as text): an observation, never a failure of the sub-check."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a reported observation: whatever the call raises is the answer
+        return f"raised {type(exc).__name__}: {exc}"
+
+
+def watchdog_timeout(ctx, short_timeout_s: float = 2.0, sleep_s: float = 8.0, wait_s: float = 45.0) -> dict:
+    """Sub-check ``watchdog_timeout``: see the module doc."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.impl import revoke
+    from accelpact.impl.backends import NCCL_ENV, backend_error, recorded_errors, wait_bounded
+
+    be, dev = _start(ctx, "nccl", 60.0)
+    td = datetime.timedelta
+    res: dict[str, Any] = {"device": str(dev), "env": {k: os.environ.get(k) for k in NCCL_ENV},
+                           "short_timeout_s": short_timeout_s, "sleep_s": sleep_s}
+    short, record = revoke.recorded(lambda: dist.new_group([0], backend="nccl", timeout=td(seconds=short_timeout_s),
+                                                           device_id=dev), "nccl")
+    t = torch.ones(1, device=dev)
+    wait_bounded(short.allreduce([t]), 30.0)
+    torch.cuda.synchronize(dev)
+    res["before"] = {"error": backend_error(short), "recorded": recorded_errors({"short": record}),
+                     "allreduce": float(t[0])}
+    # calibrate the spin kernel: cycles per second of torch.cuda._sleep on this GPU
+    torch.cuda._sleep(1000)  # warm: the first launch's cost out of the measurement
+    torch.cuda.synchronize(dev)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(int(2e8))
+    e1.record()
+    e1.synchronize()
+    cps = min(max(2e8 / max(e0.elapsed_time(e1) / 1000.0, 1e-6), 1e8), 1e10)
+    res["sleep_cycles_per_s"] = cps
+    torch.cuda._sleep(int(cps * sleep_s))  # the current stream spins; the collective's stream waits on it
+    x = torch.ones(1, device=dev)
+    t0 = time.monotonic()
+    work = short.allreduce([x])  # queued behind the spin: runs past the group's timeout
+    err = None
+    while time.monotonic() - t0 < wait_s:
+        err = backend_error(short)
+        if err is not None:
+            break
+        time.sleep(0.05)
+    res["error"] = err
+    res["error_seen_after_s"] = round(time.monotonic() - t0, 3)
+    res["recorded"] = recorded_errors({"short": record})
+    res["work_is_completed"] = _value(work.is_completed)
+    res["work_exception"] = _value(lambda: repr(work.exception()))
+    # the spin ends; whatever the aborted communicator's queued kernel does then is part of the answer,
+    # so each step is an observation (text when it raised) rather than the end of the sub-check
+    def synchronize():
+        torch.cuda.synchronize(dev)
+        return "ok"
+
+    res["synchronize"] = _value(synchronize)
+
+    def default_allreduce():
+        v = torch.ones(1, device=dev)
+        dist.all_reduce(v)  # the default group: a communicator of its own, untouched by the short group's abort
+        return float(v[0])
+
+    def fresh_allreduce():
+        fresh = dist.new_group([0], backend="nccl", timeout=td(seconds=30), device_id=dev)
+        u = torch.ones(1, device=dev)
+        wait_bounded(fresh.allreduce([u]), 30.0)
+        res["fresh_error"] = backend_error(fresh)
+        return float(u[0])
+
+    res["default_allreduce"] = _value(default_allreduce)
+    res["fresh_allreduce"] = _value(fresh_allreduce)
+    res["short_error_after"] = _value(lambda: backend_error(short))
+    return _finish(res, {
+        "error handling env set": res["env"] == NCCL_ENV,
+        "no error before the timeout": res["before"]["error"] is None and res["before"]["recorded"] == {}
+                                       and res["before"]["allreduce"] == 1.0,
+        "get_error() says TIMEOUT": err == "TIMEOUT",
+        "recorded_errors (the boundary check) names the group": res["recorded"] == {"short": "TIMEOUT"},
+        "the process survives: device synchronizes, default group works": (res["synchronize"] == "ok"
+                                                                           and res["default_allreduce"] == 1.0),
+        "a new NCCL group builds and works": res["fresh_allreduce"] == 1.0 and res.get("fresh_error") is None,
+    })
+
+
+def _small_model(dev):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(dev)
+
+
+def _one_step(model, opt, dev, step: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(step)
+    loss = model(torch.randn(6, 8, generator=g).to(dev)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def fsdp2_boundary(ctx, backend: str = "nccl", steps: int = 2, deadline_s: float = 30.0) -> dict:
+    """Sub-check ``fsdp2_boundary``: see the module doc."""
+    import math
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from accelpact.impl import revoke
+    from accelpact.impl.backends import recorded_errors
+    from accelpact.impl.controlplane import PREFIX, ControlPlane
+    from accelpact.impl.job import Topology
+    from accelpact.impl.recovery import PactGroups, attach
+    from accelpact.impl.rundir import RunDir
+    from accelpact.impl.trace import Trace
+    from accelpact.impl.workload import build_groups
+    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
+
+    be, dev = _start(ctx, backend, 120.0)
+    td = datetime.timedelta
+    res: dict[str, Any] = {"device": str(dev), "backend": be.name}
+    control_group = dist.new_group(backend="gloo", timeout=td(seconds=deadline_s))
+    records: dict[str, Any] = {}
+
+    def make(kind: str, ranks: list[int]):
+        g, rec = revoke.recorded(lambda: dist.new_group(ranks, backend=be.name, timeout=td(seconds=120),
+                                                        **be.init_kwargs(dev)), be.name)
+        records[kind] = rec
+        return g
+
+    groups = build_groups(Topology(1, 1), 0, backend=be.name, new_group=make, device=dev)
+    model = _small_model(dev)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=groups.mesh)
+    fully_shard(model, mesh=groups.mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    control = ControlPlane(dist.PrefixStore("cp/", ctx.store), 0, 1, prefix=PREFIX)
+    header = {"world": 1, "nodes": 1, "ranks_per_node": 1, "group": "replicate", "affected": [0], "attempt": 0,
+              "scenario": "gpu-check-fsdp2", "seed": 0, "backend": be.name, "frontier_at_start": 0}
+    trace = Trace(RunDir(ctx.out).trace(0, 0), 0, header)
+    profile = "fsdp2-hybrid"
+    pact = attach(model, opt, groups=PactGroups(control=control_group, affected=groups.replicate, members=(0,),
+                                                record=records["replicate"], name="replicate",
+                                                others={k: v for k, v in records.items() if k != "replicate"}),
+                  control=control, trace=trace, envelope=default_envelope(platform=be.platform, profiles=(profile,)),
+                  key=ObservationKey(be.platform, profile, "boundary", DEFAULT_OBJECTIVE), deadline_s=deadline_s)
+    losses = []
+    for step in range(steps):
+        with pact.step(step):
+            loss = _one_step(model, opt, dev, step)
+        pact.boundary(loss)
+        losses.append(pact.last_loss)
+    res["losses"] = losses
+    res["generation"] = pact.gen
+    res["repairs"] = len(pact.reports)
+    res["param_devices"] = sorted({str((p.to_local() if hasattr(p, "to_local") else p).device) for p in model.parameters()})
+    report = pact.guard.check()
+    res["guard_ok"] = report.ok
+    res["guard_reasons"] = list(report.reasons)
+    res["recorded_errors"] = recorded_errors(records)
+    pact.close()
+    trace.close()
+    return _finish(res, {
+        "through the boundaries, no repair": res["generation"] == 0 and res["repairs"] == 0 and len(losses) == steps,
+        "finite losses": all(isinstance(x, float) and math.isfinite(x) for x in losses),
+        "shards on the device": res["param_devices"] == [str(dev)],
+        "guard clean": bool(report.ok),
+        "no recorded backend error": res["recorded_errors"] == {},
+    })
+
+
+def swap_blob_exchange(ctx, backend: str = "nccl", timeout_s: float = 30.0) -> dict:
+    """Sub-check ``swap_blob_exchange``: see the module doc."""
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.impl.digest import checksum_hex, state_checksum
+    from accelpact.impl.hotswap import broadcast_in_place, transfer
+
+    be, dev = _start(ctx, backend, 60.0)
+    pg = dist.new_group([0], backend=be.name, timeout=datetime.timedelta(seconds=60), **be.init_kwargs(dev))
+    res: dict[str, Any] = {"device": str(dev), "backend": be.name}
+    placed: list[str] = []
+
+    def arriving(value):
+        """``place`` as on a receiver: the device copy holds what the root sent (``value``)."""
+        def place(t, g):
+            moved = be.place(t, g)
+            placed.append(str(moved.device))
+            moved.fill_(value)
+            return moved
+        return place
+
+    size = torch.zeros(1, dtype=torch.int64)
+    broadcast_in_place(pg, [size], 0, timeout_s, write_back=True, place=arriving(123456789))
+    res["size_written_back"] = int(size[0])
+    blob = torch.zeros(1 << 20, dtype=torch.uint8)
+    broadcast_in_place(pg, [blob], 0, timeout_s, write_back=True, place=arriving(7))
+    res["blob_written_back"] = bool((blob == 7).all())
+    res["placed_on"] = sorted(set(placed))
+    on_dev = torch.arange(16, dtype=torch.float32, device=dev)
+    broadcast_in_place(pg, [on_dev], 0, timeout_s, write_back=True)
+    res["device_tensor_kept"] = bool(torch.equal(on_dev.cpu(), torch.arange(16, dtype=torch.float32)))
+    model = _small_model(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _one_step(model, opt, dev)
+    steps = [s["step"] for s in opt.state.values() if torch.is_tensor(s.get("step"))]
+    res["adamw_step_devices"] = sorted({str(s.device) for s in steps})
+    before = checksum_hex(state_checksum(model, opt, dev))
+    res["transfer_bytes"] = transfer(pg, (0,), 0, 0, model, opt, dev, timeout_s)
+    res["state_unchanged"] = checksum_hex(state_checksum(model, opt, dev)) == before
+    return _finish(res, {
+        "blob size written back to the CPU": res["size_written_back"] == 123456789,
+        "blob written back to the CPU": res["blob_written_back"],
+        "CPU tensors broadcast on the group's device": res["placed_on"] == [str(be.device_for(pg))],
+        "device tensor broadcast in place": res["device_tensor_kept"],
+        "transfer as source moves the state": res["transfer_bytes"] > 0 and res["state_unchanged"],
+    })
+
+
+def device_checksum(ctx, backend: str = "nccl") -> dict:
+    """Sub-check ``state_checksum``: see the module doc."""
+    import copy
+
+    import torch
+
+    from accelpact.impl import digest
+
+    be, dev = _start(ctx, backend, 60.0)
+    res: dict[str, Any] = {"device": str(dev), "backend": be.name}
+    model = _small_model(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _one_step(model, opt, dev)
+    t0 = time.monotonic()
+    a = digest.state_checksum(model, opt, dev)
+    b = digest.state_checksum(model, opt, dev)
+    res["checksum_s"] = round(time.monotonic() - t0, 4)
+    res["digest"] = digest.checksum_hex(a)
+    res["on"] = str(a.device)
+    res["dtype"] = str(a.dtype)
+    res["repeatable"] = bool(torch.equal(a, b))
+    on_cpu = copy.deepcopy(model).to("cpu")
+    res["module_cpu"] = digest.checksum_hex(digest.state_checksum(on_cpu, None, torch.device("cpu")))
+    res["module_dev"] = digest.checksum_hex(digest.state_checksum(model, None, dev))
+    p = next(model.parameters())
+    with torch.no_grad():
+        bits = p.view(torch.int32).view(-1)
+        bits[0] ^= 1
+        flipped = digest.state_checksum(model, opt, dev)
+        bits[0] ^= 1
+        restored = digest.state_checksum(model, opt, dev)
+    res["flip_caught"] = not torch.equal(flipped, a)
+    res["restored"] = bool(torch.equal(restored, a))
+    return _finish(res, {
+        "an int64 vector on the device": res["on"] == str(dev) and res["dtype"] == "torch.int64",
+        "repeatable": res["repeatable"],
+        "device and CPU copies agree": res["module_cpu"] == res["module_dev"],
+        "one flipped bit caught, restored state matches": res["flip_caught"] and res["restored"],
+    })
+
+
+#: name -> (rank function, bound in seconds, whether it runs on any backend or on NCCL only)
+SUBCHECKS: dict[str, tuple[Any, float, bool]] = {
+    "watchdog_timeout": (watchdog_timeout, 90.0, False),
+    "ddp_repair": (ddp_repair, 150.0, False),
+    "fsdp2_boundary": (fsdp2_boundary, 120.0, True),
+    "swap_blob_exchange": (swap_blob_exchange, 60.0, True),
+    "state_checksum": (device_checksum, 60.0, True),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m accelpact.bench.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="run folder (default: a temporary one)")
-    parser.add_argument("--timeout", type=float, default=420.0, help="bound on the rank's process, seconds")
+    parser.add_argument("--timeout", type=float, default=540.0, help="bound on all sub-checks together, seconds")
+    parser.add_argument("--only", default="", help="comma-separated sub-checks: " + ", ".join(SUBCHECKS))
+    parser.add_argument("--backend", default="nccl", choices=("nccl", "gloo"),
+                        help="gloo: the backend-neutral sub-checks on the CPU (a check of this script, not of NCCL)")
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SUBCHECKS)
+    unknown = [n for n in names if n not in SUBCHECKS]
+    if unknown:
+        parser.error(f"unknown sub-check(s) {unknown}; known: {', '.join(SUBCHECKS)}")
     try:
         import torch
     except ImportError as exc:
         print(json.dumps({"ok": None, "skipped": f"torch is not installed ({exc})"}))
         return 0
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+    if args.backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < 1):
         print(json.dumps({"ok": None, "skipped": "no CUDA device on this machine: the NCCL check needs one GPU"}))
         return 0
+    import importlib
+
     from accelpact.testing import run_ranks
 
+    # the rank functions by their importable name: under ``python -m`` this module is __main__, which a
+    # child cannot import (run_ranks refuses it)
+    table = importlib.import_module("accelpact.bench.gpu_check").SUBCHECKS
     out = args.out or tempfile.mkdtemp(prefix="accelpact-gpu-check-")
     t0 = time.monotonic()
-    run = run_ranks(rank_main, 1, out, timeout_s=args.timeout)
-    if run.ok and 0 in run.returns:
-        res = run.returns[0]
-    else:
-        res = {"ok": False, "explain": run.explain(last=12)}
-    res["wall_s"] = round(time.monotonic() - t0, 2)
-    res["out"] = out
-    print(json.dumps(res, default=str))
-    return 0 if res.get("ok") else 1
+    results: dict[str, Any] = {}
+    for name in names:
+        fn, bound, neutral = table[name]
+        if args.backend != "nccl" and not neutral:
+            results[name] = {"ok": None, "skipped": "NCCL only"}
+            continue
+        left = args.timeout - (time.monotonic() - t0)
+        if left < 10:
+            results[name] = {"ok": False, "explain": f"not run: {args.timeout:.0f} s budget spent"}
+            continue
+        s0 = time.monotonic()
+        run = run_ranks(fn, 1, f"{out}/{name}", timeout_s=min(bound, left),
+                        **({"backend": args.backend} if neutral else {}))
+        if run.ok and 0 in run.returns:
+            res = run.returns[0]
+        else:
+            res = {"ok": False, "explain": run.explain(last=12), "hung": bool(run.hung), "bound_s": min(bound, left)}
+        res["wall_s"] = round(time.monotonic() - s0, 2)
+        results[name] = res
+    ran = [r["ok"] for r in results.values() if r.get("ok") is not None]
+    ok = bool(ran) and all(x is True for x in ran)
+    summary = {"ok": ok, "backend": args.backend, "torch": torch.__version__, "cuda": torch.version.cuda,
+               "failed": [n for n, r in results.items() if r.get("ok") is False], "subchecks": results,
+               "wall_s": round(time.monotonic() - t0, 2), "out": out}
+    print(json.dumps(summary, default=str))
+    return 0 if ok else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -17,6 +17,13 @@ worker via ``ACCELPACT_REF_CACHE`` or the session tmp folder).
   drain), ``python -m accelpact.bench.gpu_check`` in a child process;
 * 4 or more: the whole corpus, as with ``--full`` (unless ``--scenario`` narrows it; a scenario
   wider than the machine skips with its reason), and the world-size-1 check.
+
+One-GPU mode (opt-in: ``ACCELPACT_NCCL_ONE_GPU=1``, :data:`accelpact.impl.backends.ONE_GPU_ENV`;
+``python -m accelpact.bench.gpu_conformance`` sets it): every rank of a scenario on ``cuda:0``, each
+with its own ``NCCL_HOSTID`` (:func:`accelpact.impl.backends.one_gpu_env`, set by
+``Backend.prepare_process`` in the rank before its first NCCL group); ``Backend.unavailable`` then
+asks for one GPU, so the fast subset (or ``--full``) runs on a machine with one.  The header says
+when the mode is on.
 """
 
 from __future__ import annotations
@@ -27,12 +34,12 @@ import sys
 
 import pytest
 
-from accelpact.impl.backends import BACKEND_NAMES  # torch-free
+from accelpact.impl.backends import BACKEND_NAMES, ONE_GPU_ENV, one_gpu_mode  # torch-free
 
 #: GPUs at which ``--backend nccl`` selects the whole corpus (its scenarios have 4 or 8 ranks).
 FULL_CORPUS_GPUS = 4
 #: Bound on the world-size-1 check's child process (seconds).
-GPU_CHECK_TIMEOUT_S = 480
+GPU_CHECK_TIMEOUT_S = 570  # gpu_check caps itself at 540 s (its --timeout default)
 _GPUS = pytest.StashKey[int]()
 
 
@@ -59,6 +66,12 @@ def pytest_configure(config):
     config.stash[_GPUS] = n
     if n >= FULL_CORPUS_GPUS and not config.getoption("--scenario"):
         config.option.full = True
+
+
+def pytest_report_header(config):
+    if config.getoption("--backend") == "nccl" and one_gpu_mode():
+        return [f"accelpact: {ONE_GPU_ENV}=1: every NCCL rank on cuda:0, a distinct NCCL_HOSTID per rank"]
+    return []
 
 
 def pytest_collect_file(file_path, parent):

@@ -20,8 +20,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "Backend", "backend", "backend_error", "backend_of", "for_device", "prebuilt_env_problem", "recorded_errors",
-           "wait_bounded"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "for_device", "prebuilt_env_problem", "one_gpu_env",
+           "one_gpu_mode", "recorded_errors", "wait_bounded"]
 
 #: Groups aborted through :meth:`Backend.abort` (weakly held: a freed group leaves the set), so
 #: that the revoke watcher and phase 4 may both abort R's old communicator and it is aborted once.
@@ -65,6 +65,8 @@ class Backend:
         import torch
 
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if one_gpu_mode():  # every rank on device 0 (ONE_GPU_ENV)
+            return None if have >= 1 else f"backend {self.name} ({ONE_GPU_ENV}=1) needs a CUDA device; this machine has none"
         if have < world:
             return f"backend {self.name} needs one CUDA device per rank ({world}); this machine has {have}"
         return None
@@ -87,7 +89,9 @@ class Backend:
             # variables in its constructor (getCvarInt/getCvarBool), so setting them here, before
             # init_process_group, decides the mode of every NCCL group this process builds.
             os.environ[k] = v
-        device = torch.device(self.device_type, local_rank)
+        one_gpu = one_gpu_env(local_rank)  # empty unless ONE_GPU_ENV=1: then every rank on device 0
+        os.environ.update(one_gpu)
+        device = torch.device(self.device_type, 0 if one_gpu else local_rank)
         torch.cuda.set_device(device)
         return device
 
@@ -271,6 +275,31 @@ NCCL_ENV: dict[str, str] = {
     "TORCH_NCCL_ENABLE_MONITORING": "0",
     "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
 }
+
+
+#: Opt-in one-GPU mode (spec/nccl.md, "Running on one lent GPU"): with this variable ``1``,
+#: :meth:`Backend.prepare_process` puts every NCCL rank of the machine on ``cuda:0`` and sets
+#: :func:`one_gpu_env` (a distinct ``NCCL_HOSTID`` per rank, so that NCCL's duplicate-GPU check in
+#: ``init.cc``, which compares host hashes and bus ids, sees one rank per "node"; every channel over
+#: NET/Socket on loopback), and :meth:`Backend.unavailable` asks for one device, not one per rank.
+#: Unset (or any other value): nothing here changes anything.  For testing on one GPU only.
+ONE_GPU_ENV = "ACCELPACT_NCCL_ONE_GPU"
+
+
+def one_gpu_mode(environ=None) -> bool:
+    """Whether :data:`ONE_GPU_ENV` is ``1`` in ``environ`` (default ``os.environ``)."""
+    return (os.environ if environ is None else environ).get(ONE_GPU_ENV) == "1"
+
+
+def one_gpu_env(local_rank: int, environ=None) -> dict[str, str]:
+    """The NCCL variables of rank ``local_rank`` in one-GPU mode (:data:`ONE_GPU_ENV`), set by
+    :meth:`Backend.prepare_process` before the process's first NCCL group; ``{}`` outside it.
+    ``LOCAL_RANK`` is distinct for every process of the machine (spares' are past the training
+    ranks'), so is the host id derived from it."""
+    if not one_gpu_mode(environ):
+        return {}
+    return {"NCCL_HOSTID": f"accelpact-one-gpu-rank{local_rank}", "NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1",
+            "NCCL_SHM_DISABLE": "1"}
 
 
 def backend_error(pg) -> str | None:

@@ -162,7 +162,7 @@ def test_an_idle_spares_death_costs_nothing(tmp_path, fsdp2_reference):
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline and not killed:
             pid = _spare_worker("fsdp2_hsdp.py", 4)
-            if pid is not None and (out / "trace-a0-r0.ndjson").exists():  # the job is training
+            if pid is not None and RunDir(out).trace(0, 0).exists():  # the job is training
                 inject.crash(pid)
                 killed.append(pid)
             time.sleep(0.05)
