@@ -62,12 +62,12 @@ from accelpact.model.state import (
 from . import revoke as _revoke
 from . import seeded
 from .adapters import adapter_for
-from .controlplane import ControlPlane
+from .controlplane import ControlPlane, swap_prefix, swap_rebuilt_key
 from .detector import Detector
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .guard import BoundaryGuard
 from .hooks import NO_HOOKS, Hooks
-from .hotswap import SwapError
+from . import hotswap as _swap
 from .job import DEFAULT_DEADLINE_S, default_step_deadline
 from .replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
@@ -310,6 +310,14 @@ class _Engine:
     _hold: Callable[[], Any]
 
     # ---- plumbing -------------------------------------------------------------------------------
+    def _arm(self) -> None:
+        """Each control-plane write and its trace record form one model action (exitcodes.holding_exit),
+        and an expired wait claims the exit before it writes the abort; then a seeded bug, if the hooks
+        name one, replaces what it replaces (test-only, :mod:`accelpact.impl.seeded`)."""
+        self._hold = holding_exit
+        self.control.claims_exit = True
+        seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)
+
     def _st(self, pc: str, **more) -> dict:
         self.pc = pc
         return {"pc": pc, **more}
@@ -430,7 +438,7 @@ class _Engine:
         # The boundary's control-group all-reduce (pc "train") is such a wait too.
         # a communication failure (c10d raises RuntimeError subclasses, sockets OSError) is a wait
         # on peers failing; anything else is an error of the phase itself
-        own_error = isinstance(exc, (RebindError, ValidationError, SwapError)) or not isinstance(exc, (RuntimeError, OSError))
+        own_error = isinstance(exc, (RebindError, ValidationError, _swap.SwapError)) or not isinstance(exc, (RuntimeError, OSError))
         if not own_error:
             # a wait on peers failed: if a peer already aborted the job, this is that abort
             # reaching us (RankExit with its reason), not a new failure
@@ -485,8 +493,6 @@ class _Engine:
         """The swap's phase loop (as :meth:`Pact._recover` for a repair): the hooks' point before each
         phase, then its actions; any exception ends the rank (fail-stop).  Returns the
         :class:`~accelpact.impl.hotswap.SwapRecord`; the rebuilt model is on ``ep.swap``."""
-        from .hotswap import SwapRecord
-
         sw = ep.swap
         assert sw is not None
         phases = (
@@ -508,7 +514,7 @@ class _Engine:
         except Exception as exc:  # noqa: BLE001 - any exception in the swap's phases ends the rank (fail-stop)
             self._fail(exc)
         self._resume_swapped(ep)
-        return SwapRecord(generation=ep.g, point=sw.point, dead=list(sw.dead), spares=dict(sw.claims),
+        return _swap.SwapRecord(generation=ep.g, point=sw.point, dead=list(sw.dead), spares=dict(sw.claims),
                           sources=dict(sw.sources), frontier=ep.frontier, role=sw.role,
                           durations_ms={k: round(v / 1e6, 3) for k, v in ep.durations.items()},
                           t_resume=time.monotonic())
@@ -518,13 +524,10 @@ class _Engine:
         (:func:`~accelpact.impl.hotswap.rebuild_groups`; the default, control and checkpoint groups
         and every training group contain the dead identity, so none can be kept).  ``comm``: the
         generation-(g+1) namespace all of them are built under."""
-        from .controlplane import swap_prefix
-        from .hotswap import rebuild_groups
-
         sw = ep.swap
         assert sw is not None
         t = time.monotonic_ns()
-        rebuild_groups(sw.job, ep.g + 1, sw.held)
+        _swap.rebuild_groups(sw.job, ep.g + 1, sw.held)
         sw.held = ()
         self._act("RankReplace", self._st(PC_REPLACED, comm=swap_prefix(ep.g + 1)),
                   {"groups": sorted(sw.job.groups) + ["default", "control", "checkpoint"], "swap": True,
@@ -538,8 +541,6 @@ class _Engine:
         it is waited for under the phase deadline, not inside a transfer's collective)."""
         import torch
 
-        from .hotswap import export_state, import_state, store_barrier
-        from .controlplane import swap_rebuilt_key
         from .wrappers import wrapper_of
 
         sw = ep.swap
@@ -550,19 +551,17 @@ class _Engine:
         if sw.rng is not None:
             torch.set_rng_state(sw.rng)
         if sw.old is not None:
-            manifest, tensors = export_state(*sw.old)
-            import_state(sw.module, sw.optimizer, manifest, tensors)
+            manifest, tensors = _swap.export_state(*sw.old)
+            _swap.import_state(sw.module, sw.optimizer, manifest, tensors)
             sw.old = None
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=0),
                   {"rebuilt": True, "duration_ns": time.monotonic_ns() - t})
-        store_barrier(sw.job.attempt_store, swap_rebuilt_key(ep.g), sw.job.world, self.deadline_s, "rebuilt its model")
+        _swap.store_barrier(sw.job.attempt_store, swap_rebuilt_key(ep.g), sw.job.world, self.deadline_s, "rebuilt its model")
 
     def _transfer_state(self, ep: _Episode) -> None:
         """RankTransferState: for each dead identity, the first live member of its new group of R's
         kind broadcasts its state (:func:`~accelpact.impl.hotswap.transfer`); the spare loads it, other
         members receive and drop it.  Recorded by the sender."""
-        from .hotswap import transfer
-
         sw = ep.swap
         assert sw is not None
         job, topo = sw.job, sw.job.topology
@@ -576,7 +575,7 @@ class _Engine:
             sw.sources.update({x: src for x in members if x in sw.dead})
             holds = self.rank in sw.dead or self.rank == src  # the spare loads the state, the source sends it
             t = time.monotonic_ns()
-            moved = transfer(job.groups[sw.kind], members, src, self.rank, sw.module if holds else None,
+            moved = _swap.transfer(job.groups[sw.kind], members, src, self.rank, sw.module if holds else None,
                              sw.optimizer if holds else None, job.device, self.deadline_s)
             if self.rank == src:
                 self._act("RankTransferState", {"pc": self.pc},
@@ -586,12 +585,10 @@ class _Engine:
     def _validate_replicas(self, ep: _Episode) -> None:
         """RankValidate of a swap: on the new group of R's kind, the all-reduce that counts its members
         and every replica's state checksum compared (:func:`~accelpact.impl.hotswap.validate`)."""
-        from .hotswap import validate
-
         sw = ep.swap
         assert sw is not None
         t = time.monotonic_ns()
-        digest = validate(sw.job.groups[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank, sw.module,
+        digest = _swap.validate(sw.job.groups[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank, sw.module,
                           sw.optimizer, self.deadline_s)
         self._act("RankValidate", self._st(PC_VALIDATED), {"digest": digest, "duration_ns": time.monotonic_ns() - t})
 
@@ -652,10 +649,7 @@ class Pact(_Engine):
         # find it (the guard's hooks make the pact reachable from the module) and the old group
         # could never be freed
         self.groups = dataclasses.replace(groups, affected=None)
-        # Each control-plane write and its trace record form one model action (exitcodes.holding_exit)
-        self._hold = holding_exit
-        self.control.claims_exit = True
-        seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)  # test-only: replaces methods
+        self._arm()
         self.adapter = adapter if adapter is not None else adapter_for(module)
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
         self.sites: list = []
@@ -870,8 +864,6 @@ class Pact(_Engine):
         for the training loop to run the swap; otherwise return (the failure takes its usual path)."""
         if self.notices is None:
             return
-        from .hotswap import SwapNeeded
-
         try:
             dead = self.notices.wait_new()
         except Exception:  # noqa: BLE001 - store lost: the usual path (RankLoseStore)
@@ -883,7 +875,7 @@ class Pact(_Engine):
             self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
                       {"error": repr(exc)[:300], "dead": list(dead), "swap": True})
             self._observed_gen = self.gen
-        raise SwapNeeded(point, dead, exc) from exc
+        raise _swap.SwapNeeded(point, dead, exc) from exc
 
     def _on_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
         """The detector's suspicion: a peer whose death a keeper noticed is excused (a hot swap takes
@@ -982,21 +974,19 @@ class Pact(_Engine):
         record are one action under the hold, and only a rank whose claim stood records it (the
         model's one claim for each dead identity).  Every survivor then reads the claims that stand;
         a dead rank left without a spare is the contract's L2 (``RankReject``)."""
-        from .hotswap import claim_read, claim_write
-
         sw = ep.swap
         assert sw is not None
         store = self.control.store
         with self._hold():
             mine = {}
             for d in sw.dead:
-                first, k = claim_write(store, ep.g, d, sw.job.spares, sw.point)
+                first, k = _swap.claim_write(store, ep.g, d, sw.job.spares, sw.point)
                 if first and k is not None:
                     mine[d] = k
             self.hooks.written()
             if mine:
                 self._act("RankClaimSpare", {"pc": self.pc}, {"claims": mine, "decision": sw.decision})
-        claims = {d: claim_read(store, ep.g, d, self.deadline_s) for d in sw.dead}
+        claims = {d: _swap.claim_read(store, ep.g, d, self.deadline_s) for d in sw.dead}
         missing = [d for d, k in claims.items() if k is None]
         if missing:
             self._reject(f"rank(s) {missing} died and no spare is left to take their identity")
@@ -1266,9 +1256,7 @@ class SpareEngine(_Engine):
         self.spare = spare
         self.published = published
         self._episode = None
-        self._hold = holding_exit
-        self.control.claims_exit = True
-        seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)  # test-only: replaces methods
+        self._arm()
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
         self.watchdog.start()
 
@@ -1291,9 +1279,7 @@ class SpareEngine(_Engine):
     def swap(self, *, point: str, rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any) -> tuple[Any, Any, Any]:
         """The swap's phases as the identity taken (:meth:`_Engine._run_swap`), with the claims of the
         episode as they stand; returns the rebuilt module, optimizer and the swap's record."""
-        from .hotswap import read_claims
-
-        claims = read_claims(self.control.store, self.gen, self.job.world)
+        claims = _swap.read_claims(self.control.store, self.gen, self.job.world)
         t = time.monotonic_ns()
         sw = _Swap(role="spare", point=point, dead=tuple(sorted(claims)), job=self.job, rebuild=rebuild, extra=extra,
                    rng=self.published.get("rng"), claims=claims)
