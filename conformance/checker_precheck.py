@@ -86,7 +86,7 @@ _STEPS: dict[str, tuple[frozenset[str] | str | None, str | None]] = {
     "RankReady": (_MODEL, PC_READY),
     "RankDecideRelease": (_MODEL, None),
     "RankResume": (_MODEL, PC_TRAIN),
-    "RankTimeout": (_MODEL, PC_EXITED),     # also a joined spare's (PC_JOINED) wait for its state
+    "RankTimeout": (_MODEL, PC_EXITED),
     "RankExpire": (_MODEL, PC_EXITED),
     "RankFail": (_MODEL, PC_EXITED),
     "RankExit": (_MODEL, PC_EXITED),
@@ -103,11 +103,11 @@ _STEPS: dict[str, tuple[frozenset[str] | str | None, str | None]] = {
     "FaultCorrupt": (_WINDOWS["FaultCorrupt"], None),
     "FaultDelay": (_ALIVE - {PC_READY}, None),
     "FaultDrop": (frozenset({PC_OBSERVED, PC_GUARDED, PC_AGREED, PC_REPLACED, PC_REBOUND, PC_VALIDATED}), None),
-    # hot swap (issue 13, spec/hotswap.md; impl/hotswap.py and impl/api.py write these records)
-    "RankDiscardStep": (frozenset({PC_OBSERVED}), None),
-    "RankClaimSpare": (_ALIVE, None),
-    "SpareJoin": (frozenset({PC_CRASHED}), PC_JOINED),
-    "RankTransferState": (frozenset({PC_ARRIVED}), None),  # changes the spare's rank, not its own
+    # hot swap (spec/protocol.md P16; the engine's swap actions in impl/recovery.py write these records)
+    "RankDiscardStep": (_MODEL, None),
+    "RankClaimSpare": (_MODEL, None),
+    "SpareJoin": (_MODEL, PC_JOINED),
+    "RankTransferState": (_MODEL, None),  # changes the spare's rank, not its own
     "RankFenced": (None, None),                            # a deposed process, outside the seats
 }
 
@@ -150,6 +150,11 @@ class Finding:
             return f"  rank {self.rank}: first unmatched {self.record}  -- {self.why}"
         what = f"end record {dict(end)}" if end is not None else "no end record"
         return f"  rank {self.rank}: {what}  -- {self.why}"
+
+
+#: ``_Rank.point`` of a spare from its SpareJoin to its RankResume: the point is the transfer's
+#: (a record of the sender's), so its own records do not constrain it
+_ANY_POINT = "*"
 
 
 def _point_class(p: Any) -> str:
@@ -208,8 +213,10 @@ def _walk(cfg: Config, r: int, recs: list[Record]) -> tuple[_Rank, Finding | Non
         if a == "RankResume":
             rk.gen += 1
             rk.point = ""
-        elif a == "RankObserve":
-            rk.point = None
+        elif a in ("RankObserve", "RankDiscardStep"):
+            rk.point = None  # a discard moves the rank back to the committed boundary
+        elif a == "SpareJoin":
+            rk.point = _ANY_POINT  # a peer's RankTransferState sets it: not this trace's to tell
         elif a == "RankReplace":
             rk.comm = gen0 + 1
         elif a == "RankRebind":
@@ -249,7 +256,9 @@ def _claim(rk: _Rank, action: str, k: str, v: Any) -> str | None:
             return (f"refs_stale={v} but its references name generation {rk.refs}'s communicator "
                     f"and it holds generation {rk.comm}'s")
     elif k == "point":
-        if rk.point == "":
+        if rk.point == _ANY_POINT:
+            pass
+        elif rk.point == "":
             if v:
                 return f"point {v!r} but the rank has observed no failure in generation {rk.gen}"
         elif not v:

@@ -224,12 +224,7 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
         if not eq:
             rep.problems.append(f"final state differs from the reference: {why}")
     # ---- oracle 2: traces
-    if sc.topology.spares:
-        # a hot swap's records use the model's action names but not yet its order, and a spare's
-        # incarnation writes a trace file of its own: the checker does not judge them (spec/hotswap.md)
-        rep.trace_ok, rep.trace_message = None, "not checked: the trace checker does not replay hot swaps yet"
-    else:
-        _check_traces(rep, sc, out)
+    _check_traces(rep, sc, out)
     # ---- oracle 3: deadlines (every rank that exited did so within the bound after the fault)
     first, ends = _trace_times(out, 0, world)
     bound = 3 * deadline_s + 10.0  # a wait per decision (agree, validate, release) plus slack for a loaded machine

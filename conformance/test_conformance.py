@@ -66,10 +66,19 @@ FAST = (
 #: of one: the rank alone); phase 6's validation all-reduce sums the wrong group size and raises, so
 #: the run ends in L2 (73, ``RankFail``) where the model allows only L1, and the checker finds the
 #: ``RankFail`` that no model run of the plain repair has.
+#: ``claim-per-survivor`` (a hot swap, 2x2 with one spare): each of the three survivors records
+#: ``RankClaimSpare`` for rank 1's identity; the model has one claim per dead identity and episode,
+#: so the second claim has no match (the job itself goes on: one spare took the identity).
+#: ``validate-before-transfer`` (a hot swap, 2x1 DDP): phase 6 runs before the state moved, the
+#: spare's digest is its freshly built model's and the digests differ: ``RankFail`` (73) where the
+#: model's validation waits for the spare's state and the swap is L1.
 CAUGHT_BY_CHECKER: dict[str, str | None] = {"skip-rebind": "RankRebind", "early-release": "RankReady", "no-fence": None,
-                                            "skip-validation": "RankValidate", "wrong-members": "RankFail"}
+                                            "skip-validation": "RankValidate", "wrong-members": "RankFail",
+                                            "claim-per-survivor": "RankClaimSpare", "validate-before-transfer": "RankFail"}
 #: the scenario each seeded bug runs on (default: the plain repair)
-BUG_SCENARIO = {"skip-validation": "2x2-fsdp1-boundary-corrupt-state-r3"}
+BUG_SCENARIO = {"skip-validation": "2x2-fsdp1-boundary-corrupt-state-r3",
+                "claim-per-survivor": "2x2-fsdp1-spare1-boundary-crash-r1",
+                "validate-before-transfer": "2x1-ddp-spare1-boundary-crash-r1"}
 #: Seeded bugs not demonstrated here, with the reason (each is demonstrated elsewhere).
 NOT_DEMONSTRATED = {
     "unheld-records": "it shows only when a peer's job abort lands between a control-plane write and its trace record; "

@@ -364,7 +364,7 @@ class TrainingJob:
         _announce_identity(k, dead, os.environ.get("RANK"))
         trace: Any = NullTrace()
         if self.settings.trace_dir is not None:
-            path = RunDir(self.settings.trace_dir).path / f"spare{k}-trace-a{self.attempt}-r{dead}.ndjson"
+            path = RunDir(self.settings.trace_dir).spare_trace(k, self.attempt, dead)
             header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
                           attempt=self.attempt, scenario="job", seed=0, backend=self.backend,
                           frontier_at_start=published["frontier"], spare=k, generation_at_start=g)

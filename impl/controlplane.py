@@ -101,11 +101,14 @@ def comm_name(prefix: str, g: int, group: str) -> str:
 
 
 def comm_generation(name: str) -> int | None:
-    """The generation in a communicator name written by :func:`comm_name`; 0 for any other name
-    (the job's original group); None when ``name`` is not a group name at all (not a string)."""
+    """The generation in a communicator name written by :func:`comm_name`, or in the namespace of a
+    hot swap's groups (:func:`swap_prefix`); 0 for any other name (the job's original group); None
+    when ``name`` is not a group name at all (not a string)."""
     if not isinstance(name, str) or not name:
         return None
     head, sep, _ = name.rpartition("/pg/")
+    if not sep and name.endswith("/swap/"):
+        head, sep = name[: -len("/swap/")], "/swap/"
     if not sep:
         return 0
     gen = head.rsplit("/", 1)[-1]

@@ -45,7 +45,7 @@ import pickle
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, spare_gone_key, state_key,
                            swap_prefix)
@@ -316,6 +316,17 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 # ------------------------------------------------------------------------------------- the episode
 _GRAVEYARD: list = []  # the survivors' old groups: never destroyed (a gloo group with a dead peer may block in teardown)
+
+
+def pool_covers(store: Any, g: int, dead: Sequence[int], spares: int) -> bool:
+    """The decision's ``spare`` fact (model ``hotswap._facts``): the pool holds a spare for every
+    dead rank of generation ``g`` whose claim has not begun.  The pool is read before the claims,
+    and a claim begins (``claimers_key``) before it takes from the pool, so a claim under way is
+    never counted twice: once as taken, once as still to claim."""
+    taken = int(store.add(NEXT_KEY, 0))
+    left = sum(1 for k in range(taken, spares) if not store.check([spare_gone_key(k)]))
+    todo = [d for d in dead if int(store.add(claimers_key(g, d), 0)) == 0]
+    return left >= len(todo)
 
 
 def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "") -> tuple[bool, int | None]:

@@ -962,8 +962,8 @@ class Pact(_Engine):
         assert sw is not None
         topo = sw.job.topology
         replica = all(any(m not in sw.dead for m in topo.group(self.groups.name, d)) for d in sw.dead)
-        dec = model_swap.decide(self.envelope, self._key(sw.point), True, died=True, spare=sw.job.spares > 0,
-                                replica=replica)
+        spare = _swap.pool_covers(self.control.store, ep.g, sw.dead, sw.job.spares)
+        dec = model_swap.decide(self.envelope, self._key(sw.point), True, died=True, spare=spare, replica=replica)
         if not dec.preserve:
             self._reject(dec.reason)
         sw.decision = dec.level
@@ -1258,7 +1258,6 @@ class SpareEngine(_Engine):
         self._episode = None
         self._arm()
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
-        self.watchdog.start()
 
     @property
     def frontier(self) -> int:
@@ -1273,8 +1272,17 @@ class SpareEngine(_Engine):
         """No fault points on a spare (see the class doc)."""
 
     def join(self) -> None:
-        """SpareJoin: this process holds the dead rank's identity in its generation, with no state yet."""
-        self._act("SpareJoin", self._st(PC_JOINED), {"spare": self.spare, "identity": self.rank})
+        """SpareJoin: this process holds the dead rank's identity in its generation, with no state
+        yet; then its watchdog runs.  If the job already aborted, it never took the identity: it
+        exits on the abort with no record as that rank (the model's SpareJoin needs no abort)."""
+        with self._hold():
+            reason = self.control.read_abort()
+            if not reason:
+                self._act("SpareJoin", self._st(PC_JOINED), {"spare": self.spare, "identity": self.rank})
+        if reason:
+            exit_now(code_for(reason), f"spare {self.spare}: the job aborted ({reason}) before it took rank "
+                     f"{self.rank}'s identity", None)
+        self.watchdog.start()
 
     def swap(self, *, point: str, rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any) -> tuple[Any, Any, Any]:
         """The swap's phases as the identity taken (:meth:`_Engine._run_swap`), with the claims of the

@@ -4,6 +4,7 @@
 
     <out>/job.json                       the job (impl/job.py)
     <out>/trace-a{attempt}-r{rank}.ndjson per-rank action trace (impl/trace.py), when job.trace
+    <out>/spare{k}-trace-a{attempt}-r{rank}.ndjson  spare k's trace once it took rank's identity (hot swap)
     <out>/result-a{attempt}-r{rank}.json  per-rank outcome and events (repairs, checkpoints), rewritten atomically
     <out>/steps-a{attempt}-r{rank}.ndjson per-rank committed steps, one line each, append-only
     <out>/final-r{rank}.pt                per-rank snapshot at the end (bit-identity checks)
@@ -26,6 +27,7 @@ from typing import Any, Iterator
 __all__ = ["RunDir"]
 
 _TRACE = re.compile(r"^trace-a(\d+)-r(\d+)\.ndjson$")
+_SPARE_TRACE = re.compile(r"^spare(\d+)-trace-a(\d+)-r(\d+)\.ndjson$")
 _RESULT = re.compile(r"^result-a(\d+)-r(\d+)\.json$")
 _STEPS = re.compile(r"^steps-a(\d+)-r(\d+)\.ndjson$")
 
@@ -46,6 +48,10 @@ class RunDir:
 
     def trace(self, attempt: int, rank: int) -> Path:
         return self.path / f"trace-a{attempt}-r{rank}.ndjson"
+
+    def spare_trace(self, spare: int, attempt: int, rank: int) -> Path:
+        """Spare ``spare``'s trace as rank ``rank``, whose identity it took (its next incarnation)."""
+        return self.path / f"spare{spare}-trace-a{attempt}-r{rank}.ndjson"
 
     def result(self, attempt: int, rank: int) -> Path:
         return self.path / f"result-a{attempt}-r{rank}.json"
@@ -83,6 +89,16 @@ class RunDir:
     def trace_files(self) -> dict[tuple[int, int], Path]:
         """(attempt, rank) -> trace file."""
         return {(a, r): p for a, r, p in self._indexed(_TRACE)}
+
+    def spare_trace_files(self) -> dict[tuple[int, int], dict[int, Path]]:
+        """(attempt, rank) -> spare -> the trace that spare wrote as that rank (hot swap)."""
+        out: dict[tuple[int, int], dict[int, Path]] = {}
+        if self.path.is_dir():
+            for p in sorted(self.path.iterdir()):
+                m = _SPARE_TRACE.match(p.name)
+                if m:
+                    out.setdefault((int(m.group(2)), int(m.group(3))), {})[int(m.group(1))] = p
+        return out
 
     def results(self) -> dict[tuple[int, int], dict[str, Any]]:
         """(attempt, rank) -> parsed result file (a file being replaced at this instant is skipped)."""

@@ -54,6 +54,36 @@ def _members_along_wrong_axis(self: Any, ep: Any) -> tuple[tuple[int, ...], str]
     return tuple(members[p] - self.groups.index + j for j in ep.failed), f"{self.groups.name}-at{p}"
 
 
+def _claim_recorded_by_every_survivor(self: Any, ep: Any) -> None:
+    """claim-per-survivor: every survivor records RankClaimSpare for the claims it read, not only
+    the one whose claim stood (two claims for one dead identity, as the trace tells it)."""
+    from accelpact.impl import hotswap as _swap
+
+    sw = ep.swap
+    store = self.control.store
+    with self._hold():
+        for d in sw.dead:
+            _swap.claim_write(store, ep.g, d, sw.job.spares, sw.point)
+        self.hooks.written()
+    claims = {d: _swap.claim_read(store, ep.g, d, self.deadline_s) for d in sw.dead}
+    missing = [d for d, k in claims.items() if k is None]
+    if missing:
+        self._reject(f"rank(s) {missing} died and no spare is left to take their identity")
+    sw.claims = {d: int(k) for d, k in claims.items() if k is not None}
+    self._act("RankClaimSpare", {"pc": self.pc}, {"claims": sw.claims, "decision": sw.decision})
+
+
+def _validate_then_transfer(self: Any, ep: Any) -> None:
+    """validate-before-transfer: phase 6's validation runs before the state moves to the spare
+    (the spare's digest is its freshly built model's), then the transfer."""
+    type(self)._validate_replicas(self, ep)
+    type(self)._transfer_state(self, ep)
+
+
+def _nothing(self: Any, ep: Any) -> None:
+    """validate-before-transfer: the validation already ran (:func:`_validate_then_transfer`)."""
+
+
 # ---- replacements of the control plane's -----------------------------------------------------------
 def _key_unfenced(self: Any, g: int, name: str) -> str:
     """no-fence: keys not namespaced by the generation."""
@@ -85,6 +115,11 @@ SEEDED_BUGS: dict[str, SeededBug] = {
                                 engine={"_hold": contextlib.nullcontext}, control={}),
     "skip-validation": SeededBug("phase 6 records its success without the collective or the digests",
                                  engine={"_validate": _validate_nothing}, control={}),
+    "claim-per-survivor": SeededBug("hot swap: every survivor records a claim of the dead identity's spare",
+                                    engine={"_claim_spares": _claim_recorded_by_every_survivor}, control={}),
+    "validate-before-transfer": SeededBug("hot swap: phase 6 validates the new group before the spare holds its state",
+                                          engine={"_transfer_state": _validate_then_transfer,
+                                                  "_validate_replicas": _nothing}, control={}),
     "wrong-members": SeededBug("phase 4 builds R's new communicator with the wrong membership (phase 6 must catch it)",
                                engine={"_new_members": _members_along_wrong_axis}, control={}),
 }

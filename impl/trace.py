@@ -14,7 +14,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -220,17 +220,57 @@ def parse_trace(lines: Iterable[str], source: str, *, complete: bool = True) -> 
 
 
 def load_traces(path: str | os.PathLike) -> dict[int, dict[int, RankTrace]]:
-    """attempt -> rank -> trace, every trace file of run folder ``path`` parsed strictly."""
+    """attempt -> rank -> trace, every trace file of run folder ``path`` parsed strictly.
+
+    A rank's trace is its identity's: where spares took the identity (hot swap), the traces of its
+    incarnations are joined in the order they held it (the first process's file, then each spare's
+    by the generation it joined in), records renumbered gap-free, with the first file's header and
+    the last one's ``end`` record.  Each incarnation before the last must end where a successor can
+    take the identity: with no ``end`` record (it died)."""
     from .rundir import RunDir
 
-    files = RunDir(path).trace_files()
+    run = RunDir(path)
+    files = run.trace_files()
     if not files:
         raise TraceError(f"{path}: no trace-a*-r*.ndjson files (run a scenario with tracing on, or name the right folder)")
     out: dict[int, dict[int, RankTrace]] = {}
     for (attempt, rank), f in sorted(files.items()):
-        text = f.read_text()
-        tr = parse_trace(text.splitlines(), str(f), complete=text.endswith("\n"))
-        if tr.rank != rank:
-            raise TraceError(f"{f}: header says rank {tr.rank}, file name says {rank}")
-        out.setdefault(attempt, {})[rank] = tr
+        out.setdefault(attempt, {})[rank] = _read_trace(f, rank)
+    for (attempt, rank), spares in sorted(run.spare_trace_files().items()):
+        first = out.get(attempt, {}).get(rank)
+        if first is None:
+            names = ", ".join(p.name for p in spares.values())
+            raise TraceError(f"{path}: {names} took rank {rank}'s identity in attempt {attempt}, but "
+                             f"{run.trace(attempt, rank).name} is missing")
+        later = sorted((_read_trace(p, rank) for p in spares.values()), key=_joined_generation)
+        out[attempt][rank] = _join(first, later)
     return out
+
+
+def _read_trace(f: Path, rank: int) -> RankTrace:
+    text = f.read_text()
+    tr = parse_trace(text.splitlines(), str(f), complete=text.endswith("\n"))
+    if tr.rank != rank:
+        raise TraceError(f"{f}: header says rank {tr.rank}, file name says {rank}")
+    tr.header.setdefault("source", str(f))
+    return tr
+
+
+def _joined_generation(tr: RankTrace) -> tuple[int, int]:
+    """When a spare's incarnation took the identity: the generation of its first record."""
+    gen = tr.records[0].gen if tr.records else int(tr.header.get("generation_at_start", 0))
+    return gen, int(tr.header.get("spare", 0))
+
+
+def _join(first: RankTrace, later: list[RankTrace]) -> RankTrace:
+    records = list(first.records)
+    prev = first
+    for tr in later:
+        if prev.end is not None:
+            raise TraceError(f"{tr.header.get('source')}: a spare took rank {first.rank}'s identity, but the "
+                             f"incarnation before it ({prev.header.get('source')}) ended with an end record "
+                             f"({prev.end.get('outcome')!r}): only a process that died hands its identity on")
+        base = len(records)
+        records += [replace(rec, seq=base + rec.seq) for rec in tr.records]
+        prev = tr
+    return RankTrace(first.rank, records, first.header, prev.end)

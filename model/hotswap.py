@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .contract import SWAP_PHASES, Decision, Envelope, ObservationKey
 from .contract import decide as contract_decide
-from .state import PC_CRASHED, PC_EXITED, PC_JOINED, PC_RESTARTED, Config, State
+from .state import PC_CRASHED, PC_EXITED, PC_RESTARTED, SHARD_NONE, Config, State
 
 __all__ = [
     "DISCARDABLE",
@@ -81,9 +81,9 @@ def unclaimed(s: State, gen: int) -> tuple[int, ...]:
 
 def live_replicas(cfg: Config, s: State, d: int) -> tuple[int, ...]:
     """The replicas of rank ``d``: live members of its replicate group (R's kind) other than ``d``
-    that hold state (a spare still waiting for its state, ``PC_JOINED``, holds none)."""
+    that hold state (a spare whose state has not been transferred yet, ``SHARD_NONE``, holds none)."""
     return tuple(m for m in cfg.members(cfg.group_of(d))
-                 if m != d and _alive(s, m) and s.ranks[m].pc != PC_JOINED)
+                 if m != d and _alive(s, m) and s.ranks[m].shard != SHARD_NONE)
 
 
 def _facts(cfg: Config, s: State, gen: int) -> tuple[bool, bool]:

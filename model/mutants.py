@@ -37,8 +37,8 @@ from .protocol import (
     true_lookup,
 )
 from .state import (DECISION_COMMIT, DECISION_RELEASE, DEPOSED_ACTING, DEPOSED_AWAKE, PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_JOINED, PC_OBSERVED,
-                    PC_READY, PC_REBOUND, PC_TRAIN, REASON_DEADLINE, REASON_MISMATCH, RECOVERY_PCS, Config, State,
-                    Store)
+                    PC_READY, PC_REBOUND, PC_TRAIN, REASON_DEADLINE, REASON_MISMATCH, RECOVERY_PCS, SHARD_NONE, Config,
+                    State, Store)
 
 __all__ = ["MUTANTS", "Mutant", "get", "table"]
 
@@ -240,8 +240,9 @@ _NO_FENCE = {name: _unfenced for name, spec in ACTIONS.items() if spec.actor == 
 # transfer-from-stale-replica: a replica sends its state before it is back at the committed boundary
 def _transfer_any_time(spec: ActionSpec) -> Enabled:
     def enabled(cfg, s, r, arg):
-        return (s.ranks[r].pc in (PC_OBSERVED, PC_GUARDED, PC_ARRIVED) and _via_store(s, r) and not s.store.abort
-                and bool(_spares_to_load(cfg, s, r)))
+        return spec.enabled(cfg, s, r, arg) or (
+            s.ranks[r].pc in (PC_OBSERVED, PC_GUARDED, PC_ARRIVED) and _via_store(s, r) and not s.store.abort
+            and bool(_spares_to_load(cfg, s, r)))
     return enabled
 
 
@@ -280,14 +281,14 @@ def _claim_without_replica(spec: ActionSpec) -> Enabled:
 def _orphans(cfg: Config, s: State, p: int) -> tuple[int, ...]:
     """Spares in p's generation waiting for the state of a rank that has no live replica."""
     g = s.ranks[p].gen
-    return tuple(d for d in cfg.world if s.ranks[d].pc == PC_JOINED and s.ranks[d].gen == g
-                 and not hotswap.live_replicas(cfg, s, d))
+    return tuple(d for d in cfg.world if s.ranks[d].pc == PC_REBOUND and s.ranks[d].shard == SHARD_NONE
+                 and s.ranks[d].gen == g and not hotswap.live_replicas(cfg, s, d))
 
 
 def _transfer_from_anyone(spec: ActionSpec) -> ActionSpec:
     def enabled(cfg, s, r, arg):
-        return spec.enabled(cfg, s, r, arg) or (s.ranks[r].pc == PC_ARRIVED and _via_store(s, r) and not s.store.abort
-                                                and bool(_orphans(cfg, s, r)))
+        return spec.enabled(cfg, s, r, arg) or (s.ranks[r].pc in (PC_REBOUND, PC_VALIDATED, PC_READY) and _active(s, r) and not s.store.abort
+                                                and s.ranks[r].shard != SHARD_NONE and bool(_orphans(cfg, s, r)))
 
     def step(cfg, s, r, arg):
         return _send_state(cfg, s, r, _spares_to_load(cfg, s, r) + _orphans(cfg, s, r))

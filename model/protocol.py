@@ -137,6 +137,19 @@ def _member(cfg: Config, s: State, r: int) -> bool:
     return f is not None and f[0] == s.ranks[r].gen and cfg.group_of(r) in f[2]
 
 
+def _rebuilds(cfg: Config, s: State, r: int) -> bool:
+    """Rank r rebuilds its communicators in its generation's episode (phases 4-6): a member of R,
+    or any rank in a crash episode (hot swap): the world, default and control groups contain the
+    dead rank, so every group of every rank is rebuilt with the spare in it (``FaultCrash(rank,
+    point)`` records every group in history ``failures``)."""
+    return _member(cfg, s, r) or (_in_episode(s, r) and _crash_episode(s, s.ranks[r].gen))
+
+
+def _loaded(s: State, r: int) -> bool:
+    """Rank r holds S_app: every rank but a spare whose state has not been transferred yet."""
+    return s.ranks[r].shard != SHARD_NONE
+
+
 def _peers(cfg: Config, r: int) -> tuple[int, ...]:
     """The members of rank r's group (with r): those its replacement and validation wait for."""
     return cfg.members(cfg.group_of(r))
@@ -357,7 +370,9 @@ def _st_reject(cfg, s, r, arg) -> State:
 # Phase 3: control barrier + frontier agreement
 
 def _en_arrive(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_GUARDED and _via_store(s, r)
+    """A rank whose guard passed, or a spare that joined (it posts the F its identity published at
+    its last commit: it holds no state until the transfer, after the groups are rebuilt)."""
+    return s.ranks[r].pc in (PC_GUARDED, PC_JOINED) and _via_store(s, r)
 
 
 def _st_arrive(cfg, s, r, arg) -> State:
@@ -411,7 +426,7 @@ def _st_await_agreement(cfg, s, r, arg) -> State:
 
 def _en_replace(cfg, s, r, arg) -> bool:
     # the new communicator's rendezvous goes through the store
-    return s.ranks[r].pc == PC_AGREED and _member(cfg, s, r) and _via_store(s, r)
+    return s.ranks[r].pc == PC_AGREED and _rebuilds(cfg, s, r) and _via_store(s, r)
 
 
 def _st_replace(cfg, s, r, arg) -> State:
@@ -436,7 +451,7 @@ def _in_validation(cfg: Config, s: State, m: int, gen: int) -> bool:
         return True
     if mk.pc in (PC_VALIDATED, PC_READY):
         return True
-    return mk.pc == PC_REBOUND and not mk.hung and not mk.raised
+    return mk.pc == PC_REBOUND and not mk.hung and not mk.raised and _loaded(s, m)
 
 
 def _validation(s: State, gen: int, group: int) -> bool | None:
@@ -453,7 +468,7 @@ def _validation_complete(cfg: Config, s: State, r: int) -> bool:
     when every member of that group has joined it (each failed group validates its own new
     communicator)."""
     rk = s.ranks[r]
-    if rk.pc != PC_REBOUND or not _active(s, r):
+    if rk.pc != PC_REBOUND or not _active(s, r) or not _loaded(s, r):
         return False
     return (_validation(s, rk.gen, cfg.group_of(r)) is not None
             or all(_in_validation(cfg, s, m, rk.gen) for m in _peers(cfg, r)))
@@ -505,7 +520,7 @@ def _st_validate(cfg, s, r, arg) -> State:
 
 def _en_ready(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    want = PC_VALIDATED if _member(cfg, s, r) else PC_AGREED
+    want = PC_VALIDATED if _rebuilds(cfg, s, r) else PC_AGREED
     return rk.pc == want and _via_store(s, r)
 
 
@@ -563,10 +578,10 @@ def _en_timeout(cfg, s, r, arg) -> bool:
         # revoked (found by the explorer: 2x2, group_fail + 2 crashes left non-members waiting).
         return _in_episode(s, r) and any(_gone(cfg, s, q) or pk.hung for q, pk in enumerate(s.ranks))
     if rk.pc == PC_JOINED:
-        return True  # a spare waiting for its state (hot swap)
+        return True  # a spare (hot swap) whose store operations wait on a stalled peer
     if rk.pc == PC_AGREED:
         # building R's replacement communicator is a rendezvous of the members of R
-        return _member(cfg, s, r)
+        return _rebuilds(cfg, s, r)
     if rk.pc == PC_ARRIVED:
         return true_lookup(s.store.agree, rk.gen) is None
     if rk.pc == PC_REBOUND:
@@ -759,7 +774,9 @@ def _st_crash_in_training(cfg, s, r, point) -> State:
     gen, f = s.ranks[r].gen, s.store.failed
     groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {cfg.group_of(r)}
     s = s.with_store(failed=(gen, point, groups), dead=s.store.dead | {(gen, r)})
-    s = s.with_(failures=s.failures | {(gen, cfg.group_of(r))})
+    # every group crossing the dead rank fails: the world, default and control groups cross every
+    # rank, so every rank's communicators are rebuilt in this episode (``_rebuilds``)
+    s = s.with_(failures=s.failures | {(gen, cfg.group_of(q)) for q in cfg.world})
     return _bump(s.with_rank(r, pc=PC_CRASHED, hung=False, raised=False))
 
 
@@ -932,12 +949,15 @@ def _en_join(cfg, s, r, arg) -> bool:
 
 
 def _st_join(cfg, s, r, arg) -> State:
-    """The spare holds the identity in the dead rank's generation, with no state yet (``joined``);
-    the dead process, possibly only stopped, is deposed: if it ever wakes it must be fenced out."""
+    """The spare holds the identity in the dead rank's generation, with no state yet (``joined``,
+    ``SHARD_NONE``) but the F its identity published at its last commit (F of the episode: a rank
+    dies in training after its last boundary); the dead process, possibly only stopped, is deposed:
+    if it ever wakes it must be fenced out."""
     rk = s.ranks[r]
     inc = hotswap.claim_of(s, rk.gen, r)
     assert inc is not None
-    spare = Rank(pc=PC_JOINED, gen=rk.gen, frontier=-1, tau=-1, comm=-1, refs=(-1,) * cfg.refs, inc=inc, shard=SHARD_NONE)
+    f = cfg.frontier_at(rk.gen)
+    spare = Rank(pc=PC_JOINED, gen=rk.gen, frontier=f, tau=f, comm=-1, refs=(-1,) * cfg.refs, inc=inc, shard=SHARD_NONE)
     s = s.with_(deposed=s.deposed | {(rk.gen, r, rk.inc, DEPOSED_STOPPED)}, joins=s.joins | {(rk.gen, r, inc)})
     return s.with_rank(r, **{name: getattr(spare, name) for name in _RANK_FIELDS})
 
@@ -948,15 +968,17 @@ _RANK_FIELDS = tuple(name for name in Rank.__dataclass_fields__ if not name.star
 def _spares_to_load(cfg: Config, s: State, p: int) -> tuple[int, ...]:
     """The spares of rank p's replicate group that wait for their state in p's generation."""
     g = s.ranks[p].gen
-    return tuple(d for d in _peers(cfg, p) if d != p and s.ranks[d].pc == PC_JOINED and s.ranks[d].gen == g)
+    return tuple(d for d in _peers(cfg, p) if d != p and _alive(s, d) and not _loaded(s, d) and s.ranks[d].gen == g)
 
 
 def _en_transfer(cfg, s, r, arg) -> bool:
-    """A replica (a member of the dead rank's replicate group) whose guard passed and which posted
-    its frontier (it stands at the committed boundary F: nothing uncommitted; it waits for the
-    agreement, which waits for the spare) sends its state to the spares of its group."""
-    return (s.ranks[r].pc == PC_ARRIVED and _via_store(s, r) and not s.store.abort
-            and bool(_spares_to_load(cfg, s, r)))
+    """A replica (a member of the dead rank's replicate group, holding state) that rebuilt and
+    rebound its groups (it stands at the committed boundary F: nothing uncommitted) broadcasts its
+    state on the new replicate group to the spares of its group, once every one of them has rebuilt
+    it too (a collective on the new group: no store operation)."""
+    spares = _spares_to_load(cfg, s, r)
+    return (s.ranks[r].pc == PC_REBOUND and _active(s, r) and _loaded(s, r) and bool(spares)
+            and all(s.ranks[d].pc == PC_REBOUND and _active(s, d) for d in spares))
 
 
 def _st_transfer(cfg, s, r, arg) -> State:
@@ -966,12 +988,12 @@ def _st_transfer(cfg, s, r, arg) -> State:
 def _send_state(cfg: Config, s: State, p: int, spares: tuple[int, ...]) -> State:
     """Rank p's S_app into each spare: parameters and optimizer state (its shard at its optimizer
     step, its bits), RNG and data cursor (replicas consume the same positions; the identity's own
-    data shard is the rank id the spare took), F; no gradients.  The spare enters phase 3
-    (``guarded``) at the committed boundary."""
+    data shard is the rank id the spare took), F; no gradients.  The spare, still rebound, stands at
+    the committed boundary and can join its group's validation."""
     pk = s.ranks[p]
     g = pk.gen
     for d in spares:
-        s = s.with_rank(d, pc=PC_GUARDED, point="boundary", frontier=pk.frontier, tau=pk.tau, ahead=pk.ahead,
+        s = s.with_rank(d, point="boundary", frontier=pk.frontier, tau=pk.tau, ahead=pk.ahead,
                         grads=False, corrupt=pk.corrupt, shard=_shard_of(cfg, s, p))
         s = s.with_(transfers=s.transfers | {(g, d, cfg.group_of(p) == cfg.group_of(d) and p != d)})
     return s
@@ -1013,7 +1035,7 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankObserve", "rank", 1, _en_observe, _st_observe, doc="observe the failed collective; members of R publish revoke", pcs=frozenset((PC_TRAIN,))),
         ActionSpec("RankGuard", "rank", 2, _en_guard, _st_guard, doc="guards pass and the contract says L1", pcs=frozenset((PC_OBSERVED,))),
         ActionSpec("RankReject", "rank", 2, _en_reject, _st_reject, doc="the contract says L2: abort and exit", pcs=frozenset((PC_OBSERVED,))),
-        ActionSpec("RankArrive", "rank", 3, _en_arrive, _st_arrive, doc="post (F, g) at the control barrier", pcs=frozenset((PC_GUARDED,))),
+        ActionSpec("RankArrive", "rank", 3, _en_arrive, _st_arrive, doc="post (F, g) at the control barrier", pcs=frozenset((PC_GUARDED, PC_JOINED))),
         ActionSpec("RankDecideAgreement", "rank", 3, _en_decide_agreement, _st_decide_agreement, doc="last arriver compare_sets commit/abort", pcs=frozenset((PC_ARRIVED,))),
         ActionSpec("RankAwaitAgreement", "rank", 3, _en_await_agreement, _st_await_agreement, doc="read the agreed commit", pcs=frozenset((PC_ARRIVED,))),
         ActionSpec("RankReplace", "rank", 4, _en_replace, _st_replace, doc="build R's communicator for generation g+1", pcs=frozenset((PC_AGREED,))),
@@ -1032,12 +1054,16 @@ ACTIONS: dict[str, ActionSpec] = {
                    doc="the store is gone: the next store operation or the watchdog's poll fails; exit", pcs=frozenset(_ALIVE_PCS)),
         # hot swap (issue 13): instantiated only with spares (HOTSWAP_ACTIONS)
         ActionSpec("RankDiscardStep", "rank", 2, _en_discard, _st_discard,
-                   doc="a rank died: discard the uncommitted step in place (grads dropped, wrapper idle, RNG and cursor at F)"),
+                   doc="a rank died: discard the uncommitted step in place (grads dropped, wrapper idle, RNG and cursor at F)",
+                   pcs=frozenset((PC_OBSERVED,))),
         ActionSpec("RankClaimSpare", "rank", None, _en_claim, _st_claim,
-                   doc="the detector declares ranks dead in training: claim a spare for each (single assignment)"),
-        ActionSpec("SpareJoin", "spare", None, _en_join, _st_join, doc="a claimed spare takes the dead rank's identity"),
-        ActionSpec("RankTransferState", "rank", 3, _en_transfer, _st_transfer,
-                   doc="a replica at the committed boundary sends its state to the spares of its group"),
+                   doc="the detector declares ranks dead in training: claim a spare for each (single assignment)",
+                   pcs=frozenset((PC_TRAIN, *RECOVERY_PCS))),
+        ActionSpec("SpareJoin", "spare", None, _en_join, _st_join, doc="a claimed spare takes the dead rank's identity",
+                   pcs=frozenset((PC_CRASHED,))),
+        ActionSpec("RankTransferState", "rank", 5, _en_transfer, _st_transfer,
+                   doc="a replica that rebuilt and rebound its groups broadcasts its state to the spares of its group on the new group",
+                   pcs=frozenset((PC_REBOUND,))),
         ActionSpec("RankFenced", "rank", None, _en_fenced, _st_fenced,
                    doc="a deposed holder wakes (arg wake); its first store operation finds a later incarnation; it exits"),
         ActionSpec("FaultGroupFail", "fault", None, _en_group_fail, _st_group_fail, fault_kind="group_fail", doc="R's communicator fails at a point"),

@@ -130,11 +130,13 @@ def test_a_crash_with_a_spare_and_a_live_replica_ends_in_l1_with_zero_lost_steps
 @pytest.mark.timeout(120)
 def test_a_crash_inside_the_optimizer_step():
     """HSDP's optimizer step runs no collective on R: the survivors commit it and observe the death
-    at the boundary, at F + 1, where the replicas' state is the dead rank's (L1).  A wrapper whose
-    optimizer step uses R observes it inside the step, possibly half applied: L2 (P16.3)."""
+    at the boundary, at F + 1; but the dead rank last published its identity (F, RNG, data cursor)
+    at F, so the spare posts F and the agreement aborts on the mismatch (L2: the spare holds nothing
+    until the groups are rebuilt, and no replica holds the identity's RNG and cursor at F + 1).  A
+    wrapper whose optimizer step uses R observes it inside the step, possibly half applied: L2 (P16.4)."""
     s = _crashed(HSDP1.with_(points=("optimizer",)), "optimizer", 1)
     ends, _n = _endings(HSDP1.with_(points=("optimizer",)), s)
-    assert ends == {"L1"}
+    assert ends == {"L2:mismatch"}
     cfg = HSDP1.with_(points=("optimizer",), uses_r=("backward", "optimizer", "boundary"))
     ends, _n = _endings(cfg, _crashed(cfg, "optimizer", 1))
     assert ends and all(e.startswith("L2") for e in ends), ends
@@ -214,9 +216,9 @@ def test_a_late_waking_holder_is_fenced_out_and_the_job_goes_on():
     # the fence is the store's incarnation: a woken process that finds no later claim goes on as the rank
     unclaimed = woke.with_store(claims=frozenset())
     assert (0, 1, 0, DEPOSED_ACTING) in step(cfg, unclaimed, Action("RankFenced", 1)).deposed
-    t = _run(cfg, t, "RankGuard(0)", "RankArrive(0)", "RankTransferState(0)", "RankArrive(1)", "RankDecideAgreement(1)",
+    t = _run(cfg, t, "RankGuard(0)", "RankArrive(0)", "RankArrive(1)", "RankDecideAgreement(1)",
              "RankAwaitAgreement(0)", "RankAwaitAgreement(1)", "RankReplace(0)", "RankReplace(1)", "RankRebind(0)",
-             "RankRebind(1)", "RankValidate(0)", "RankValidate(1)", "RankReady(0)", "RankReady(1)", "RankDecideRelease(1)",
+             "RankRebind(1)", "RankTransferState(0)", "RankValidate(0)", "RankValidate(1)", "RankReady(0)", "RankReady(1)", "RankDecideRelease(1)",
              "RankResume(0)", "RankResume(1)")
     assert is_final(cfg, t) and all_resumed(cfg, t) and classify_final(t) == "L1"
     assert scenario_final(cfg, Script(()), (t, frozenset()))
@@ -239,17 +241,28 @@ def test_the_discard_returns_the_rank_to_the_committed_boundary():
 
 
 def test_the_replica_sends_only_from_the_committed_boundary():
-    """P16.3: RankTransferState needs a replica that posted F (arrived), never one mid-step."""
+    """P16.3: RankTransferState needs a replica that rebuilt and rebound its groups (it stands at
+    the committed boundary), never one mid-step, and a spare that rebuilt them too; the spare posts
+    its identity's published F and holds no state until then."""
     cfg = HSDP1.with_(points=("backward",))
     s = _run(cfg, initial_state(cfg), "FaultCrash(1,backward)", "RankObserve(3,backward)", "RankClaimSpare(3)", "SpareJoin(1)")
     assert not enabled(cfg, s, Action("RankTransferState", 3))
-    s = _run(cfg, s, "RankDiscardStep(3)", "RankGuard(3)", "RankArrive(3)", "RankTransferState(3)")
+    s = _run(cfg, s, "RankDiscardStep(3)", "RankGuard(3)", "RankArrive(3)", "RankArrive(1)")
+    assert not enabled(cfg, s, Action("RankTransferState", 3))  # the new group is not built yet
+    for r in (0, 2):
+        s = _run(cfg, s, f"RankObserve({r},backward)", f"RankDiscardStep({r})", f"RankGuard({r})", f"RankArrive({r})")
+    s = _run(cfg, s, "RankDecideAgreement(2)", "RankAwaitAgreement(1)", "RankAwaitAgreement(3)",
+             "RankReplace(1)", "RankReplace(3)", "RankRebind(3)")
+    assert not enabled(cfg, s, Action("RankTransferState", 3))  # the spare has not rebound yet
+    assert not enabled(cfg, s, Action("RankValidate", 3))       # its group's validation waits for the spare's state
+    s = _run(cfg, s, "RankRebind(1)")
+    assert not enabled(cfg, s, Action("RankValidate", 1))       # no state yet
+    s = _run(cfg, s, "RankTransferState(3)")
     sp = s.ranks[1]
-    assert (sp.pc, sp.tau, sp.frontier, sp.ahead, sp.shard, sp.inc) == ("guarded", 3, 3, 0, 1, 1)
+    assert (sp.pc, sp.tau, sp.frontier, sp.ahead, sp.shard, sp.inc) == ("rebound", 3, 3, 0, 1, 1)
     assert s.transfers == {(0, 1, True)}
     # rank 0 is no replica of rank 1 (another replicate group): it never sends
-    s2 = _run(cfg, initial_state(cfg), "FaultCrash(1,backward)", "RankObserve(0,backward)", "RankClaimSpare(0)", "SpareJoin(1)",
-              "RankDiscardStep(0)", "RankGuard(0)", "RankArrive(0)")
+    s2 = _run(cfg, s, "RankAwaitAgreement(0)", "RankReplace(0)", "RankRebind(0)")
     assert not enabled(cfg, s2, Action("RankTransferState", 0))
 
 
