@@ -25,6 +25,7 @@ REGISTRY: dict[str, str] = {
     "all": "accelpact.bench.all",
     "summary": "accelpact.bench.summary",
     "detect": "accelpact.bench.detect",
+    "hunt": "accelpact.bench.hunt",
 }
 
 

@@ -449,6 +449,16 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     # r+2 share their replicate group, in 3x1 DDP a replica survives)
     "2x2-spare1-f1": (Config(max_faults=1, spares=1), True),
     "2x1-ddp-spare1-f2": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=1), True),
+    # one node: each replicate group holds one rank, so a dead rank has no replica and the swap is
+    # L2 (S12; mutant swap-without-replica)
+    "1x2-spare1-f1": (Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=1, spares=1, faults=frozenset({"crash"}),
+                             points=("boundary",)), True),
+    # two spares, one death: a second spare is left for a second claim of the same identity (S13;
+    # mutant double-claim)
+    "2x1-ddp-spare2-crash-f1": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1, spares=2,
+                                       faults=frozenset({"crash"}), points=("boundary",)), True),
+    # a group failure, then every rank hangs: only the step deadline ends them (mutant no-step-deadline)
+    "1x2-hang-f3": (Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3, faults=frozenset({"group_fail", "hang"})), True),
     "2x2-spare2-crash-f2": (Config(max_faults=2, spares=2, faults=frozenset({"crash"}), points=("boundary",)), False),
     "3x1-ddp-spare2-crash-f2": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=2,
                                        faults=frozenset({"crash"}), points=("backward",)), False),

@@ -925,7 +925,7 @@ def _en_claim(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
         return False
-    if not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen):
+    if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen):
         return False
     return hotswap.claim_decision(cfg, s, rk.gen).preserve
 

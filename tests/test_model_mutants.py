@@ -16,7 +16,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from accelpact.model.explore import explore
+from accelpact.model.explore import MANIFEST_CONFIGS, explore
 from accelpact.model.invariants import SAFETY_PROPERTIES
 from accelpact.model.mutants import MUTANTS, get, table
 from accelpact.model.protocol import ACTIONS
@@ -132,6 +132,41 @@ def test_bfs_catches_mutant(name):
     v = next(v for v in r.violations if v.property in caught)
     assert v.counterexample is not None and len(v.counterexample) >= 1
     assert v.counterexample.states[0] == r.counterexample.states[0]
+
+
+#: Issue 24: the fast manifest configuration (model/manifest.json, ``MANIFEST_CONFIGS``) on which
+#: exhaustive search catches each mutant: the pinned configurations themselves have the teeth, not
+#: only the hand-picked smallest ones above.  Found by trying every fast configuration in turn; a
+#: mutant none of them caught got a configuration of its own (1x2-spare1-f1: a dead rank without a
+#: replica; 1x2-hang-f3: every rank hung; 2x1-ddp-spare2-crash-f1: a second spare left).
+CAUGHT_ON_MANIFEST: dict[str, str] = {
+    "early-release": "2x1-ddp-f1", "skip-agreement": "2x1-ddp-f1", "no-fence": "2x1-ddp-spare1-f2",
+    "partial-rebind": "2x1-ddp-f1", "admit-inflight": "2x1-ddp-f1", "ignore-guard": "2x1-ddp-f2",
+    "timeout-leaves-decision-open": "2x1-ddp-f2", "overwrite-decision": "2x1-ddp-f2", "skip-validation": "2x1-ddp-f2",
+    "no-frontier-check": "2x1-ddp-f2", "stale-release": "2x1-ddp-f2", "reload-on-resume": "2x1-ddp-f1",
+    "linger": "2x1-ddp-f1", "wait-on-lost-store": "2x1-ddp-f2", "no-step-deadline": "1x2-hang-f3",
+    "transfer-from-stale-replica": "2x1-ddp-spare1-f2", "no-identity-fence": "2x1-ddp-spare1-f2",
+    "keep-partial-grads": "2x1-ddp-spare1-f2", "discard-keeps-cursor": "2x1-ddp-spare1-f2",
+    "swap-without-replica": "1x2-spare1-f1", "weak-replicas-agree": "2x1-ddp-f2", "shrunk-member": "2x1-ddp-f1",
+    "resume-skips-batch": "2x1-ddp-f1", "transfer-fact-always-replica": "1x2-spare1-f1",
+    "fence-reads-next-generation": "2x1-ddp-spare1-f2", "claim-keeps-pool": "2x1-ddp-spare1-f2",
+    "double-claim": "2x1-ddp-spare2-crash-f1",
+}
+
+
+def test_every_mutant_is_caught_on_a_fast_manifest_configuration_named():
+    assert set(CAUGHT_ON_MANIFEST) == set(MUTANTS)
+    assert all(MANIFEST_CONFIGS[n][1] for n in CAUGHT_ON_MANIFEST.values()), "each must be a fast configuration"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_bfs_catches_mutant_on_the_manifest(name):
+    cfg = MANIFEST_CONFIGS[CAUGHT_ON_MANIFEST[name]][0].with_(mutant=name)
+    r = explore(cfg)
+    caught = r.violated() & set(MUTANTS[name].expect)
+    assert caught, (f"mutant {name!r} NOT caught by BFS on {CAUGHT_ON_MANIFEST[name]}: violated {sorted(r.violated())}, "
+                    f"expected one of {sorted(MUTANTS[name].expect)}")
 
 
 @pytest.mark.timeout(240)
