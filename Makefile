@@ -35,6 +35,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/accelpact
 	cp accelpact/*.py $(TYPECHECK)/accelpact/
+	ln -s ../../../accelpact/testing $(TYPECHECK)/accelpact/testing
 	for d in model impl conformance bench; do ln -s ../../../$$d $(TYPECHECK)/accelpact/$$d; done
 	MYPYPATH=$(TYPECHECK) $(BIN)/mypy -p accelpact
 

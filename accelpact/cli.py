@@ -13,7 +13,7 @@ import sys
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "explore": ("accelpact.model.cli", "explore the protocol model exhaustively (bfs) or with hypothesis"),
-    "demo": ("accelpact.impl.demo", "run the end-to-end demo: L1 repair and L2 restart under torchrun"),
+    "demo": ("accelpact.impl.launch.demo", "run the end-to-end demo: L1 repair and L2 restart under torchrun"),
     "run-scenario": ("accelpact.conformance.cli_run", "run one conformance scenario file against the implementation"),
     "check-trace": ("accelpact.conformance.cli_check", "check recorded traces against the model"),
     "qualify": ("accelpact.conformance.cli_qualify", "run conformance trials per observation key and write an envelope"),

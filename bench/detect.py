@@ -2,10 +2,10 @@
 
 Each trial launches a real job at 2x2 (4 worker processes, FSDP1 HYBRID_SHARD on gloo, a short
 workload with steps of about 0.1 s) with its own small launcher (:func:`launch`: the same
-environment as :func:`accelpact.impl.launch.run_local`, the store hosted by this process, every
-child in one :class:`~accelpact.impl.launch.ProcessSet`), waits until every rank has committed
+environment as :func:`accelpact.impl.launch.launch.run_local`, the store hosted by this process, every
+child in one :class:`~accelpact.impl.launch.launch.ProcessSet`), waits until every rank has committed
 ``--inject-after`` steps (polling the result files), and then strikes one rank *from this process*
-with :mod:`accelpact.impl.inject` on its pid (from its result file):
+with :mod:`accelpact.testing.inject` on its pid (from its result file):
 
 ==========  ==========================================================================================
 kind        what strikes the victim
@@ -38,7 +38,7 @@ Per trial, from the survivors' traces (every rank but the victim):
   straggler trial).
 
 ``--failbench`` adds the FailBench fault traces as scenario sets, each under
-:func:`accelpact.impl.launch.run_restarting` (or torchrun, ``--failbench-launcher``) with
+:func:`accelpact.impl.launch.launch.run_restarting` (or torchrun, ``--failbench-launcher``) with
 ``max_restarts`` 3 and a checkpoint every 2 steps: F1 one crash; F2 two concurrent crashes (ranks
 r and r+2, the same point of the same step); F3 three cascading crashes, one per attempt, spaced
 apart.  Each crash is the job's own ``crash`` fault at ``forward`` of a step (a SIGKILL of the
@@ -46,7 +46,7 @@ rank by itself; its ``FaultCrash`` record is the fault time).  Each must end as 
 (L2): every rank of the struck attempt exits, the next attempt resumes from the last checkpoint
 and the job finishes.  Per fault: TTD (as above, in the struck attempt) and T_recover (fault until
 every rank of the next attempt is back at the interrupted frontier,
-:func:`accelpact.impl.launch.l2_episodes`).
+:func:`accelpact.impl.launch.launch.l2_episodes`).
 
 Nothing here is asserted: speed is measured, never tested.  No torch import at module level.
 """
@@ -147,7 +147,7 @@ def check_config(cfg: dict[str, Any]) -> str | None:
 
 def _job(cfg: dict[str, Any], out: Path, scenario: str, *, steps: int | None = None, ckpt_every: int = 0,
          faults: list[dict[str, Any]] | None = None):
-    from accelpact.impl.job import Job, Topology, Workload
+    from accelpact.impl.launch.job import Job, Topology, Workload
 
     return Job(topology=Topology(cfg["nodes"], cfg["ranks_per_node"]),
                workload=Workload(cfg["wrapper"], cfg["layers"], steps or cfg["steps"], 0, ckpt_every), out=str(out),
@@ -158,7 +158,7 @@ def _job(cfg: dict[str, Any], out: Path, scenario: str, *, steps: int | None = N
 
 @contextlib.contextmanager
 def launch(job: Any, *, fabric: Any = None, store_timeout_s: float = 600.0) -> Iterator[tuple[Any, int]]:
-    """Start every rank of ``job`` (attempt 0) like :func:`accelpact.impl.launch.run_local`, the
+    """Start every rank of ``job`` (attempt 0) like :func:`accelpact.impl.launch.launch.run_local`, the
     store hosted here; on a ``netns.Fabric`` (``host=True``) each rank runs in its own namespace
     (gloo on its ``eth0``) and the store listens on the fabric's host address.  Yields
     ``(ProcessSet, store port)``; leaving the block SIGKILLs and reaps every rank, then drops the
@@ -167,8 +167,8 @@ def launch(job: Any, *, fabric: Any = None, store_timeout_s: float = 600.0) -> I
 
     import torch.distributed as dist
 
-    from accelpact.impl.launch import WORKER_MODULE, ProcessSet, worker_env
-    from accelpact.impl.rundir import RunDir
+    from accelpact.impl.launch.launch import WORKER_MODULE, ProcessSet, worker_env
+    from accelpact.impl.launch.rundir import RunDir
 
     n = job.world
     run = RunDir(job.out)
@@ -212,7 +212,7 @@ def _gone(path: Path, timeout_s: float) -> bool:
 def _inject(kind: str, pid: int, victim: int, port: int, cfg: dict[str, Any], fabric: Any,
             alive: Callable[[], bool]) -> tuple[int, dict[str, Any]]:
     """Strike ``pid`` with ``kind``; (injection time ns, what happened)."""
-    from accelpact.impl import inject
+    from accelpact.testing import inject
 
     info: dict[str, Any] = {}
     t_cut: int | None = None
@@ -287,8 +287,8 @@ def _first_shutdown(inject_mod: Any) -> Iterator[list[int]]:
 def run_trial(kind: str, index: int, cfg: dict[str, Any], out: Path) -> dict[str, Any]:
     """One trial of ``kind``: launch, strike after ``inject_after`` committed steps, wait (bounded)
     for the outcome, kill what is left, read the traces (:func:`analyze_trial`)."""
-    from accelpact.impl import inject, netns
-    from accelpact.impl.rundir import RunDir
+    from accelpact.testing import inject, netns
+    from accelpact.impl.launch.rundir import RunDir
 
     victim = (index + 1) % WORLD  # rotates over the ranks, rank 1 first
     job = _job(cfg, out / f"{kind}-{index}", f"detect-{kind}")
@@ -405,8 +405,8 @@ def analyze_trial(trial: dict[str, Any], run: Any) -> dict[str, Any]:
 def run_failbench(cfg: dict[str, Any], out: Path, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Every FailBench set ``failbench_trials`` times; per set its runs, per run its faults (TTD,
     T_recover) and whether the outcome is the contract's (L2)."""
-    from accelpact.impl.launch import l2_episodes, run_restarting, run_torchrun
-    from accelpact.impl.rundir import RunDir
+    from accelpact.impl.launch.launch import l2_episodes, run_restarting, run_torchrun
+    from accelpact.impl.launch.rundir import RunDir
 
     sets: dict[str, Any] = {}
     for name, (what, faults, restarts) in FAILBENCH.items():
@@ -494,7 +494,7 @@ def _summarize(kinds: list[str], trials: list[dict[str, Any]], skipped: dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelpact.impl import netns
+    from accelpact.testing import netns
 
     t0 = time.monotonic()
     cfg = _config(args)

@@ -131,7 +131,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], float, int] | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelpact.impl.launch import l1_episodes, l2_episodes, run_torchrun
+    from accelpact.impl.launch.launch import l1_episodes, l2_episodes, run_torchrun
 
     from . import recovery
 

@@ -27,18 +27,18 @@ current) and ``init_process_group("nccl", device_id=cuda:0)``.
     kernel.
 ``fsdp2_boundary`` (bound 120 s)
     FSDP2 (``fully_shard`` per layer and at the root, on the 1x1 (replicate, shard) mesh of
-    :func:`accelpact.impl.workload.build_groups` over NCCL groups bound to ``cuda:0``) with the engine
+    :func:`accelpact.impl.launch.workload.build_groups` over NCCL groups bound to ``cuda:0``) with the engine
     attached (``fsdp2-hybrid``, R = the replicate group) through two steps and their boundaries.
     Checks: no repair, generation 0, finite losses, the parameters' shards on the device, the guard
     clean, no group with a recorded backend error.
 ``swap_blob_exchange`` (bound 60 s)
-    The hot swap's exchange on a 1-rank NCCL group: :func:`accelpact.impl.hotswap.broadcast_in_place`
+    The hot swap's exchange on a 1-rank NCCL group: :func:`accelpact.impl.runtime.hotswap.broadcast_in_place`
     of a CPU int64 (the blob size) and a CPU uint8 blob (1 MiB) through the device and written back
     into the CPU tensors (the value a receiver would read), of a CUDA tensor broadcast as it is; and
-    :func:`accelpact.impl.hotswap.transfer` as the source (manifest, AdamW's CPU ``step``, the state
+    :func:`accelpact.impl.runtime.hotswap.transfer` as the source (manifest, AdamW's CPU ``step``, the state
     tensors).  Checks: the written-back values, the placement, the bytes moved, the state unchanged.
 ``state_checksum`` (bound 60 s)
-    :func:`accelpact.impl.digest.state_checksum` on CUDA (model and AdamW state): an int64 vector on
+    :func:`accelpact.impl.runtime.digest.state_checksum` on CUDA (model and AdamW state): an int64 vector on
     the device, the same twice, the same as a CPU copy's, changed by one flipped bit and restored.
 
 Prints one JSON object (the last line): ``ok`` and, per sub-check, ``ok`` (true/false; null where it
@@ -88,12 +88,12 @@ def ddp_repair(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from accelpact.impl import revoke
-    from accelpact.impl.backends import NCCL_ENV, backend, backend_of
+    from accelpact.impl.runtime.backends import NCCL_ENV, backend, backend_of
     from accelpact.impl.controlplane import PREFIX, ControlPlane
-    from accelpact.impl.faults import FaultPlan
+    from accelpact.testing.faults import FaultPlan
     from accelpact.impl.hooks import FaultInjector, Hooks
     from accelpact.impl.recovery import PactGroups, attach
-    from accelpact.impl.rundir import RunDir
+    from accelpact.impl.launch.rundir import RunDir
     from accelpact.impl.trace import Trace
     from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
 
@@ -195,7 +195,7 @@ def _start(ctx, backend_name: str = "nccl", timeout_s: float = 120.0):
     """``prepare_process(0)`` and the default group (world size 1) on ``backend_name``: (backend, device)."""
     import torch.distributed as dist
 
-    from accelpact.impl.backends import backend
+    from accelpact.impl.runtime.backends import backend
 
     be = backend(backend_name)
     dev = be.prepare_process(0)
@@ -226,7 +226,7 @@ def watchdog_timeout(ctx, short_timeout_s: float = 2.0, sleep_s: float = 8.0, wa
     import torch.distributed as dist
 
     from accelpact.impl import revoke
-    from accelpact.impl.backends import NCCL_ENV, backend_error, recorded_errors, wait_bounded
+    from accelpact.impl.runtime.backends import NCCL_ENV, backend_error, recorded_errors, wait_bounded
 
     be, dev = _start(ctx, "nccl", 60.0)
     td = datetime.timedelta
@@ -326,13 +326,13 @@ def fsdp2_boundary(ctx, backend: str = "nccl", steps: int = 2, deadline_s: float
     from torch.distributed.fsdp import fully_shard
 
     from accelpact.impl import revoke
-    from accelpact.impl.backends import recorded_errors
+    from accelpact.impl.runtime.backends import recorded_errors
     from accelpact.impl.controlplane import PREFIX, ControlPlane
-    from accelpact.impl.job import Topology
+    from accelpact.impl.launch.job import Topology
     from accelpact.impl.recovery import PactGroups, attach
-    from accelpact.impl.rundir import RunDir
+    from accelpact.impl.launch.rundir import RunDir
     from accelpact.impl.trace import Trace
-    from accelpact.impl.workload import build_groups
+    from accelpact.impl.launch.workload import build_groups
     from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
 
     be, dev = _start(ctx, backend, 120.0)
@@ -393,8 +393,8 @@ def swap_blob_exchange(ctx, backend: str = "nccl", timeout_s: float = 30.0) -> d
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.digest import checksum_hex, state_checksum
-    from accelpact.impl.hotswap import broadcast_in_place, transfer
+    from accelpact.impl.runtime.digest import checksum_hex, state_checksum
+    from accelpact.impl.runtime.hotswap import broadcast_in_place, transfer
 
     be, dev = _start(ctx, backend, 60.0)
     pg = dist.new_group([0], backend=be.name, timeout=datetime.timedelta(seconds=60), **be.init_kwargs(dev))
@@ -443,7 +443,7 @@ def device_checksum(ctx, backend: str = "nccl") -> dict:
 
     import torch
 
-    from accelpact.impl import digest
+    from accelpact.impl.runtime import digest
 
     be, dev = _start(ctx, backend, 60.0)
     res: dict[str, Any] = {"device": str(dev), "backend": be.name}

@@ -3,10 +3,10 @@
 NCCL refuses two ranks of one communicator on one device when they look like one host (``init.cc``'s
 duplicate-GPU check compares host hashes and bus ids); a distinct ``NCCL_HOSTID`` per rank makes each
 rank a node of its own, talking over NET/Socket on loopback (../shared/notes/nccl-one-gpu.md).  With
-``ACCELPACT_NCCL_ONE_GPU=1`` (:data:`accelpact.impl.backends.ONE_GPU_ENV`, the one place it is named)
-:meth:`accelpact.impl.backends.Backend.prepare_process` puts every rank on ``cuda:0`` and sets
-:func:`accelpact.impl.backends.one_gpu_env` before the first NCCL group, and
-:meth:`~accelpact.impl.backends.Backend.unavailable` asks for one GPU, not one per rank.  This command
+``ACCELPACT_NCCL_ONE_GPU=1`` (:data:`accelpact.impl.runtime.backends.ONE_GPU_ENV`, the one place it is named)
+:meth:`accelpact.impl.runtime.backends.Backend.prepare_process` puts every rank on ``cuda:0`` and sets
+:func:`accelpact.impl.runtime.backends.one_gpu_env` before the first NCCL group, and
+:meth:`~accelpact.impl.runtime.backends.Backend.unavailable` asks for one GPU, not one per rank.  This command
 sets that variable for its children and runs, in order:
 
 1. ``preflight`` (bound 120 s): two ranks on ``cuda:0`` (:func:`pair`), an NCCL default group and a
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelpact.impl.backends import ONE_GPU_ENV
+from accelpact.impl.runtime.backends import ONE_GPU_ENV
 
 __all__ = ["EXIT_FAILED", "QUICK", "main", "pair", "parse_outcomes", "pytest_command"]
 
@@ -59,7 +59,7 @@ def pair(ctx) -> dict:
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.backends import backend, wait_bounded
+    from accelpact.impl.runtime.backends import backend, wait_bounded
 
     be = backend("nccl")
     dev = be.prepare_process(ctx.rank)

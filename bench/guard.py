@@ -57,7 +57,7 @@ def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, s
 
 
     import accelpact
-    from accelpact.impl import workload
+    from accelpact.impl.launch import workload
 
     job = accelpact.init("gloo", replicas=nodes, deadline_s=30.0, collective_timeout_s=120.0)
     topo = job.topology

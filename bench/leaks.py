@@ -52,10 +52,10 @@ def leaks_rank(ctx, wrapper: str, nodes: int, ranks_per_node: int, repairs: int,
 
 
     import accelpact
-    from accelpact.impl import workload
-    from accelpact.impl.faults import FaultPlan
+    from accelpact.impl.launch import workload
+    from accelpact.testing.faults import FaultPlan
     from accelpact.impl.hooks import FaultInjector, Hooks
-    from accelpact.impl.wrappers import wrapper as wrapper_of
+    from accelpact.impl.runtime.wrappers import wrapper as wrapper_of
 
     job = accelpact.init("gloo", replicas=nodes, deadline_s=deadline_s, collective_timeout_s=60.0)
     topo = job.topology

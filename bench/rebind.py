@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from accelpact.impl.wrappers import WRAPPER_NAMES
+from accelpact.impl.runtime.wrappers import WRAPPER_NAMES
 
 from . import common
 
@@ -56,13 +56,13 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
 
     import torch.distributed as dist
 
-    from accelpact.impl import workload as W
-    from accelpact.impl.adapters import adapter_for, find_references
+    from accelpact.impl.launch import workload as W
+    from accelpact.impl.runtime.adapters import adapter_for, find_references
     from accelpact.impl.controlplane import ControlPlane
     from accelpact.impl.recovery import attach
-    from accelpact.impl.replace import ReplaceAndRebind
+    from accelpact.impl.runtime.replace import ReplaceAndRebind
     from accelpact.impl.trace import Trace
-    from accelpact.impl.api import build_recorded_groups, pact_groups
+    from accelpact.impl.launch.api import build_recorded_groups, pact_groups
 
     rows: list[dict] = []
     topo = W.Topology(1, ctx.world)

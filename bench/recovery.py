@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelpact.impl.backends import BACKEND_NAMES
-from accelpact.impl.job import Job, Topology, Workload
-from accelpact.impl.wrappers import WRAPPER_NAMES, wrapper
+from accelpact.impl.runtime.backends import BACKEND_NAMES
+from accelpact.impl.launch.job import Job, Topology, Workload
+from accelpact.impl.runtime.wrappers import WRAPPER_NAMES, wrapper
 
 __all__ = ["add_arguments", "check_args", "measure", "run", "summarize"]
 
@@ -84,7 +84,7 @@ def measure(args: argparse.Namespace, say=print, swap: bool = True) -> tuple[dic
     """The three launches (L1 repairs, L2 restarts, hot swaps unless ``swap`` is False) and their
     summary; (result, l1, l2, swap launch or None).
     ``args``: this module's flags (:func:`add_arguments`), already checked (:func:`check_args`)."""
-    from accelpact.impl.launch import PHASES, l1_episodes, l2_episodes, run_torchrun, swap_episodes
+    from accelpact.impl.launch.launch import PHASES, l1_episodes, l2_episodes, run_torchrun, swap_episodes
 
     nproc = args.nodes * args.ranks_per_node
     group = wrapper(args.wrapper).recovers
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from accelpact.impl.launch import PHASES
+    from accelpact.impl.launch.launch import PHASES
 
     console = Console()
     problem = check_args(args)

@@ -7,7 +7,7 @@ imported by the rest of the package)::
 
 ``launch`` hosts a torchft ``LighthouseServer`` (min 2 replicas, 100 ms quorum tick) and starts two
 ``replica`` processes.  Each replica hosts its own TCPStore, builds the workload's model
-(:mod:`accelpact.impl.workload`, the same ``CharLM`` and batches as AccelPact's DDP job), reduces
+(:mod:`accelpact.impl.launch.workload`, the same ``CharLM`` and batches as AccelPact's DDP job), reduces
 each gradient through ``Manager.allreduce`` over a ``torchft.ProcessGroupGloo`` and steps through
 ``torchft.optim.OptimizerWrapper``, with a synchronous quorum at every step (``zero_grad``).
 (``torchft.ddp.DistributedDataParallel`` is not used: with torchft 0.2.0 on torch 2.13 its comm hook
@@ -49,7 +49,8 @@ def replica(args: argparse.Namespace) -> int:
     from torchft import Manager, ProcessGroupGloo
     from torchft.optim import OptimizerWrapper
 
-    from accelpact.impl import revoke, workload
+    from accelpact.impl import revoke
+    from accelpact.impl.launch import workload
 
     torch.set_num_threads(1)
     rid = args.replica_id

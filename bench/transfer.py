@@ -3,8 +3,8 @@
 Two processes (gloo, loopback): rank 0 is the live replica, rank 1 the spare.  Both hold a model
 built the same way (one flat float32 parameter of S/12 elements and its AdamW state after one step:
 S bytes in all); the spare's values differ.  Each repetition runs what the swap runs
-(:func:`accelpact.impl.hotswap.transfer`): the manifest's size and bytes, then every state tensor
-broadcast from the replica, and the spare's :func:`~accelpact.impl.hotswap.import_state` into its
+(:func:`accelpact.impl.runtime.hotswap.transfer`): the manifest's size and bytes, then every state tensor
+broadcast from the replica, and the spare's :func:`~accelpact.impl.runtime.hotswap.import_state` into its
 model.  After each, the spare's state checksum must equal the replica's (``ok``).
 
 Reported per size: median, p90, p99 and max of the transfer (the slower rank) and the throughput.
@@ -35,8 +35,8 @@ def transfer_rank(ctx, sizes_mb: list[float], repeat: int) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.digest import state_checksum
-    from accelpact.impl.hotswap import transfer
+    from accelpact.impl.runtime.digest import state_checksum
+    from accelpact.impl.runtime.hotswap import transfer
 
     from .validate import _state
 

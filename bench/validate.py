@@ -5,7 +5,7 @@ of S/12 float32 plus its AdamW state (``exp_avg``, ``exp_avg_sq``: three tensors
 Each repetition runs what ``Pact._validate`` runs, part by part, on a two-rank group:
 
 * ``allreduce``: the one-element all-reduce on the new group (it works, every member is in it);
-* ``digest``: :func:`accelpact.impl.digest.state_checksum`, the engine's replica check (integer
+* ``digest``: :func:`accelpact.impl.runtime.digest.state_checksum`, the engine's replica check (integer
   sums of each tensor's bits, reduced with torch ops on the tensor's own device: the size-dependent
   part);
 * ``allgather``: the checksum vectors (3 int64) gathered and compared bit for bit;
@@ -14,7 +14,7 @@ Each repetition runs what ``Pact._validate`` runs, part by part, on a two-rank g
 Reported per size: median, p90, p99 and max of each part (per repetition the slower of the two
 ranks), and the checksum's throughput.  Timed beside it on the same state, for comparison only
 (the engine uses neither): ``sha256``, the host digest the engine used before
-(:func:`accelpact.impl.digest.state_digest`: the state copied to the host, then hashed), and
+(:func:`accelpact.impl.runtime.digest.state_digest`: the state copied to the host, then hashed), and
 ``digest_nocopy``, that sha256 over each tensor's memory in place (no ``tobytes()`` copy).
 
 ``--local`` times only the checksum and the sha256 digest in this process, without ranks
@@ -88,7 +88,7 @@ def validate_rank(ctx, sizes_mb: list[float], repeat: int) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.digest import state_checksum, state_digest
+    from accelpact.impl.runtime.digest import state_checksum, state_digest
 
     pg = ctx.group
     n_ranks = ctx.world
@@ -124,12 +124,12 @@ def validate_rank(ctx, sizes_mb: list[float], repeat: int) -> list[dict]:
 
 def checksum_cost(sizes_mb: list[float], repeat: int = 5, device: str = "cpu") -> list[dict]:
     """In this process, no ranks: per local state size, the seconds of the engine's checksum
-    (:func:`~accelpact.impl.digest.state_checksum`, on ``device``) and of the sha256 host digest
-    (:func:`~accelpact.impl.digest.state_digest`) over the same state, ``repeat`` times each
+    (:func:`~accelpact.impl.runtime.digest.state_checksum`, on ``device``) and of the sha256 host digest
+    (:func:`~accelpact.impl.runtime.digest.state_digest`) over the same state, ``repeat`` times each
     (on CUDA each timing ends with a synchronize, so it covers the device work)."""
     import torch
 
-    from accelpact.impl.digest import state_checksum, state_digest
+    from accelpact.impl.runtime.digest import state_checksum, state_digest
 
     def sync() -> None:
         if device != "cpu":

@@ -51,8 +51,8 @@ from ..model.state import (
 )
 from ..impl.trace import FORMAT as TRACE_FORMAT
 from ..impl.controlplane import PREFIX, comm_generation, comm_name
-from ..impl.faults import KINDS
-from ..impl.rundir import RunDir
+from ..testing.faults import KINDS
+from ..impl.launch.rundir import RunDir
 from ..impl.trace import RankTrace, Record, TraceError
 from .checker_precheck import Finding, precheck
 from .mapping import Script, surfaces

@@ -1,7 +1,7 @@
 """``accelpact check-trace DIR``: check recorded traces against the model (conformance/checker.py).
 
 Uses the run folder's job file (``DIR/job.json``, written by the launcher; read with
-:func:`accelpact.impl.job.load_job`) for the model configuration and fault script when it names
+:func:`accelpact.impl.launch.job.load_job`) for the model configuration and fault script when it names
 faults, or a scenario file given with ``--scenario``; else the trace headers.  Exit 0 when
 accepted, 1 when rejected, 2 when the files are unusable.  No torch import.
 """
@@ -15,8 +15,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..impl.job import FieldError, load_job
-    from ..impl.rundir import RunDir
+    from ..impl.launch.job import FieldError, load_job
+    from ..impl.launch.rundir import RunDir
     from ..impl.trace import TraceError, load_traces
     from .checker import TraceChecker, config_from_headers
     from .runner import check_run_traces

@@ -24,7 +24,7 @@ from typing import Any
 
 
 def add_arguments(parser) -> None:
-    from ..impl.backends import BACKEND_NAMES
+    from ..impl.runtime.backends import BACKEND_NAMES
 
     parser.add_argument("--backend", default="gloo", choices=BACKEND_NAMES)
     parser.add_argument("--trials", type=int, default=4)
@@ -54,7 +54,7 @@ def cell_scenarios(wrapper: str, phase: str, swap: bool = False):
 def cells(backend_name: str, wrappers: str, phases: str, swap_phases: str = "") -> list[tuple[Any, list]]:
     """(observation key, its scenarios) of every cell to qualify on ``backend_name``'s platform;
     cells without a corpus scenario are left out (with a message)."""
-    from ..impl.backends import backend
+    from ..impl.runtime.backends import backend
     from ..model.contract import DEFAULT_OBJECTIVE, ObservationKey
 
     platform = backend(backend_name).platform
@@ -89,7 +89,7 @@ def trial_envelope(key):
 def run(args) -> int:
     import platform as _platform
 
-    from ..impl.backends import backend
+    from ..impl.runtime.backends import backend
     from ..model.contract import Envelope, EnvelopeEntry, save_envelope
 
     if args.trials < 1:

@@ -12,7 +12,7 @@ import json
 
 
 def add_arguments(parser) -> None:
-    from ..impl.backends import BACKEND_NAMES
+    from ..impl.runtime.backends import BACKEND_NAMES
     from ..impl.hooks import SEEDED_BUGS  # no torch at import
 
     parser.add_argument("file", help="scenario JSON file (spec/scenario-format.md)")
@@ -26,7 +26,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..impl.backends import backend
+    from ..impl.runtime.backends import backend
     from .runner import run_scenario
     from .scenario import ScenarioError, load_scenario
 

@@ -2,7 +2,7 @@
 
 ``pytest conformance/`` runs the fast subset with real processes on gloo; ``--full`` runs the whole
 corpus; ``--scenario SUBSTR`` filters by name; ``--backend NAME`` (one of
-:data:`accelpact.impl.backends.BACKEND_NAMES`) skips each scenario with the backend's reason when
+:data:`accelpact.impl.runtime.backends.BACKEND_NAMES`) skips each scenario with the backend's reason when
 this machine cannot run it (``Backend.unavailable``, e.g. too few GPUs for nccl); ``--world-size N`` keeps only scenarios of that world size;
 ``--torchrun-args "k=v,..."`` passes ``run_torchrun`` keyword arguments (e.g. ``monitor_interval=0.5``).
 Works under pytest-xdist (each scenario writes to its own tmp folder; the reference cache is per
@@ -18,9 +18,9 @@ worker via ``ACCELPACT_REF_CACHE`` or the session tmp folder).
 * 4 or more: the whole corpus, as with ``--full`` (unless ``--scenario`` narrows it; a scenario
   wider than the machine skips with its reason), and the world-size-1 check.
 
-One-GPU mode (opt-in: ``ACCELPACT_NCCL_ONE_GPU=1``, :data:`accelpact.impl.backends.ONE_GPU_ENV`;
+One-GPU mode (opt-in: ``ACCELPACT_NCCL_ONE_GPU=1``, :data:`accelpact.impl.runtime.backends.ONE_GPU_ENV`;
 ``python -m accelpact.bench.gpu_conformance`` sets it): every rank of a scenario on ``cuda:0``, each
-with its own ``NCCL_HOSTID`` (:func:`accelpact.impl.backends.one_gpu_env`, set by
+with its own ``NCCL_HOSTID`` (:func:`accelpact.impl.runtime.backends.one_gpu_env`, set by
 ``Backend.prepare_process`` in the rank before its first NCCL group); ``Backend.unavailable`` then
 asks for one GPU, so the fast subset (or ``--full``) runs on a machine with one.  The header says
 when the mode is on.
@@ -34,7 +34,7 @@ import sys
 
 import pytest
 
-from accelpact.impl.backends import BACKEND_NAMES, ONE_GPU_ENV, one_gpu_mode  # torch-free
+from accelpact.impl.runtime.backends import BACKEND_NAMES, ONE_GPU_ENV, one_gpu_mode  # torch-free
 
 #: GPUs at which ``--backend nccl`` selects the whole corpus (its scenarios have 4 or 8 ranks).
 FULL_CORPUS_GPUS = 4

@@ -19,9 +19,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..impl.faults import KINDS, RECOVERY_POINTS, Fault
-from ..impl.job import Topology, Workload
-from ..impl.wrappers import WRAPPERS
+from ..testing.faults import KINDS, RECOVERY_POINTS, Fault
+from ..impl.launch.job import Topology, Workload
+from ..impl.runtime.wrappers import WRAPPERS
 from .outcomes import check_expectation, model_outcomes
 from .scenario import Scenario
 

@@ -3,7 +3,7 @@
 :func:`model_config` is the model instance of a scenario (world, R, F, C, group, profile, fault
 budget); :func:`script_for` translates each scenario fault into the model ``Fault*`` actions it
 stands for, each allowed only in its episode's generation and in its pc window (:data:`WINDOWS`,
-narrowed per kind by :attr:`accelpact.impl.faults.FaultKind.windows`).  The failing group R is
+narrowed per kind by :attr:`accelpact.testing.faults.FaultKind.windows`).  The failing group R is
 computed in one place, :func:`failing_group`, through :meth:`Topology.group`.
 
 The script filters successors; the model itself is unchanged.  Pure Python, no torch.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..impl.faults import IN_FLIGHT, KINDS
-from ..impl.wrappers import wrapper
+from ..testing.faults import IN_FLIGHT, KINDS
+from ..impl.runtime.wrappers import wrapper
 from ..model.protocol import Action
 from ..model.state import (
     PC_AGREED,
@@ -63,7 +63,7 @@ class ScriptedFault:
 
     action: str            # FaultGroupFail | FaultCrash | ...
     rank: int | None       # None for FaultGroupFail and job-wide faults
-    arg: str | None        # the point for FaultGroupFail
+    arg: str | None        # the point: FaultGroupFail's; a death in training's (FaultCrash with spares); None: any
     gen: int               # the episode (generation) it belongs to
     pcs: tuple[str, ...]   # the rank's pc must be one of these
     by: int | None = None  # a job-wide fault (no actor, e.g. FaultStoreLoss): the rank that triggers it, whose pc counts
@@ -92,7 +92,7 @@ class Script:
                 if a.rank is None and rk.gen == f.gen and rk.pc in f.pcs:
                     return i
                 continue
-            if f.rank is None or f.rank != a.rank:
+            if f.rank is None or f.rank != a.rank or (f.arg is not None and f.arg != a.arg):
                 continue
             rk = s.ranks[f.rank]
             if rk.gen == f.gen and rk.pc in f.pcs:
@@ -161,8 +161,11 @@ def script_for(sc: Scenario) -> Script:
                 pcs = KIND_WINDOWS[f.kind]
             else:
                 pcs = WINDOWS[f.at][0 if r in members else 1]
+            # a death in training with spares (FaultCrash(rank, point)) strikes at the scenario's point
+            # of the step, not at any: a crash at the boundary is not one inside optimizer.step()
+            point = f.at if f.kind == "crash" and sc.topology.spares and f.at in STEP_ORDER else None
             if KINDS[f.kind].job_wide:
                 out.append(ScriptedFault(f.action, None, None, g, pcs, by=r))
             else:
-                out.append(ScriptedFault(f.action, r, None, g, pcs))
+                out.append(ScriptedFault(f.action, r, point, g, pcs))
     return Script(tuple(out))

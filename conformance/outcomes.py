@@ -114,7 +114,7 @@ def scenario_final(cfg: Config, script: Script, node: tuple[State, frozenset[int
     return len(fired) == len(script.faults)
 
 
-def model_outcomes(sc: Scenario, *, max_states: int = 1_000_000, traces: bool = False) -> Outcome:
+def model_outcomes(sc: Scenario, *, max_states: int = 400_000, traces: bool = False) -> Outcome:
     """BFS over the scripted state space; the outcomes of every reachable scenario ending.
 
     With ``traces`` the per-rank abstract traces (sequences of non-fault actions of each rank on

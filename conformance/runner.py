@@ -9,7 +9,7 @@
 3. Deadlines: every rank that exited did so within the bound after the first fault (``t_ns``).
 
 The run is the scenario's typed job (:meth:`Scenario.job`; a seeded bug is its ``seeded_bug``
-field, nothing else); its files are read through :class:`~accelpact.impl.rundir.RunDir`.  The
+field, nothing else); its files are read through :class:`~accelpact.impl.launch.rundir.RunDir`.  The
 reference run is cached per workload (``impl.launch.run_reference``).  Every process is reaped by
 the launcher; every wait is bounded (``timeout_s``).  torch is imported lazily.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..impl.exitcodes import ExitCode
-from ..impl.faults import KINDS
-from ..impl.rundir import RunDir
+from ..testing.faults import KINDS
+from ..impl.launch.rundir import RunDir
 from ..impl.trace import TraceError, load_traces
 from .checker import Abstraction, TraceChecker
 from .mapping import model_config, script_for
@@ -106,7 +106,7 @@ def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
 def _snapshots_equal(out: Path, ref: Path, world: int) -> tuple[bool, str]:
     import torch
 
-    from ..impl.workload import compare_snapshots
+    from ..impl.launch.workload import compare_snapshots
 
     run, reference = RunDir(out), RunDir(ref)
     for r in range(world):
@@ -142,7 +142,7 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     """Run ``sc`` for real and apply the three oracles (module doc).  Bounded by ``timeout_s`` per launch.
     ``envelope``: the envelope file the job's ranks decide with (None: the shipped default; ``accelpact
     qualify`` passes a cell's trial envelope)."""
-    from ..impl import launch
+    from ..impl.launch import launch
 
     t0 = time.monotonic()
     model = model_outcomes(sc)

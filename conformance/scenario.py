@@ -1,13 +1,13 @@
 """Scenario files: the schema and its validation (spec/scenario-format.md F1).
 
 A scenario is the public, implementation-independent description of one conformance run: a
-world shape (:class:`~accelpact.impl.job.Topology`), a workload
-(:class:`~accelpact.impl.job.Workload`), the injected faults (:class:`~accelpact.impl.faults.Fault`,
+world shape (:class:`~accelpact.impl.launch.job.Topology`), a workload
+(:class:`~accelpact.impl.launch.job.Workload`), the injected faults (:class:`~accelpact.testing.faults.Fault`,
 validated by its one validator :meth:`Fault.parse`) and an optional expected outcome.  This module
 adds only what is scenario-specific: the rules that make a fault list one recovery scenario
 (below) and the episode view of it.  Where it lives in the model is :mod:`.mapping`; what the
 model says it may end in is :mod:`.outcomes`; :meth:`Scenario.job` is the one way a scenario
-becomes a run (:class:`~accelpact.impl.job.Job`).
+becomes a run (:class:`~accelpact.impl.launch.job.Job`).
 
 Scenario-level rules (everything else is the fault's, the topology's or the workload's own):
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..impl.faults import KINDS, RECOVERY_POINTS, TRIGGER_POINTS, Fault, FaultError
-from ..impl.job import FieldError, Job, Topology, Workload, check_object
+from ..testing.faults import KINDS, RECOVERY_POINTS, TRIGGER_POINTS, Fault, FaultError
+from ..impl.launch.job import FieldError, Job, Topology, Workload, check_object
 
 __all__ = [
     "OUTCOMES", "SCENARIO_FIELDS", "Scenario", "ScenarioError", "load_scenario", "scenario_from_job",
@@ -117,7 +117,7 @@ class Scenario:
 
     def job(self, out: str | Path, *, backend: str = "gloo", deadline_s: float = 8.0,
             seeded_bug: str | None = None) -> Job:
-        """The run of this scenario: a traced :class:`~accelpact.impl.job.Job` writing to ``out``.
+        """The run of this scenario: a traced :class:`~accelpact.impl.launch.job.Job` writing to ``out``.
         ``seeded_bug`` (test-only) travels as the job's field, nowhere else."""
         job = Job(topology=self.topology, workload=self.workload, out=str(out), scenario=self.name, trace=True,
                   deadline_s=deadline_s, dead_after_s=CONFORMANCE_DEAD_AFTER_S)

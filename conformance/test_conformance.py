@@ -3,7 +3,7 @@ oracles outcome (O1), trace checker (O2) and deadlines (O3).  Seeded bugs are re
 
 Default: the fast subset FAST (one of each outcome class that matters most) on gloo; ``--full``
 runs the whole corpus.  Each test is bounded (pytest-timeout) and every process is reaped by the
-launcher (impl/launch.py).
+launcher (impl/launch/launch.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from accelpact.conformance.generate import SCENARIO_DIR
 from accelpact.conformance.scenario import load_scenario
-from accelpact.impl.backends import backend
+from accelpact.impl.runtime.backends import backend
 from accelpact.impl.hooks import SEEDED_BUGS as ALL_SEEDED_BUGS
 
 #: the default subset: L1 for each wrapper, each in-flight rejection class once, a crash, a hang,

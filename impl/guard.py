@@ -21,7 +21,7 @@ the wrapper is idle, as far as torch lets us see it:
   check is the grads-cleared and point checks above;
 * the step's device work drained: on each non-CPU device holding parameters, an event recorded on
   its current stream (the stream the step ran on) must complete within ``sync_timeout_s``
-  (:meth:`accelpact.impl.backends.Backend.drain`); past it the guard fails (L2).  Not a
+  (:meth:`accelpact.impl.runtime.backends.Backend.drain`); past it the guard fails (L2).  Not a
   device-wide ``torch.cuda.synchronize()``: that waits, unbounded, behind a hung collective kernel
   of R on another stream until the revoke's abort lands.  CPU: nothing to drain.
 """
@@ -114,7 +114,7 @@ class BoundaryGuard:
 
     def _undrained(self) -> list[str]:
         """The devices whose current stream still had the step's work queued after ``sync_timeout_s``."""
-        from .backends import for_device
+        from .runtime.backends import for_device
 
         devices = {p.device for p in self.module.parameters() if p.device.type != "cpu"}
         return [f"the step's work on {d} did not finish within {self.sync_timeout_s} s (a kernel is still queued, "

@@ -1,14 +1,14 @@
 """Test-only hooks: the one object through which tests reach into a running engine.
 
 The engine (:mod:`accelpact.impl.recovery`) calls :meth:`Hooks.point` at each named point of the
-step and of the six phases (``forward`` ... ``release``, :data:`accelpact.impl.faults.FAULT_POINTS`),
+step and of the six phases (``forward`` ... ``release``, :data:`accelpact.testing.faults.FAULT_POINTS`),
 between model actions, never inside one.  By default nothing happens there.  Tests and the
 conformance runner pass a :class:`Hooks` at ``attach(hooks=...)``:
 
 * ``injector``: a callable ``(point, pact) -> effects`` run at each point; :class:`FaultInjector`
-  fires a job's :class:`~accelpact.impl.faults.FaultPlan` there;
+  fires a job's :class:`~accelpact.testing.faults.FaultPlan` there;
 * ``seeded_bug``: one of :data:`SEEDED_BUGS`, a deliberately broken engine that the conformance
-  suite must reject (its teeth): engine methods replaced at attach (:mod:`accelpact.impl.seeded`);
+  suite must reject (its teeth): engine methods replaced at attach (:mod:`accelpact.testing.seeded`);
 * ``write_to_record_s``: a sleep between each control-plane write and its trace record, to widen
   the window that the exit claim closes (``unheld-records`` shows why it matters).
 
@@ -21,10 +21,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .seeded import NAMES as SEEDED_BUGS
+__all__ = ["FaultInjector", "Hooks", "NO_HOOKS"]  # and SEEDED_BUGS, loaded on use (__getattr__)
 
-__all__ = ["FaultInjector", "Hooks", "NO_HOOKS", "SEEDED_BUGS"]
 
+
+def _seeded_names() -> tuple[str, ...]:
+    """The seeded bugs' names, from the test tooling (imported only when a hook names one)."""
+    from ..testing.seeded import NAMES
+
+    return tuple(NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SEEDED_BUGS":  # lazily: the engine does not import the test tooling at import
+        return _seeded_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,15 +47,15 @@ class Hooks:
     write_to_record_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.seeded_bug is not None and self.seeded_bug not in SEEDED_BUGS:
-            raise ValueError(f"seeded_bug {self.seeded_bug!r} is not a seeded bug; use one of {SEEDED_BUGS} or None")
+        if self.seeded_bug is not None and self.seeded_bug not in _seeded_names():
+            raise ValueError(f"seeded_bug {self.seeded_bug!r} is not a seeded bug; use one of {_seeded_names()} or None")
         if not self.write_to_record_s >= 0:
             raise ValueError(f"write_to_record_s must be >= 0 seconds, got {self.write_to_record_s!r}")
 
     def bug(self, name: str) -> bool:
         """Whether seeded bug ``name`` is on."""
-        if name not in SEEDED_BUGS:
-            raise ValueError(f"{name!r} is not a seeded bug; one of {SEEDED_BUGS}")
+        if name not in _seeded_names():
+            raise ValueError(f"{name!r} is not a seeded bug; one of {_seeded_names()}")
         return self.seeded_bug == name
 
     def point(self, name: str, pact: Any) -> None:
@@ -65,7 +76,7 @@ NO_HOOKS = Hooks()
 
 @dataclass
 class FaultInjector:
-    """Fires a :class:`~accelpact.impl.faults.FaultPlan` at the engine's points (test-only).
+    """Fires a :class:`~accelpact.testing.faults.FaultPlan` at the engine's points (test-only).
 
     ``boundary`` and ``optimizer``: a fault there strikes only once every rank has reached the point
     (a barrier on the store, the injector's own channel: it touches none of the engine's groups), which is what the model's ``FaultGroupFail(point)`` means
@@ -81,7 +92,7 @@ class FaultInjector:
     _first: int | None = None
 
     def __call__(self, point: str, pact: Any) -> None:
-        from .faults import FaultContext
+        from ..testing.faults import FaultContext
 
         step = pact.step_index
         if point in self.fenced_points and self.plan.scheduled(point, step):

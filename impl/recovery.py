@@ -22,7 +22,7 @@ so that every rank learns *which* replicate group failed: its members rebuild it
 everybody else only votes.
 
 Test-only hooks (:mod:`accelpact.impl.hooks`, passed at attach, never read from the environment)
-run at the named points between actions (fault injection); a seeded bug (:mod:`accelpact.impl.seeded`)
+run at the named points between actions (fault injection); a seeded bug (:mod:`accelpact.testing.seeded`)
 replaces engine methods on the instance at attach, and nothing here branches on one.
 """
 
@@ -60,16 +60,15 @@ from accelpact.model.state import (
 )
 
 from . import revoke as _revoke
-from . import seeded
-from .adapters import adapter_for
+from .runtime.adapters import adapter_for
 from .controlplane import ControlPlane, swap_prefix, swap_rebuilt_key
 from .detector import Detector
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .guard import BoundaryGuard
 from .hooks import NO_HOOKS, Hooks
-from . import hotswap as _swap
-from .job import DEFAULT_DEADLINE_S, default_step_deadline
-from .replace import ReplacementStrategy, choose_strategy
+from .runtime import hotswap as _swap
+from .launch.job import DEFAULT_DEADLINE_S, default_step_deadline
+from .runtime.replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
 from .watchdog import Watchdog
 
@@ -186,7 +185,7 @@ NCCL_WATCHDOG_MARGIN_S = 0.25
 
 def _state_checksum(module, optimizer, device):
     """Phase 6's replica check of this rank's state, on ``device`` (:func:`digest.state_checksum`)."""
-    from .digest import state_checksum
+    from .runtime.digest import state_checksum
 
     return state_checksum(module, optimizer, device)
 
@@ -218,7 +217,7 @@ class _Episode:
 @dataclass(slots=True)
 class _Swap:
     """What a hot swap's actions pass on along its episode (``_Episode.swap``).  ``job``: the
-    :class:`~accelpact.impl.api.TrainingJob` whose groups the swap rebuilds; ``rebuild``: the
+    :class:`~accelpact.impl.launch.api.TrainingJob` whose groups the swap rebuilds; ``rebuild``: the
     user's factory ``(job, extra) -> (module, optimizer)``; ``extra``/``rng``: the state published
     at F; ``old``: a survivor's committed module and optimizer (moved into the rebuilt ones, then
     dropped); ``held``: a survivor's old R (the engine holds it, not the job)."""
@@ -313,10 +312,13 @@ class _Engine:
     def _arm(self) -> None:
         """Each control-plane write and its trace record form one model action (exitcodes.holding_exit),
         and an expired wait claims the exit before it writes the abort; then a seeded bug, if the hooks
-        name one, replaces what it replaces (test-only, :mod:`accelpact.impl.seeded`)."""
+        name one, replaces what it replaces (test-only, :mod:`accelpact.testing.seeded`)."""
         self._hold = holding_exit
         self.control.claims_exit = True
-        seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)
+        if self.hooks.seeded_bug is not None:
+            from ..testing import seeded  # test tooling: only when the hooks name a seeded bug
+
+            seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)
 
     def _st(self, pc: str, **more) -> dict:
         self.pc = pc
@@ -492,7 +494,7 @@ class _Engine:
     def _run_swap(self, ep: _Episode) -> Any:
         """The swap's phase loop (as :meth:`Pact._recover` for a repair): the hooks' point before each
         phase, then its actions; any exception ends the rank (fail-stop).  Returns the
-        :class:`~accelpact.impl.hotswap.SwapRecord`; the rebuilt model is on ``ep.swap``."""
+        :class:`~accelpact.impl.runtime.hotswap.SwapRecord`; the rebuilt model is on ``ep.swap``."""
         sw = ep.swap
         assert sw is not None
         phases = (
@@ -521,7 +523,7 @@ class _Engine:
 
     def _replace_every_group(self, ep: _Episode) -> None:
         """RankReplace of a swap: every group of the job built anew in generation g+1 by its members
-        (:func:`~accelpact.impl.hotswap.rebuild_groups`; the default, control and checkpoint groups
+        (:func:`~accelpact.impl.runtime.hotswap.rebuild_groups`; the default, control and checkpoint groups
         and every training group contain the dead identity, so none can be kept).  ``comm``: the
         generation-(g+1) namespace all of them are built under."""
         sw = ep.swap
@@ -541,7 +543,7 @@ class _Engine:
         it is waited for under the phase deadline, not inside a transfer's collective)."""
         import torch
 
-        from .wrappers import wrapper_of
+        from .runtime.wrappers import wrapper_of
 
         sw = ep.swap
         assert sw is not None
@@ -560,7 +562,7 @@ class _Engine:
 
     def _transfer_state(self, ep: _Episode) -> None:
         """RankTransferState: for each dead identity, the first live member of its new group of R's
-        kind broadcasts its state (:func:`~accelpact.impl.hotswap.transfer`); the spare loads it, other
+        kind broadcasts its state (:func:`~accelpact.impl.runtime.hotswap.transfer`); the spare loads it, other
         members receive and drop it.  Recorded by the sender."""
         sw = ep.swap
         assert sw is not None
@@ -584,7 +586,7 @@ class _Engine:
 
     def _validate_replicas(self, ep: _Episode) -> None:
         """RankValidate of a swap: on the new group of R's kind, the all-reduce that counts its members
-        and every replica's state checksum compared (:func:`~accelpact.impl.hotswap.validate`)."""
+        and every replica's state checksum compared (:func:`~accelpact.impl.runtime.hotswap.validate`)."""
         sw = ep.swap
         assert sw is not None
         t = time.monotonic_ns()
@@ -628,14 +630,14 @@ class Pact(_Engine):
             print(f"accelpact: {notice}", file=sys.stderr, flush=True)
         self.deadline_s = deadline_s
         if step_deadline_s is None:  # the one rule (job.default_step_deadline), R's collective timeout as it was built
-            from .backends import backend_of
+            from .runtime.backends import backend_of
 
             step_deadline_s = default_step_deadline(backend_of(groups.affected).timeout_of(groups.affected), deadline_s)
         self.step_deadline_s = step_deadline_s
         self.hooks = hooks if hooks is not None else NO_HOOKS
         self.gen = generation
         self.pc = PC_TRAIN
-        #: hot swap (jobs with spares): the keepers' death notices (:class:`accelpact.impl.hotswap.Notices`)
+        #: hot swap (jobs with spares): the keepers' death notices (:class:`accelpact.impl.runtime.hotswap.Notices`)
         self.notices = notices
         self.reports: list[RecoveryReport] = []
         self.last_loss: float | None = None
@@ -747,7 +749,7 @@ class Pact(_Engine):
         training group whose backend recorded an error (:func:`backends.recorded_errors`; R left out
         when its probe failed: that is the boundary's own, repairable failure) is an in-flight failure
         of the step: the contract rejects it (L2, exit 70)."""
-        from .backends import recorded_errors
+        from .runtime.backends import recorded_errors
 
         skip = (self.groups.name, self.groups.key) if observed else ()
         if bad := recorded_errors(self.group_records(), skip=skip):
@@ -760,7 +762,7 @@ class Pact(_Engine):
         """The post-commit collective on R (it carries the loss, on R's device): (failed, its error)."""
         import torch
 
-        from .backends import backend_of
+        from .runtime.backends import backend_of
 
         t = loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1)
         try:
@@ -816,7 +818,7 @@ class Pact(_Engine):
         wait, 0.13 ms cheaper per step than waking on the future).  Bounded: past the group's own
         collective timeout plus ``REVOKE_GRACE_S`` the wait gives up with the op's timeout error
         (NCCL: ``DistBackendError``; gloo's op fails at its timeout before that)."""
-        from .backends import backend_of, wait_bounded
+        from .runtime.backends import backend_of, wait_bounded
 
         seen = None  # when R's revoke took effect here (the watcher's shutdown), or this wait first saw its key
 
@@ -860,7 +862,7 @@ class Pact(_Engine):
     # ---- hot swap (spec/hotswap.md) ---------------------------------------------------------------
     def _swap_if_died(self, point: str, exc: BaseException) -> None:
         """With spares: if a keeper posted a death notice (waiting up to ``hotswap.NOTICE_GRACE_S``
-        for one), record the observation (``RankObserve``) and raise :class:`~accelpact.impl.hotswap.SwapNeeded`
+        for one), record the observation (``RankObserve``) and raise :class:`~accelpact.impl.runtime.hotswap.SwapNeeded`
         for the training loop to run the swap; otherwise return (the failure takes its usual path)."""
         if self.notices is None:
             return
@@ -924,12 +926,12 @@ class Pact(_Engine):
 
     def swap(self, need: Any, *, job: Any, rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any,
              rng: Any) -> tuple[Any, Any, Any]:
-        """A survivor's hot swap after ``need`` (:class:`~accelpact.impl.hotswap.SwapNeeded`: the ranks
+        """A survivor's hot swap after ``need`` (:class:`~accelpact.impl.runtime.hotswap.SwapNeeded`: the ranks
         that died, and where; its ``RankObserve`` is recorded): the contract on the dead-rank key
         (``RankReject`` if L2), ``RankClaimSpare``, ``RankDiscardStep`` of a step in flight,
         ``RankGuard``, then the swap's phases (:meth:`_run_swap`) on ``job``'s groups and the model
         ``rebuild(job, extra)`` builds, RNG ``rng``.  Returns the rebuilt module and optimizer and the
-        :class:`~accelpact.impl.hotswap.SwapRecord`; this engine is retired (the caller attaches one
+        :class:`~accelpact.impl.runtime.hotswap.SwapRecord`; this engine is retired (the caller attaches one
         of generation g+1 to the rebuilt model).  Any failure ends the rank, and with it the job (L2)."""
         self.suspend()
         t = time.monotonic_ns()
@@ -970,7 +972,7 @@ class Pact(_Engine):
 
     def _claim_spares(self, ep: _Episode) -> None:
         """RankClaimSpare: for each dead rank, the first survivor to claim takes a spare from the pool
-        and tells it (:func:`~accelpact.impl.hotswap.claim_write`, single assignment); its writes and
+        and tells it (:func:`~accelpact.impl.runtime.hotswap.claim_write`, single assignment); its writes and
         record are one action under the hold, and only a rank whose claim stood records it (the
         model's one claim for each dead identity).  Every survivor then reads the claims that stand;
         a dead rank left without a spare is the contract's L2 (``RankReject``)."""
@@ -1167,7 +1169,7 @@ class Pact(_Engine):
         generic walker's (which stops at the engine's own objects), so phase 5 can check them in
         O(sites).  Run at attach and once more after the first committed step, when the wrappers'
         lazily built state (FSDP's lazy init, DDP's reducer) exists."""
-        from .adapters import find_references, site_set
+        from .runtime.adapters import find_references, site_set
 
         sites = list(self.adapter.discover(self.module, self._pg))
         known = site_set(sites)
@@ -1191,8 +1193,8 @@ class Pact(_Engine):
         all-gather), on the new group's device; each wait bounded by the phase deadline."""
         import torch
 
-        from .backends import backend_of, wait_bounded
-        from .digest import checksum_hex
+        from .runtime.backends import backend_of, wait_bounded
+        from .runtime.digest import checksum_hex
 
         t = time.monotonic_ns()
         n = len(self.groups.members)
@@ -1237,7 +1239,7 @@ class SpareEngine(_Engine):
     (:meth:`join`), then the swap's phases 3-6 as that rank (:meth:`swap`, the same actions a
     survivor runs).  Afterwards the identity trains under a :class:`Pact` of generation g+1 attached
     to the model the episode built; this engine stops.  ``job``: the
-    :class:`~accelpact.impl.api.TrainingJob`, already under the dead identity (``job.rank``);
+    :class:`~accelpact.impl.launch.api.TrainingJob`, already under the dead identity (``job.rank``);
     ``published``: what that rank published at its last commit (F, RNG, extra state).
 
     Unlike a survivor it has no fault points (a fault plan names the job's ranks at their steps; this
@@ -1309,7 +1311,7 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
 
     ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
     (forward to the end of its boundary) before the watchdog takes the rank for hung and exits
-    72: default :func:`accelpact.impl.job.default_step_deadline` of R's collective timeout and
+    72: default :func:`accelpact.impl.launch.job.default_step_deadline` of R's collective timeout and
     ``deadline_s``; ``math.inf`` turns it off.  ``hooks``: test-only
     (:class:`accelpact.impl.hooks.Hooks`: fault injection at named points, seeded bugs)."""
     return Pact(module, optimizer, groups=groups, control=control, trace=trace, envelope=envelope, key=key,

@@ -14,7 +14,7 @@ keep it as the independent check, :func:`established_inodes`.)
 socket, so the gloo thread blocked on it wakes with an error), after checking that the fd
 still names the recorded inode (fds are reused once a group is freed; we must never touch
 a stranger's socket).  NCCL groups are aborted, this group only, keeping its c10d registration
-(:meth:`accelpact.impl.backends.Backend.abort`): a rebind moves the old group's name to the new one.
+(:meth:`accelpact.impl.runtime.backends.Backend.abort`): a rebind moves the old group's name to the new one.
 
 Ordering: construct the group inside :func:`recorded` with no other thread creating
 sockets at the same time (the watchdog's store connection is made before).
@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from .backends import backend as _backend
+from .runtime.backends import backend as _backend
 
 __all__ = ["SocketRecord", "aborted", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes", "connected_tcp"]
 
@@ -140,7 +140,7 @@ def _same_socket(fd: int, inode: int) -> bool:
 
 def hard_close(record: SocketRecord) -> int:
     """Revoke: shut down the group's connected sockets (gloo) or abort its communicator (NCCL:
-    :meth:`~accelpact.impl.backends.Backend.abort`, which keeps the group's c10d name and ranks).
+    :meth:`~accelpact.impl.runtime.backends.Backend.abort`, which keeps the group's c10d name and ranks).
     Returns the number of sockets shut down.  Idempotent; safe from any thread."""
     be = _backend(record.backend)
     if be.revoke == "abort":

@@ -28,8 +28,8 @@ OUTCOMES = ("ok", "fail", "info")
 
 
 def trace_path(directory: str | os.PathLike, attempt: int, rank: int) -> Path:
-    """This rank's trace file in run folder ``directory`` (:class:`~accelpact.impl.rundir.RunDir`)."""
-    from .rundir import RunDir
+    """This rank's trace file in run folder ``directory`` (:class:`~accelpact.impl.launch.rundir.RunDir`)."""
+    from .launch.rundir import RunDir
 
     return RunDir(directory).trace(attempt, rank)
 
@@ -227,7 +227,7 @@ def load_traces(path: str | os.PathLike) -> dict[int, dict[int, RankTrace]]:
     by the generation it joined in), records renumbered gap-free, with the first file's header and
     the last one's ``end`` record.  Each incarnation before the last must end where a successor can
     take the identity: with no ``end`` record (it died)."""
-    from .rundir import RunDir
+    from .launch.rundir import RunDir
 
     run = RunDir(path)
     files = run.trace_files()

@@ -43,8 +43,8 @@ def mesh_counts(ctx, layers):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from accelpact.impl import workload as W
-    from accelpact.impl.adapters import adapter_for, find_references, site_set
+    from accelpact.impl.launch import workload as W
+    from accelpact.impl.runtime.adapters import adapter_for, find_references, site_set
 
     topo = W.Topology(2, 2)
     g = W.build_groups(topo, ctx.rank)
@@ -77,7 +77,7 @@ def full_shard_wrapper(ctx):
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
 
-    from accelpact.impl.wrappers import wrapper_of
+    from accelpact.impl.runtime.wrappers import wrapper_of
 
     torch.manual_seed(0)
     m = FSDP(torch.nn.Linear(4, 4), process_group=ctx.group, sharding_strategy=ShardingStrategy.FULL_SHARD,

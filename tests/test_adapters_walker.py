@@ -13,9 +13,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from accelpact.impl.adapters import (GenericAdapter, RebindError, adapter_for, find_references, site_set,
+from accelpact.impl.runtime.adapters import (GenericAdapter, RebindError, adapter_for, find_references, site_set,
                                      write_site)
-from accelpact.impl.adapters.walker import ATTR, CELL, INDEX, KEY, METHOD_SELF, SET, SLOT, WEAKREF
+from accelpact.impl.runtime.adapters.walker import ATTR, CELL, INDEX, KEY, METHOD_SELF, SET, SLOT, WEAKREF
 
 
 class PG:

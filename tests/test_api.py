@@ -1,4 +1,4 @@
-"""The public API (``accelpact.init`` -> ``TrainingJob.attach`` -> ``Training``), impl/api.py.
+"""The public API (``accelpact.init`` -> ``TrainingJob.attach`` -> ``Training``), impl/launch/api.py.
 
 Single-process: settings from arguments and ``ACCELPACT_*`` variables and their errors, what
 ``init`` needs from the launcher, the fault flag, a user's own mesh on gloo.  Multi-process (2x2 on
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.impl.api import ApiError, Settings
-from accelpact.impl.faults import Fault, FaultError
+from accelpact.impl.launch.api import ApiError, Settings
+from accelpact.testing.faults import Fault, FaultError
 
 torch = pytest.importorskip("torch")
 
@@ -77,8 +77,8 @@ def test_settings_job_and_attach_share_one_deadline_default_and_one_step_deadlin
     import torch.distributed as dist
 
     from accelpact.impl import recovery
-    from accelpact.impl.backends import backend_of
-    from accelpact.impl.job import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, Job, Topology, Workload, default_step_deadline
+    from accelpact.impl.runtime.backends import backend_of
+    from accelpact.impl.launch.job import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, Job, Topology, Workload, default_step_deadline
 
     job = Job(topology=Topology(2, 1), workload=Workload(wrapper="ddp", layers=1, steps=1, seed=1), out="/nonexistent")
     assert Settings().deadline_s == job.deadline_s == DEFAULT_DEADLINE_S
@@ -108,7 +108,7 @@ def test_fault_flag_is_parsed_and_validated():
 
 
 def test_wrapper_of_an_unwrapped_module_names_the_supported_wrappers():
-    from accelpact.impl.wrappers import wrapper_of
+    from accelpact.impl.runtime.wrappers import wrapper_of
 
     with pytest.raises(ValueError, match="fsdp1-hybrid.*fsdp2-hybrid.*ddp"):
         wrapper_of(torch.nn.Linear(2, 2))
@@ -118,7 +118,7 @@ def test_wrapper_of_an_unwrapped_module_names_the_supported_wrappers():
 def api_rank(ctx, steps: int, fault: str | None, ckpt: str) -> dict:
     """A user's loop on the workload's FSDP2 HSDP model, built only through the public API."""
     import accelpact
-    from accelpact.impl import workload
+    from accelpact.impl.launch import workload
 
     job = accelpact.init("gloo", replicas=2, faults=fault, deadline_s=20.0, collective_timeout_s=60.0)
     before = {k: job.groups[k] for k in ("shard", "replicate", "world")}

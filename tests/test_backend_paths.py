@@ -1,6 +1,6 @@
 """The engine's NCCL fixes, checked on the generic path they share with gloo (issue 11, section 3).
 
-Every device decision goes through :class:`accelpact.impl.backends.Backend`; these tests run that
+Every device decision goes through :class:`accelpact.impl.runtime.backends.Backend`; these tests run that
 generic code on gloo/CPU (this machine has no GPU), each against the defect it fixes:
 
 * the boundary wait polls completion and the revoke, not the work's future (an NCCL future
@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelpact.impl import backends as B
-from accelpact.impl import digest as D
+from accelpact.impl.runtime import backends as B
+from accelpact.impl.runtime import digest as D
 from accelpact.impl import recovery as R
 from accelpact.impl import revoke
 from accelpact.model.contract import (
@@ -310,7 +310,7 @@ def test_checksum_catches_swaps_layout_and_step_count():
 
 def test_new_group_keeps_the_old_groups_training_timeout():
     """The phase deadline bounds building R's new group; its collectives keep R's training timeout."""
-    from accelpact.impl.replace import ReplaceAndRebind
+    from accelpact.impl.runtime.replace import ReplaceAndRebind
 
     be = B.backend("gloo")
     store = torch.distributed.HashStore()
@@ -352,8 +352,8 @@ def registration_rank(ctx) -> dict:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from accelpact.impl.adapters import adopt_group_name
-    from accelpact.impl.replace import ReplaceAndRebind
+    from accelpact.impl.runtime.adapters import adopt_group_name
+    from accelpact.impl.runtime.replace import ReplaceAndRebind
 
     td = datetime.timedelta
     w = c10d._world

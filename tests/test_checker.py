@@ -14,7 +14,7 @@ import pytest
 
 from accelpact.conformance.checker import Abstraction, check_traces, project, write_dir
 from accelpact.conformance.checker_tamper import TAMPERINGS
-from accelpact.impl.rundir import RunDir
+from accelpact.impl.launch.rundir import RunDir
 from accelpact.impl.trace import RankTrace, TraceError
 from accelpact.impl.trace import load_traces as load_dir
 from accelpact.model.protocol import all_actions, is_final, successors

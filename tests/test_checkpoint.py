@@ -1,4 +1,4 @@
-"""L2 checkpoints (impl/checkpoint.py): commit marker, crash mid-save, bit-identical reload, F - C replay.
+"""L2 checkpoints (impl/runtime/checkpoint.py): commit marker, crash mid-save, bit-identical reload, F - C replay.
 
 Spec ids: P13.1 (commit marker only after every rank acknowledged), I6 (a crash mid-save never
 yields a loaded half checkpoint), I5 / C5.2 (L2 replays exactly F - C steps and its state equals the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from accelpact.impl.checkpoint import MARKER, CheckpointError, committed_steps, latest_committed, step_dir
+from accelpact.impl.runtime.checkpoint import MARKER, CheckpointError, committed_steps, latest_committed, step_dir
 
 def standin(ctx, cfg: dict) -> None:
     """A tiny DDP job (2 ranks, gloo on loopback, the harness's launcher-hosted store) that
@@ -30,7 +30,7 @@ def standin(ctx, cfg: dict) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import accelpact.impl.checkpoint as ck
+    import accelpact.impl.runtime.checkpoint as ck
 
     rank, world, out = ctx.rank, ctx.world, cfg["out"]
     astore = dist.PrefixStore("attempt%d" % cfg["attempt"], ctx.store)
@@ -141,7 +141,7 @@ def test_load_refuses_uncommitted_folder(tmp_path: Path) -> None:
     """I6: loading a folder without the marker raises and says what to do instead."""
     import torch
 
-    from accelpact.impl.checkpoint import CheckpointManager
+    from accelpact.impl.runtime.checkpoint import CheckpointManager
 
     step_dir(tmp_path, 3).mkdir(parents=True)
     m = torch.nn.Linear(2, 2)

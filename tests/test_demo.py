@@ -1,4 +1,4 @@
-"""``accelpact demo`` (impl/demo.py): flag validation without running anything, no torch at import,
+"""``accelpact demo`` (impl/launch/demo.py): flag validation without running anything, no torch at import,
 and one bounded end-to-end run.
 
 Spec ids: I1 (L1 continuation bit-identical to the reference), C4.2 (zero replay in L1), C5.1 (the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from accelpact.impl import demo
+from accelpact.impl.launch import demo
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def test_bad_flags_are_argparse_errors(argv: list[str], capsys) -> None:
 ])
 def test_cross_flag_validation_returns_2_before_launching(argv, needle: str, tmp_path: Path, capsys,
                                                           monkeypatch) -> None:
-    from accelpact.impl import launch
+    from accelpact.impl.launch import launch
 
     def launched(*args, **kwargs):
         raise AssertionError("a launcher was called for flags that must be rejected first")
@@ -62,7 +62,7 @@ def test_cross_flag_validation_returns_2_before_launching(argv, needle: str, tmp
 
 
 def test_demo_module_does_not_import_torch() -> None:
-    code = "import sys, accelpact.impl.demo, accelpact.bench.recovery; print('torch' in sys.modules)"
+    code = "import sys, accelpact.impl.launch.demo, accelpact.bench.recovery; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

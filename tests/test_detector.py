@@ -3,7 +3,7 @@
 Unit tests drive :meth:`Detector.poll` with a fake clock over an in-memory store (deterministic:
 every bound is exact there).  The multi-process tests run real ranks (``accelpact.testing``), each
 with a detector on the launcher's TCPStore, and strike one rank from outside with
-:mod:`accelpact.impl.inject` (SIGKILL, SIGSTOP, GIL hang, a main thread that stops, a straggler);
+:mod:`accelpact.testing.inject` (SIGKILL, SIGSTOP, GIL hang, a main thread that stops, a straggler);
 they print the measured time to detect (TTD) and assert only a generous bound (5 s) that expresses
 the requirement (about 1 s at the defaults) with slack for a loaded 2-core machine.
 """
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from accelpact.impl import detector as D
-from accelpact.impl import inject
+from accelpact.testing import inject
 
 # -------------------------------------------------------------------------------------- fake world
 

@@ -7,7 +7,7 @@ rank, to the reference; its traces must be accepted by the trace checker.  The F
 runs as on a cluster: two torchrun agents (``--nnodes 2``, c10d rendezvous on loopback), through an
 L1 repair and through an L2 restart (SIGKILL of a rank) that every agent joins.
 
-Every launch is bounded and reaped (:class:`accelpact.impl.launch.ProcessSet`); ports are free
+Every launch is bounded and reaped (:class:`accelpact.impl.launch.launch.ProcessSet`); ports are free
 loopback ports.
 """
 
@@ -22,8 +22,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.impl.launch import ProcessSet, free_port, worker_env  # noqa: E402 - after the torch skip
-from accelpact.impl.rundir import RunDir  # noqa: E402 - after the torch skip
+from accelpact.impl.launch.launch import ProcessSet, free_port, worker_env  # noqa: E402 - after the torch skip
+from accelpact.impl.launch.rundir import RunDir  # noqa: E402 - after the torch skip
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -43,7 +43,7 @@ def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 
                 "--rdzv-id", out.name, "--local-addr", "127.0.0.1"]
     cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(nproc),
            "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
-           *(["-m", "accelpact.impl.keeper", "--", sys.executable] if spares else []), str(EXAMPLES / script),
+           *(["-m", "accelpact.impl.launch.keeper", "--", sys.executable] if spares else []), str(EXAMPLES / script),
            "--out", str(out), *extra]
     env = {k: v for k, v in worker_env().items() if not k.startswith("ACCELPACT_")}
     if spares:
@@ -142,7 +142,7 @@ def _spare_worker(script: str, rank: int) -> int | None:
             env = (d / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(script.encode() in c for c in cmd) and b"accelpact.impl.keeper" not in cmd \
+        if any(script.encode() in c for c in cmd) and b"accelpact.impl.launch.keeper" not in cmd \
                 and f"RANK={rank}".encode() in env:
             return int(d.name)
     return None
@@ -153,7 +153,7 @@ def test_an_idle_spares_death_costs_nothing(tmp_path, fsdp2_reference):
     it gone and waits; the job finishes with zero restarts (the agent exits 0), bit-identical."""
     import threading
 
-    from accelpact.impl import inject
+    from accelpact.testing import inject
 
     out = tmp_path / "spare-death"
     killed: list[int] = []

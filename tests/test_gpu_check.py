@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from accelpact.bench import gpu_check, gpu_conformance
-from accelpact.impl import backends as B
+from accelpact.impl.runtime import backends as B
 
 ONE_GPU_VARS = ("NCCL_HOSTID", "NCCL_NET", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE")
 

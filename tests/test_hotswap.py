@@ -1,4 +1,4 @@
-"""Hot swap's building blocks (impl/hotswap.py), one process each: the state a spare receives, the
+"""Hot swap's building blocks (impl/runtime/hotswap.py), one process each: the state a spare receives, the
 single-assignment claim and its pool, the death notices, the decision.  The end-to-end swaps (a real
 SIGKILL, a spare taking the identity, bit-identical to an uninterrupted run) are the conformance
 scenarios ``*-spare*`` (conformance/test_conformance.py) and tests/test_demo.py's path (d)."""
@@ -10,8 +10,8 @@ import datetime
 import pytest
 import torch
 
-from accelpact.impl import hotswap
-from accelpact.impl.keeper import post_death
+from accelpact.impl.runtime import hotswap
+from accelpact.impl.launch.keeper import post_death
 
 
 def _store():
@@ -137,9 +137,9 @@ def test_the_engine_decides_with_the_models_function(point, spare, replica, leve
 
 def test_the_swaps_validation_sees_a_transfer_that_left_something_behind():
     """Phase 6 after a swap compares the spare's state checksum with its replicas'
-    (``hotswap.validate``, :func:`accelpact.impl.digest.state_checksum`): equal after a full
+    (``hotswap.validate``, :func:`accelpact.impl.runtime.digest.state_checksum`): equal after a full
     transfer; different when the transfer drops the optimizer state, or one parameter's shard."""
-    from accelpact.impl.digest import state_checksum
+    from accelpact.impl.runtime.digest import state_checksum
 
     cpu = torch.device("cpu")
     src, src_opt = _model_and_optim(0, 3)

@@ -34,18 +34,18 @@ def test_no_test_edits_sys_path() -> None:
 def test_one_home_per_concept() -> None:
     """Wrappers, backends, fault kinds, run-folder file names and the trace format are each defined once."""
     homes = {
-        r"^WRAPPERS\s*[:=]": "impl/wrappers.py",
-        r"^BACKENDS\s*[:=]": "impl/backends.py",
-        r"^(FAULT_KINDS|KINDS)\s*[:=]": "impl/faults.py",
-        r"^FAULT_POINTS\s*[:=]": "impl/faults.py",
-        r"^SEEDED_BUGS\s*[:=]": "impl/seeded.py",
+        r"^WRAPPERS\s*[:=]": "impl/runtime/wrappers.py",
+        r"^BACKENDS\s*[:=]": "impl/runtime/backends.py",
+        r"^(FAULT_KINDS|KINDS)\s*[:=]": "accelpact/testing/faults.py",
+        r"^FAULT_POINTS\s*[:=]": "accelpact/testing/faults.py",
+        r"^SEEDED_BUGS\s*[:=]": "accelpact/testing/seeded.py",
         # a file name built or globbed in code (a quote right before it); prose in docstrings may name them
-        r"[\"'](trace-a|result-a|final-r|job\.json)": "impl/rundir.py",
+        r"[\"'](trace-a|result-a|final-r|job\.json)": "impl/launch/rundir.py",
     }
     impl_side = [p for p in SOURCES if "model" not in p.relative_to(ROOT).parts[:1]]
     for pattern, home in homes.items():
         # the model has its own fault vocabulary (model.protocol.FAULT_KINDS: its Fault* actions),
-        # which impl/faults.py maps onto; only the implementation side is checked here
+        # which accelpact/testing/faults.py maps onto; only the implementation side is checked here
         hits = _grep(pattern, impl_side)
         where = {h.split(":")[0] for h in hits}
         assert where == {home}, f"{pattern!r} must be defined in {home} only; found:\n" + "\n".join(hits)
@@ -60,12 +60,12 @@ def test_trace_format_is_named_once_in_the_package() -> None:
 
 
 def test_jobs_are_built_typed() -> None:
-    """No job dict literal: a job is built through ``accelpact.impl.job.Job`` (validated once)."""
+    """No job dict literal: a job is built through ``accelpact.impl.launch.job.Job`` (validated once)."""
     # (the model's own Config has a checkpoint period too: model/ is not a job's builder)
     hits = _grep(r"[\"']checkpoint_every[\"']\s*:", [p for p in SOURCES if p.name not in ("job.py",)
                                                        and p.relative_to(ROOT).parts[0] != "model"])
     hits = [h for h in hits if "scenario" not in h.split(":")[0]]  # the scenario schema's own parsing
-    assert not hits, "job/workload dict literals outside impl/job.py:\n" + "\n".join(hits)
+    assert not hits, "job/workload dict literals outside impl/launch/job.py:\n" + "\n".join(hits)
 
 
 #: files that still spell store keys themselves, each to move to impl/controlplane.py's constants
@@ -87,17 +87,17 @@ def test_store_keys_live_in_the_control_plane() -> None:
 
 def test_seeded_bugs_replace_methods_and_nothing_branches_on_them() -> None:
     """Issue 23: a seeded bug is a table entry of replaced engine/control-plane methods
-    (impl/seeded.py); no engine module asks which bug is on, and every replaced name exists on the
+    (accelpact/testing/seeded.py); no engine module asks which bug is on, and every replaced name exists on the
     class it replaces (a renamed method would leave the bug silently inert)."""
     from accelpact.impl.controlplane import ControlPlane
     from accelpact.impl.recovery import Pact, SpareEngine
-    from accelpact.impl.seeded import SEEDED_BUGS
+    from accelpact.testing.seeded import SEEDED_BUGS
 
-    for name in ("recovery.py", "controlplane.py", "hotswap.py", "api.py", "watchdog.py"):
+    for name in ("recovery.py", "controlplane.py", "runtime/hotswap.py", "launch/api.py", "watchdog.py"):
         text = (ROOT / "impl" / name).read_text()
-        assert ".bug(" not in text, f"impl/{name} branches on a seeded bug; replace a method in impl/seeded.py instead"
+        assert ".bug(" not in text, f"impl/{name} branches on a seeded bug; replace a method in accelpact/testing/seeded.py instead"
         for bug in SEEDED_BUGS:
-            assert f'"{bug}"' not in text, f"impl/{name} names seeded bug {bug!r}; its behaviour belongs in impl/seeded.py"
+            assert f'"{bug}"' not in text, f"impl/{name} names seeded bug {bug!r}; its behaviour belongs in accelpact/testing/seeded.py"
     for bug, entry in SEEDED_BUGS.items():
         assert entry.engine or entry.control, bug
         for attr in entry.engine:

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 from accelpact.impl.controlplane import ControlPlane  # noqa: E402 - after the importorskip of torch
-from accelpact.impl import seeded  # noqa: E402 - after the importorskip of torch
+from accelpact.testing import seeded  # noqa: E402 - after the importorskip of torch
 from accelpact.impl.hooks import Hooks  # noqa: E402 - after the importorskip of torch
 
 
@@ -179,7 +179,9 @@ def test_store_keys_have_one_home():
     """Issue 23: the keys the keeper, the detector, the API and hot swap use are controlplane.py's, in the
     formats the spec documents."""
     from accelpact.impl import controlplane as cp
-    from accelpact.impl import detector, hotswap, keeper
+    from accelpact.impl import detector
+    from accelpact.impl.runtime import hotswap
+    from accelpact.impl.launch import keeper
 
     assert ControlPlane(None, 0, 1).abort_key == cp.ABORT_KEY == keeper.ABORT_KEY == "accelpact/abort"
     assert keeper.DEATHS_KEY is cp.DEATHS_KEY and keeper.death_key is cp.death_key and detector.heartbeat_key is cp.heartbeat_key

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.impl.faults import FAULT_ACTION, FaultContext, FaultPlan, InjectedFault  # noqa: E402 - after the importorskip of torch
+from accelpact.testing.faults import FAULT_ACTION, FaultContext, FaultPlan, InjectedFault  # noqa: E402 - after the importorskip of torch
 from accelpact.impl.guard import BoundaryGuard  # noqa: E402 - after the importorskip of torch
 from accelpact.impl.trace import Trace  # noqa: E402 - after the importorskip of torch
 from accelpact.model.protocol import ACTIONS  # noqa: E402 - after the importorskip of torch
@@ -32,7 +32,7 @@ def test_fault_actions_are_model_actions():
 def test_one_fault_vocabulary_table():
     """Issue 23: ``MODEL_KIND`` is the one translation of implementation kinds into the model's; every
     kind on each side is in it, and it agrees with each kind's model action."""
-    from accelpact.impl.faults import KINDS, MODEL_KIND, MODEL_ONLY_KINDS, model_kinds
+    from accelpact.testing.faults import KINDS, MODEL_KIND, MODEL_ONLY_KINDS, model_kinds
     from accelpact.model.protocol import FAULT_KINDS as MODEL_FAULT_KINDS
 
     assert set(MODEL_KIND) == set(KINDS)
@@ -106,7 +106,8 @@ def test_no_fault_kind_hands_the_engine_an_effect():
     injector's hook returns nothing, and the engine's source never names the injector's classes."""
     import inspect
 
-    from accelpact.impl import faults, hooks, recovery
+    from accelpact.testing import faults
+    from accelpact.impl import hooks, recovery
 
     for kind in faults.KINDS.values():
         assert inspect.signature(kind.effect).return_annotation in (None, "None"), kind.name

@@ -47,7 +47,7 @@ def snapshot(module, optimizer, step: int) -> dict:
 
 def hooks_for(faults, seeded_bug=None, write_to_record_s: float = 0.0):
     """The engine's test hooks: the faults, each fenced at its own point (see the module doc)."""
-    from accelpact.impl.faults import FaultPlan
+    from accelpact.testing.faults import FaultPlan
     from accelpact.impl.hooks import FaultInjector, Hooks
 
     plan = FaultPlan.from_list(faults)
@@ -70,13 +70,13 @@ def ddp_worker(ctx, steps: int = 4, faults=(), deadline_s: float = 8.0, step_dea
                reference: bool = True, measure: bool = False, seeded_bug: str | None = None,
                write_to_record_s: float = 0.0, probe_passes_on: int | None = None) -> dict:
     """DDP over the default group (``init_group=True``) with the real adapter
-    (:class:`accelpact.impl.adapters.DDPAdapter`, chosen by ``attach``): a reference run without
+    (:class:`accelpact.impl.runtime.adapters.DDPAdapter`, chosen by ``attach``): a reference run without
     the pact (``reference``), then the run under the pact with ``faults``.  Returns both snapshots,
     the reports, the final generation and (``measure``) fds/threads/groups after each repair."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from accelpact.impl.adapters import DDPAdapter
+    from accelpact.impl.runtime.adapters import DDPAdapter
     from accelpact.impl.controlplane import ControlPlane
     from accelpact.impl.recovery import PactGroups, attach
     from accelpact.impl.trace import Trace, trace_path
@@ -152,12 +152,12 @@ def hsdp_worker(ctx, wrapper: str, steps: int = 3, faults=(), deadline_s: float 
     adapters, groups as the job runner builds them: a reference run, then the run under the pact."""
     import torch.distributed as dist
 
-    from accelpact.impl import workload
+    from accelpact.impl.launch import workload
     from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.job import Topology
+    from accelpact.impl.launch.job import Topology
     from accelpact.impl.recovery import attach
     from accelpact.impl.trace import Trace, trace_path
-    from accelpact.impl.api import build_recorded_groups, pact_groups
+    from accelpact.impl.launch.api import build_recorded_groups, pact_groups
 
     rank, world = ctx.rank, ctx.world
     timeout = datetime.timedelta(seconds=60)
@@ -200,7 +200,7 @@ def nccl_replace_worker(ctx) -> dict:
     """NCCL: replace the default group's communicator (old one aborted) and all-reduce on the new one."""
     import torch.distributed as dist
 
-    from accelpact.impl.replace import ReplaceAndRebind
+    from accelpact.impl.runtime.replace import ReplaceAndRebind
 
     torch.cuda.set_device(ctx.rank)
     dist.init_process_group("nccl", store=dist.PrefixStore("pg", ctx.store), rank=ctx.rank, world_size=ctx.world,
@@ -403,7 +403,7 @@ def test_hsdp_boundary_failure_repaired_in_place(ranks, wrapper):
     """S1/S5 with the real adapters: rank 1's replicate group ([1, 3]) fails at the committed
     boundary; ranks 1 and 3 rebuild and rebind it, ranks 0 and 2 only vote; every rank's shards,
     AdamW state, RNG, step and data cursor equal an uninterrupted run."""
-    from accelpact.impl.workload import compare_snapshots
+    from accelpact.impl.launch.workload import compare_snapshots
 
     group = "world" if wrapper == "ddp" else "replicate"
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [1], "group": group}]
@@ -435,7 +435,7 @@ def test_hsdp_boundary_failure_repaired_in_place(ranks, wrapper):
 @pytest.mark.timeout(300)
 def test_fsdp1_hsdp_8_ranks_repaired_in_place(ranks):
     """S1/S5 at 8 ranks (4x2, FSDP1 HYBRID_SHARD): replicate group [1, 3, 5, 7] repaired in place."""
-    from accelpact.impl.workload import compare_snapshots
+    from accelpact.impl.launch.workload import compare_snapshots
 
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [5], "group": "replicate"}]
     run = ranks.run(hsdp_worker, 8, init_group=True, timeout_s=280, wrapper="fsdp1-hybrid", steps=3, faults=faults)
@@ -451,7 +451,7 @@ def test_strategy_chosen_by_capability_not_version():
     """RankReplace: native reconfigure only when the group object has it."""
     import torch.distributed as dist
 
-    from accelpact.impl.replace import NativeReconfigure, ReplaceAndRebind, choose_strategy
+    from accelpact.impl.runtime.replace import NativeReconfigure, ReplaceAndRebind, choose_strategy
 
     class WithReconfigure:
         def reconfigure(self, store, rank, size, timeout):

@@ -1,4 +1,4 @@
-"""External fault primitives (impl/inject.py): each acts on a real process from outside it.
+"""External fault primitives (accelpact/testing/inject.py): each acts on a real process from outside it.
 
 The target processes are plain ``python`` children (reaped by ``ProcessSet``) or ranks of a real
 gloo group (``accelpact.testing``); the test process is the injector.  Measurements are printed
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from accelpact.impl import inject
-from accelpact.impl.launch import ProcessSet, worker_env
+from accelpact.testing import inject
+from accelpact.impl.launch.launch import ProcessSet, worker_env
 
 # ------------------------------------------------------------------------------------------- helpers
 
@@ -30,7 +30,7 @@ from accelpact.impl.launch import ProcessSet, worker_env
 #: shared file (argv[1]), prints "ready", then idles in its main thread
 _TARGET = r"""
 import mmap, struct, sys, threading, time
-from accelpact.impl import inject
+from accelpact.testing import inject
 if sys.argv[2] == "handlers":
     inject.install_handlers()
 f = open(sys.argv[1], "r+b")

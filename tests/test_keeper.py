@@ -1,5 +1,5 @@
-"""The keeper (impl/keeper.py), ``topology.spares`` (impl/job.py) and how the launchers start spares
-(impl/launch.py): hot swap, issue 13.
+"""The keeper (impl/launch/keeper.py), ``topology.spares`` (impl/launch/job.py) and how the launchers start spares
+(impl/launch/launch.py): hot swap, issue 13.
 
 The keeper keeps one training rank's crash from being the whole group's failure in torchrun's eyes:
 with spares it posts a death notice on the job's store and waits for the job's end; a fail-stop exit
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from accelpact.impl import keeper
-from accelpact.impl.job import FieldError, Job, JobError, Topology, Workload
-from accelpact.impl.launch import ProcessSet, StoreServer, job_key, run_local, run_torchrun, worker_env
+from accelpact.impl.launch import keeper
+from accelpact.impl.launch.job import FieldError, Job, JobError, Topology, Workload
+from accelpact.impl.launch.launch import ProcessSet, StoreServer, job_key, run_local, run_torchrun, worker_env
 
-KEEPER = [sys.executable, "-m", "accelpact.impl.keeper", "--"]
+KEEPER = [sys.executable, "-m", "accelpact.impl.launch.keeper", "--"]
 #: the keeper imports torch only to post a notice; this bounds that import and one store round trip
 NOTICE_S = 30.0
 
@@ -96,7 +96,7 @@ def test_without_spares_the_keeper_execs_the_child(tmp_path: Path, spares: str |
 @pytest.mark.multiproc
 def test_keeper_accepts_the_command_without_double_dash(tmp_path: Path) -> None:
     with ProcessSet() as ps:
-        p = ps.start([sys.executable, "-m", "accelpact.impl.keeper", *_child("import sys; sys.exit(4)")],
+        p = ps.start([sys.executable, "-m", "accelpact.impl.launch.keeper", *_child("import sys; sys.exit(4)")],
                      env=_env(tmp_path, "1"))
         assert _wait_exit(p, 20) == 4
 
@@ -194,7 +194,7 @@ def test_a_swapped_in_spare_dies_as_the_rank_it_holds(tmp_path: Path) -> None:
 def test_claims_pass_over_a_spare_that_died_idle() -> None:
     """The pool skips spares posted gone: with spare 0 gone, the first claim takes spare 1; with
     both gone, the claim stands as none (L2)."""
-    from accelpact.impl import hotswap
+    from accelpact.impl.runtime import hotswap
     from accelpact.impl.controlplane import spare_gone_key
 
     store = _master()
@@ -363,11 +363,11 @@ info["parent"] = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(error
 
 @pytest.fixture
 def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``accelpact.impl.worker`` replaced by a module that records its environment and its parent."""
+    """``accelpact.impl.launch.worker`` replaced by a module that records its environment and its parent."""
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / "fake_accelpact_worker.py").write_text(_FAKE_WORKER)
-    monkeypatch.setattr("accelpact.impl.launch.WORKER_MODULE", "fake_accelpact_worker")
+    monkeypatch.setattr("accelpact.impl.launch.launch.WORKER_MODULE", "fake_accelpact_worker")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(mods), os.environ.get("PYTHONPATH")])))
     monkeypatch.delenv(keeper.SPARES_ENV, raising=False)
     return mods
@@ -397,7 +397,7 @@ def test_run_local_starts_spares_and_keepers(tmp_path: Path, fake_worker: Path, 
         assert i["ACCELPACT_SPARES"] == (str(spares) if spares else None)
         kept = spares > 0 and r < 2
         # a kept rank's worker is the keeper's child (pids[r] is the keeper); otherwise the launcher started it
-        assert (i["ppid"] == pids[r]) == kept and ("accelpact.impl.keeper" in i["parent"]) == kept, (r, i)
+        assert (i["ppid"] == pids[r]) == kept and ("accelpact.impl.launch.keeper" in i["parent"]) == kept, (r, i)
         if not kept:
             assert i["ppid"] == os.getpid()
 
@@ -418,4 +418,4 @@ def test_run_torchrun_starts_spares_under_keepers(tmp_path: Path, fake_worker: P
     assert sorted(info) == [0, 1, 2]
     for r, i in info.items():
         assert (i["RANK"], i["WORLD_SIZE"], i["LOCAL_WORLD_SIZE"], i["ACCELPACT_SPARES"]) == (str(r), "3", "3", "1")
-        assert "accelpact.impl.keeper" in i["parent"], i  # torchrun runs every process under a keeper
+        assert "accelpact.impl.launch.keeper" in i["parent"], i  # torchrun runs every process under a keeper

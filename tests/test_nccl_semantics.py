@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from accelpact.impl import backends, hotswap
+from accelpact.impl.runtime import backends, hotswap
 
 
 class _DeviceOnlyGroup:
@@ -175,7 +175,7 @@ def test_init_refuses_a_user_nccl_mesh_built_in_the_wrong_env(monkeypatch):
     """``accelpact.init("nccl", mesh=...)``: the check runs before ``prepare_process`` sets the env
     (which would hide the mismatch); no GPU needed, the machine check is bypassed."""
     import accelpact
-    from accelpact.impl.api import ApiError
+    from accelpact.impl.launch.api import ApiError
 
     class Mesh:
         mesh_dim_names = ("replicate", "shard")
@@ -260,7 +260,7 @@ def test_the_boundary_consults_every_recorded_groups_error_state():
 def test_the_gpu_count_check_counts_the_spares(monkeypatch):
     """Spares take ``cuda:LOCAL_RANK`` past the training ranks': the check counts every process of the node."""
     import accelpact
-    from accelpact.impl.api import ApiError
+    from accelpact.impl.launch.api import ApiError
 
     asked: list[int] = []
 

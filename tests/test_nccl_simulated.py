@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from accelpact.impl import backends
+from accelpact.impl.runtime import backends
 from accelpact.impl.recovery import Pact
 from accelpact.impl.revoke import SocketRecord, record_group
 

@@ -1,4 +1,4 @@
-"""Silent partitions (impl/netns.py): two processes in their own network namespaces, one TCP
+"""Silent partitions (accelpact/testing/netns.py): two processes in their own network namespaces, one TCP
 connection across the bridge; a partition makes it silent (no error, reads time out), heal
 restores it.  Skips with the reason where namespaces cannot be made (not root, no ``ip``)."""
 
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from accelpact.impl import netns
-from accelpact.impl.launch import worker_env
+from accelpact.testing import netns
+from accelpact.impl.launch.launch import worker_env
 
 pytestmark = pytest.mark.skipif(netns.available() is not None, reason=f"network namespaces: {netns.available()}")
 
@@ -194,7 +194,7 @@ def test_detector_declares_a_partitioned_rank_dead_and_the_healed_rank_suspects_
 
     import torch.distributed as dist
 
-    from accelpact.impl.launch import ProcessSet
+    from accelpact.impl.launch.launch import ProcessSet
 
     with netns.Fabric(2, host=True) as fab, ProcessSet() as ps:
         store = dist.TCPStore(fab.host_addr, 0, None, True, timeout=datetime.timedelta(seconds=120), wait_for_workers=False)

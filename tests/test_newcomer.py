@@ -14,8 +14,8 @@ import warnings
 
 import pytest
 
-from accelpact.impl.api import ApiError, Settings, Training, TrainingJob, single_replica_message
-from accelpact.impl.job import Topology
+from accelpact.impl.launch.api import ApiError, Settings, Training, TrainingJob, single_replica_message
+from accelpact.impl.launch.job import Topology
 
 torch = pytest.importorskip("torch")
 
@@ -72,7 +72,7 @@ def test_steps_closed_by_their_boundary_run_on():
 
 
 def test_a_discarded_step_comes_again_without_a_boundary():
-    from accelpact.impl.hotswap import SwapNeeded
+    from accelpact.impl.runtime.hotswap import SwapNeeded
 
     run = _training(_Engine(raise_in_step=SwapNeeded("backward", (1,), None)))
     run._swap = lambda need: None  # type: ignore[method-assign]  # the swap itself is tested in test_hotswap
@@ -96,7 +96,7 @@ SINGLE = ("accelpact: replicas=1 on 4 ranks: every replicate group is a single r
 
 
 def test_one_replica_of_a_hybrid_wrapper_is_warned_about():
-    from accelpact.impl.api import _warn_if_single_replica
+    from accelpact.impl.launch.api import _warn_if_single_replica
 
     assert single_replica_message(Topology(1, 4), "fsdp2-hybrid") == SINGLE
     assert single_replica_message(Topology(1, 4), "fsdp1-hybrid") == SINGLE
@@ -107,7 +107,7 @@ def test_one_replica_of_a_hybrid_wrapper_is_warned_about():
 @pytest.mark.parametrize("topo, wrapper", [(Topology(2, 2), "fsdp2-hybrid"), (Topology(1, 1), "fsdp2-hybrid"),
                                            (Topology(1, 4), "ddp")])
 def test_no_warning_where_r_has_peers_or_the_world_is_one_rank(topo, wrapper):
-    from accelpact.impl.api import _warn_if_single_replica
+    from accelpact.impl.launch.api import _warn_if_single_replica
 
     assert single_replica_message(topo, wrapper) is None     # DDP's R is the world group
     with warnings.catch_warnings():
@@ -148,7 +148,7 @@ def test_a_spare_attaching_a_built_model_is_told_to_pass_rebuild():
 def test_a_spare_taking_an_identity_says_so(capsys, monkeypatch):
     import sys
 
-    from accelpact.impl.api import _announce_identity
+    from accelpact.impl.launch.api import _announce_identity
 
     monkeypatch.setitem(sys.modules, "setproctitle", None)   # not installed: the log line alone
     _announce_identity(0, 1, "4")
@@ -177,7 +177,7 @@ def test_an_uncaught_error_exits_1_never_sigabrt(tmp_path):
     import subprocess
     import sys
 
-    from accelpact.impl.launch import worker_env
+    from accelpact.impl.launch.launch import worker_env
 
     script = tmp_path / "twice.py"
     script.write_text(_TWICE.format(out=str(tmp_path / "out")))

@@ -13,8 +13,8 @@ from accelpact.conformance.generate import SCENARIO_DIR, generate
 from accelpact.conformance.mapping import failing_group, model_config, script_for
 from accelpact.conformance.outcomes import model_outcomes
 from accelpact.conformance.scenario import ScenarioError, load_scenario, scenario_from_job, scenario_from_mapping
-from accelpact.impl.faults import FAULT_POINTS, KINDS, TRIGGER_POINTS, Fault, FaultError
-from accelpact.impl.job import FieldError, Job, JobError
+from accelpact.testing.faults import FAULT_POINTS, KINDS, TRIGGER_POINTS, Fault, FaultError
+from accelpact.impl.launch.job import FieldError, Job, JobError
 from accelpact.model.state import PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_REBOUND, PC_TRAIN
 
 BASE = {
@@ -73,7 +73,7 @@ def test_validation_names_the_field(data, field):
 @pytest.mark.parametrize("at", FAULT_POINTS)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_kinds_allowed_per_point_come_from_the_fault_table(at, kind):
-    """F1: where a kind may strike is the kind table's (impl/faults.py), checked by Fault.parse,
+    """F1: where a kind may strike is the kind table's (accelpact/testing/faults.py), checked by Fault.parse,
     the one fault validator; the scenario adds only its own rules (a trigger at the fault's step)."""
     trigger_at = at if at in TRIGGER_POINTS else "boundary"
     d = mk(faults=[{"step": 5, "at": trigger_at, "kind": "collective_timeout", "ranks": [1, 3]},

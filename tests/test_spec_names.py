@@ -84,8 +84,8 @@ def test_every_fault_kind_and_fault_action_is_in_fault_model_md():
 
 
 def test_every_injected_kind_and_point_is_in_fault_model_md():
-    """The fault table (impl/faults.py: the kinds and points scenarios and jobs name) is specified."""
-    from accelpact.impl.faults import FAULT_POINTS, KINDS
+    """The fault table (accelpact/testing/faults.py: the kinds and points scenarios and jobs name) is specified."""
+    from accelpact.testing.faults import FAULT_POINTS, KINDS
 
     text = _text("fault-model.md")
     missing = _missing([f"`{k}`" for k in KINDS] + [f"`{p}`" for p in FAULT_POINTS], text)

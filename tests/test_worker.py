@@ -1,4 +1,4 @@
-"""The generic job runner (impl/worker.py), the typed job it reads, and the local launcher
+"""The generic job runner (impl/launch/worker.py), the typed job it reads, and the local launcher
 (impl/launch.run_local).
 
 Spec ids: C5.1 (in-flight failure -> every rank exits 70), C5.2 / I5 (resume from the last
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from accelpact.impl.job import Job, JobError, Topology, Workload
-from accelpact.impl.rundir import RunDir
+from accelpact.impl.launch.job import Job, JobError, Topology, Workload
+from accelpact.impl.launch.rundir import RunDir
 
 
 def _job(out: Path, **changes) -> Job:
@@ -75,7 +75,7 @@ def test_exit_code_is_recorded_before_os_exit(tmp_path: Path) -> None:
     code = (
         "import os\n"
         "from pathlib import Path\n"
-        "from accelpact.impl.worker import ResultFile, _record_exits\n"
+        "from accelpact.impl.launch.worker import ResultFile, _record_exits\n"
         f"r = ResultFile(Path({str(tmp_path)!r}), 0, 3, {{'outcome': 'running'}})\n"
         "r.update(); _record_exits(r); os._exit(72)\n"
     )
@@ -94,8 +94,8 @@ def test_worker_rejects_inflight_then_resumes_replaying_f_minus_c(tmp_path: Path
     import torch
 
     from accelpact.impl.exitcodes import ExitCode
-    from accelpact.impl.launch import run_local, run_reference
-    from accelpact.impl.workload import compare_snapshots
+    from accelpact.impl.launch.launch import run_local, run_reference
+    from accelpact.impl.launch.workload import compare_snapshots
     from accelpact.testing import host_store
 
     job = _job(tmp_path / "run", faults=[{"step": 3, "at": "backward", "kind": "exception", "ranks": [1]}])

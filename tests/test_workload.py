@@ -4,8 +4,8 @@ Multi-process training itself is covered by tests/test_adapters_{fsdp1,fsdp2,ddp
 import pytest
 import torch
 
-from accelpact.impl import workload as W
-from accelpact.impl.digest import state_digest
+from accelpact.impl.launch import workload as W
+from accelpact.impl.runtime.digest import state_digest
 
 
 def test_topology_partitions_ranks():

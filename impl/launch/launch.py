@@ -1,9 +1,9 @@
 """Launching jobs: under torchrun (the L2 supervisor, model ``SupervisorRestart``) or a local launcher.
 
-* :func:`run_torchrun` runs ``python -m torch.distributed.run ... -m accelpact.impl.worker --job J``
+* :func:`run_torchrun` runs ``python -m torch.distributed.run ... -m accelpact.impl.launch.worker --job J``
   with a c10d rendezvous on a free loopback port.  torchrun restarts *every* worker on any non-zero
   exit (``TORCHELASTIC_RESTART_COUNT`` increments); the worker namespaces its store by that count
-  (see :mod:`accelpact.impl.worker`).  The launch is always bounded: on timeout the whole process
+  (see :mod:`accelpact.impl.launch.worker`).  The launch is always bounded: on timeout the whole process
   group (agent and workers) is killed.
 * :func:`run_local` spawns the workers directly with the same environment variables torchrun sets
   and hosts the store itself (so it survives worker deaths).  No restarts; used by tests that need
@@ -17,12 +17,12 @@
 
 Spares (hot swap, ``topology.spares`` = S > 0): :func:`run_torchrun` and :func:`run_local` start
 W + S processes (``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = W + S, ``ACCELPACT_SPARES`` = S; ranks W..W+S-1
-are the spares), and each training rank runs under a keeper (:mod:`accelpact.impl.keeper`), so that a
+are the spares), and each training rank runs under a keeper (:mod:`accelpact.impl.launch.keeper`), so that a
 crashed rank's death is not taken for the job's by torchrun.  With S = 0 nothing differs.
 
 Every child process is started, waited on and reaped by one :class:`ProcessSet` (also the core of
 the multi-process test harness, :mod:`accelpact.testing`).  Every file name of a run folder comes
-from :class:`~accelpact.impl.rundir.RunDir`; the job is the typed :class:`~accelpact.impl.job.Job`.
+from :class:`~accelpact.impl.launch.rundir.RunDir`; the job is the typed :class:`~accelpact.impl.launch.job.Job`.
 
 No torch import at module level: the launcher process itself never needs torch, except
 :func:`run_local`, which hosts a TCPStore.
@@ -65,8 +65,8 @@ __all__ = [
     "worker_env",
 ]
 
-WORKER_MODULE = "accelpact.impl.worker"
-KEEPER_MODULE = "accelpact.impl.keeper"
+WORKER_MODULE = "accelpact.impl.launch.worker"
+KEEPER_MODULE = "accelpact.impl.launch.keeper"
 
 
 class LaunchError(RuntimeError):
@@ -297,9 +297,9 @@ def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, time
     With ``job.topology.spares`` = S > 0, torchrun starts ``nproc + S`` processes
     (``--nproc-per-node``; ranks ``nproc ..`` are the spares), the agent's environment has
     ``ACCELPACT_SPARES=S`` (its workers inherit it), and each process is
-    ``python -m accelpact.impl.keeper -- python -m accelpact.impl.worker --job J``: the keeper turns a
+    ``python -m accelpact.impl.launch.keeper -- python -m accelpact.impl.launch.worker --job J``: the keeper turns a
     training rank's crash into a death notice instead of a failed worker (see
-    :mod:`accelpact.impl.keeper`); fail-stop exits reach torchrun unchanged.
+    :mod:`accelpact.impl.launch.keeper`); fail-stop exits reach torchrun unchanged.
 
     ``fresh`` (default) first removes a previous run's outputs from ``job.out``
     (:meth:`RunDir.clear`); pass False to resume from the checkpoints already there.
@@ -368,7 +368,7 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
     ``spares`` (default ``job.topology.spares``) = S > 0: S more processes, ranks ``nproc ..
     nproc + S - 1``, run the worker directly as spares; every process gets ``WORLD_SIZE`` =
     ``LOCAL_WORLD_SIZE`` = ``nproc + S`` and ``ACCELPACT_SPARES`` = S, and each training rank runs
-    under a keeper (``python -m accelpact.impl.keeper -- python -m accelpact.impl.worker ...``, its
+    under a keeper (``python -m accelpact.impl.launch.keeper -- python -m accelpact.impl.launch.worker ...``, its
     worker a child in the keeper's process group), so ``on_start`` gets the keepers' processes for
     ranks < ``nproc``.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares.
 

@@ -40,7 +40,7 @@ from an ephemeral port of one member to the listening port of the other.  So:
 * one group: ``cut_links(pid, any_ports=<that group's listening ports on its members>)``: a pair
   always has one end on a listening port of its group (``listening_ports`` before and after the
   group is built gives them);
-* one peer: ``remote_hosts`` (one host per rank, as in :mod:`accelpact.impl.netns`) or the ports.
+* one peer: ``remote_hosts`` (one host per rank, as in :mod:`accelpact.testing.netns`) or the ports.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def _post(pid: int, signum: int, seconds: float | None, what: str) -> None:
     check_pid(pid, what=what)
     if not handler_installed(pid, signum):
         raise InjectError(f"cannot {what} pid {pid}: it does not catch {signal.Signals(signum).name}; the harness must call "
-                          f"accelpact.impl.inject.install_handlers() in the target at its start")
+                          f"accelpact.testing.inject.install_handlers() in the target at its start")
     box = mailbox(pid, signum)
     box.parent.mkdir(parents=True, exist_ok=True)
     tmp = box.with_name(f".{box.name}.{os.getpid()}.tmp")

@@ -115,7 +115,7 @@ def site_set(sites: Iterable[RefSite]) -> set[tuple[int, str, Any]]:
 # --------------------------------------------------------------------------- c10d registration
 def register_group(pg: Any, name: str, global_ranks: Sequence[int], store: Any = None, backend: str = "gloo") -> Any:
     """Register ``pg`` with c10d under ``name`` as a group of ``backend`` (its c10d config, e.g.
-    ``cuda:nccl``: :meth:`accelpact.impl.backends.Backend.register`), so name-based lookups (DeviceMesh,
+    ``cuda:nccl``: :meth:`accelpact.impl.runtime.backends.Backend.register`), so name-based lookups (DeviceMesh,
     ``dist.get_rank(pg)``, ``get_process_group_ranks``) resolve it. Raises ValueError if the name is
     taken by another group."""
     from ..backends import backend as _backend

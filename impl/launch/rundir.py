@@ -2,15 +2,15 @@
 
 ::
 
-    <out>/job.json                       the job (impl/job.py)
+    <out>/job.json                       the job (impl/launch/job.py)
     <out>/trace-a{attempt}-r{rank}.ndjson per-rank action trace (impl/trace.py), when job.trace
     <out>/spare{k}-trace-a{attempt}-r{rank}.ndjson  spare k's trace once it took rank's identity (hot swap)
     <out>/result-a{attempt}-r{rank}.json  per-rank outcome and events (repairs, checkpoints), rewritten atomically
     <out>/steps-a{attempt}-r{rank}.ndjson per-rank committed steps, one line each, append-only
     <out>/final-r{rank}.pt                per-rank snapshot at the end (bit-identity checks)
-    <out>/ckpt/                           durable DCP checkpoints (impl/checkpoint.py)
+    <out>/ckpt/                           durable DCP checkpoints (impl/runtime/checkpoint.py)
     <out>/torchrun.log, local-a{a}.log    the launchers' combined worker output
-    <out>/DONE                            a finished reference run (impl/launch.py)
+    <out>/DONE                            a finished reference run (impl/launch/launch.py)
 
 Readers go through :class:`RunDir`; nobody else spells a file name or a glob.  Torch-free.
 """
@@ -137,7 +137,7 @@ class RunDir:
         """The records of one trace, for progress and diagnosis of a live or finished run: a last
         line still being written is left out.  The trace checker parses strictly instead
         (:func:`accelpact.impl.trace.parse_trace`)."""
-        from .trace import read_records
+        from ..trace import read_records
 
         p = self.trace(attempt, rank)
         return read_records(p) if p.exists() else []

@@ -52,13 +52,13 @@ def _resolve(path: str) -> Any:
 WRAPPERS: dict[str, Wrapper] = {w.name: w for w in (
     # HSDP: R (the replicate group) carries backward's gradient all-reduce only; forward's all-gather
     # and the optimizer step (no gradient clipping) use the shard group or nothing
-    Wrapper("fsdp1-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp1:FSDP1Adapter",
-            "accelpact.impl.workload:wrap_fsdp1", "FSDP1 FullyShardedDataParallel, HYBRID_SHARD over (shard, replicate)",
-            unsupported="accelpact.impl.adapters.fsdp1:unsupported"),
-    Wrapper("fsdp2-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.adapters.fsdp2:FSDP2Adapter",
-            "accelpact.impl.workload:wrap_fsdp2", "FSDP2 fully_shard on a 2-D (replicate, shard) DeviceMesh (HSDP)"),
-    Wrapper("ddp", "world", ("world",), "accelpact.impl.adapters.ddp:DDPAdapter",
-            "accelpact.impl.workload:wrap_ddp", "DistributedDataParallel over the data-parallel world group",
+    Wrapper("fsdp1-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.runtime.adapters.fsdp1:FSDP1Adapter",
+            "accelpact.impl.launch.workload:wrap_fsdp1", "FSDP1 FullyShardedDataParallel, HYBRID_SHARD over (shard, replicate)",
+            unsupported="accelpact.impl.runtime.adapters.fsdp1:unsupported"),
+    Wrapper("fsdp2-hybrid", "replicate", ("shard", "replicate"), "accelpact.impl.runtime.adapters.fsdp2:FSDP2Adapter",
+            "accelpact.impl.launch.workload:wrap_fsdp2", "FSDP2 fully_shard on a 2-D (replicate, shard) DeviceMesh (HSDP)"),
+    Wrapper("ddp", "world", ("world",), "accelpact.impl.runtime.adapters.ddp:DDPAdapter",
+            "accelpact.impl.launch.workload:wrap_ddp", "DistributedDataParallel over the data-parallel world group",
             # forward too: the buffers' broadcast (broadcast_buffers=True) and step 1's bucket rebuild
             uses_r=("forward", "backward", "boundary")),
 )}

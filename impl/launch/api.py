@@ -16,10 +16,10 @@ and ``MASTER_PORT``)::
         run.boundary(loss)                              # the committed boundary: repairs happen here
     job.close()
 
-What each call owns (and what :mod:`accelpact.impl.worker` used to wire by hand):
+What each call owns (and what :mod:`accelpact.impl.launch.worker` used to wire by hand):
 
 * :func:`init` reads the launcher's environment, makes the backend's decisions before any group
-  exists (:meth:`accelpact.impl.backends.Backend.prepare_process`: the device, NCCL's error
+  exists (:meth:`accelpact.impl.runtime.backends.Backend.prepare_process`: the device, NCCL's error
   handling), connects to the launcher's store under the restart's namespace
   (``attempt{TORCHELASTIC_RESTART_COUNT}/``: torchrun's store keeps the previous attempt's keys),
   initialises the default group (unless you did), and builds, collectively and in one fixed order,
@@ -55,9 +55,9 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
 
-from .backends import backend as _backend
-from .backends import prebuilt_env_problem
-from .controlplane import ABORT_KEY, PREFIX, progress_key
+from ..runtime.backends import backend as _backend
+from ..runtime.backends import prebuilt_env_problem
+from ..controlplane import ABORT_KEY, PREFIX, progress_key
 from .job import DEFAULT_DEADLINE_S
 
 __all__ = ["ApiError", "Settings", "Training", "TrainingJob", "build_recorded_groups", "init", "pact_groups"]
@@ -274,7 +274,7 @@ class TrainingJob:
             if rebuild is None:
                 raise ApiError("attach: pass the wrapped model and its optimizer, or rebuild=fn to build them")
             model, optimizer = rebuild(self, None)
-        from .checkpoint import latest_committed
+        from ..runtime.checkpoint import latest_committed
 
         start, restored_extra, resumed_from = 0, None, None
         ckpt = self._checkpoints(checkpoint_dir, checkpoint_every)
@@ -285,8 +285,8 @@ class TrainingJob:
                 start, restored_extra, resumed_from = c, restored.cursor, c
         trace = self._trace(model, start, trace_header)
         if hooks is None:
-            from .faults import FaultPlan
-            from .hooks import FaultInjector, Hooks
+            from ...testing.faults import FaultPlan
+            from ..hooks import FaultInjector, Hooks
 
             faults = tuple(f for f in self.faults if f.attempt == self.attempt)
             hooks = Hooks(injector=FaultInjector(FaultPlan(faults))) if faults else None
@@ -305,19 +305,19 @@ class TrainingJob:
             raise ApiError("attach: checkpoint_every needs checkpoint_dir (where the DCP checkpoints go)")
         import torch.distributed as dist
 
-        from .checkpoint import CheckpointManager
+        from ..runtime.checkpoint import CheckpointManager
 
         return CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
                                  store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
 
     def _trace(self, model: Any, start: int, trace_header: Mapping[str, Any] | None, path: Any = None) -> Any:
         from .rundir import RunDir
-        from .trace import NullTrace, Trace
-        from .wrappers import wrapper
+        from ..trace import NullTrace, Trace
+        from ..runtime.wrappers import wrapper
 
         if self.settings.trace_dir is None:
             return NullTrace()
-        from .wrappers import wrapper_of
+        from ..runtime.wrappers import wrapper_of
 
         wrap = wrapper_of(model)
         kind = wrapper(wrap.name).recovers
@@ -338,12 +338,12 @@ class TrainingJob:
         the job ended without needing this spare.  An abort of the job ends the spare with its code."""
         import copy
 
-        from . import hotswap
-        from .controlplane import ControlPlane
-        from .exitcodes import code_for, exit_now
-        from .recovery import SpareEngine
+        from ..runtime import hotswap
+        from ..controlplane import ControlPlane
+        from ..exitcodes import code_for, exit_now
+        from ..recovery import SpareEngine
         from .rundir import RunDir
-        from .trace import NullTrace, Trace
+        from ..trace import NullTrace, Trace
 
         k = self.spare
         assert k is not None
@@ -450,7 +450,7 @@ def single_replica_message(topology: Any, wrapper_name: str) -> str | None:
     """What :meth:`TrainingJob.attach` warns when R cannot be repaired in place: a hybrid wrapper
     (R = the replicate group) on a world of one replica, where every replicate group is a single
     rank; None when R has peers (always for DDP, whose R is the world group)."""
-    from .wrappers import wrapper
+    from ..runtime.wrappers import wrapper
 
     world = topology.nodes * topology.ranks_per_node
     if world < 2 or topology.nodes != 1 or wrapper(wrapper_name).recovers != "replicate":
@@ -478,7 +478,7 @@ def _progress_hook(store: Any, key: str, pact: Any) -> Callable[..., None]:
 
 
 class _Groups:
-    """The training groups by kind, as :func:`accelpact.impl.worker.pact_groups` reads them."""
+    """The training groups by kind, as :func:`accelpact.impl.launch.worker.pact_groups` reads them."""
 
     def __init__(self, groups: dict) -> None:
         self.__dict__.update(groups)
@@ -504,7 +504,7 @@ class Training:
     spare_index: int | None = None
     #: steps whose checkpoint this rank saved: (step, seconds)
     saved: list = field(default_factory=list)
-    #: hot swaps this rank took part in (:class:`accelpact.impl.hotswap.SwapRecord`)
+    #: hot swaps this rank took part in (:class:`accelpact.impl.runtime.hotswap.SwapRecord`)
     swaps: list = field(default_factory=list)
     #: the step just run was discarded by a hot swap: :meth:`boundary` does nothing and
     #: :meth:`steps` yields the same step again
@@ -521,10 +521,10 @@ class Training:
         and after a hot swap, on the model it rebuilt)."""
         from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
 
-        from . import hotswap
-        from .controlplane import ControlPlane
-        from .recovery import attach as _attach
-        from .wrappers import wrapper_of
+        from ..runtime import hotswap
+        from ..controlplane import ControlPlane
+        from ..recovery import attach as _attach
+        from ..runtime.wrappers import wrapper_of
 
         job, s = self.job, self.job.settings
         wrap = wrapper_of(model)
@@ -583,7 +583,7 @@ class Training:
         Every step not discarded must be closed by :meth:`boundary` before the next one opens (the
         commit: without it nothing is repaired or checkpointed); opening one otherwise is an
         :class:`ApiError`."""
-        from .hotswap import SwapNeeded
+        from ..runtime.hotswap import SwapNeeded
 
         if self._open is not None and not self.discarded:
             # without a boundary nothing is ever committed: no repair, no checkpoint, and the run
@@ -604,7 +604,7 @@ class Training:
         """After the commit: the engine's boundary (a repair, if any, happens here and its
         :class:`~accelpact.impl.recovery.RecoveryReport` is returned), then the checkpoint when due.
         After a discarded step: nothing (None)."""
-        from .hotswap import SwapNeeded
+        from ..runtime.hotswap import SwapNeeded
 
         self._open = None
         if self.discarded:
@@ -628,7 +628,7 @@ class Training:
         """What a spare taking this identity needs at F (RNG, extra state); kept locally for the discard."""
         import copy
 
-        from .hotswap import publish_state
+        from ..runtime.hotswap import publish_state
 
         extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
         self._published = publish_state(self.job.attempt_store, self.job.rank, self.pact.frontier, extra)
@@ -673,7 +673,7 @@ def build_recorded_groups(workload, topo, rank: int, backend: str, timeout, devi
     """
     import torch.distributed as dist
 
-    from . import revoke
+    from .. import revoke
 
     records = {}
     extra = _backend(backend).init_kwargs(device) if device is not None else {}
@@ -691,8 +691,8 @@ def build_recorded_groups(workload, topo, rank: int, backend: str, timeout, devi
 def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups, records: dict):
     """The engine's :class:`~accelpact.impl.recovery.PactGroups` of this rank: R is its group of the
     wrapper's kind (``Wrapper.recovers``); the others are kept (by name) for fault injection."""
-    from .recovery import PactGroups
-    from .wrappers import wrapper
+    from ..recovery import PactGroups
+    from ..runtime.wrappers import wrapper
 
     kind = wrapper(wrapper_name).recovers
     return PactGroups(control=control_group, affected=getattr(groups, kind), members=topo.group(kind, rank),
@@ -733,7 +733,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
 
     ``backend``/``replicas`` and the keyword ``settings`` are :class:`Settings` fields.  ``faults``:
     test faults to inject (a flag string such as ``"collective_timeout@boundary:3:0,2"``, see
-    :meth:`accelpact.impl.faults.Fault.parse_flag`, or scenario fault objects); never set in production.
+    :meth:`accelpact.testing.faults.Fault.parse_flag`, or scenario fault objects); never set in production.
 
     If the default process group exists already (your own ``init_process_group``), it is used as
     is; under torchrun restarts it must then have been created on a store namespaced by the restart
@@ -745,7 +745,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     import torch.distributed as dist
 
     from . import workload
-    from .faults import Fault, parse_faults
+    from ...testing.faults import Fault, parse_faults
     from .job import Topology
 
     env = os.environ if env is None else env
@@ -807,7 +807,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     _exit_cleanly_on_uncaught()
     # out-of-band gloo groups over W, in the same order on every rank: the engine's control group
     # (failure flag, validation) and DCP's (never a communicator that may fail)
-    from . import revoke
+    from .. import revoke
 
     control_group, control_record = revoke.recorded(
         lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0))), "gloo")

@@ -18,7 +18,7 @@ How a launch runs:
 * The calling process hosts the TCPStore on a free loopback port (as torchrun's agent does), so a
   rank's death never takes the store down; each rank joins it as a client (``ctx.store``).
 * Each rank is a fresh ``python`` child (never a fork of the test process) started, waited on and
-  reaped by :class:`accelpact.impl.launch.ProcessSet`, the launcher's own core: one deadline for
+  reaped by :class:`accelpact.impl.launch.launch.ProcessSet`, the launcher's own core: one deadline for
   all, every child SIGKILLed and reaped when it passes or when the launch is left by an exception.
 * ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)`` in every rank.
 * ``init_group=True`` initialises the default gloo group first (``ctx.group``, its sockets recorded
@@ -52,8 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from accelpact.impl.launch import ProcessSet, worker_env
-from accelpact.impl.rundir import RunDir
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the launcher imports the fault plans below this package: load it on use
+    from accelpact.impl.launch.launch import ProcessSet
 
 __all__ = ["CRASHED", "FAILURE_MARKERS", "HOST", "Ctx", "Harness", "Ranks", "Run", "break_group", "check_rebind_results",
            "client_store", "host_store", "rebind_scenario", "run_ranks", "start_ranks"]
@@ -118,6 +120,8 @@ class Run:
 
     def trace(self, rank: int, attempt: int = 0) -> list[dict]:
         """Records of the rank's trace file (``trace-a{attempt}-r{rank}.ndjson``), [] if none."""
+        from accelpact.impl.launch.rundir import RunDir
+
         return RunDir(self.out).records(attempt, rank)
 
     def actions(self, rank: int, attempt: int = 0) -> list[str]:
@@ -219,6 +223,8 @@ def start_ranks(fn: Callable[..., Any], world: int, out: str | os.PathLike, *, i
     ``fn``: a module-level function.  ``kwargs``: picklable.  ``store``: a master store to host
     (default: a fresh one).  ``env``: extra environment variables of the ranks.  ``timeout_s``:
     the launch's bound, counted from now.  ``pg_timeout_s``: the default group's timeout."""
+    from accelpact.impl.launch.launch import ProcessSet, worker_env
+
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     module = sys.modules.get(fn.__module__)
@@ -412,7 +418,7 @@ def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int 
                     pre_steps: int = 2, post_steps: int = 2, ablation: bool | str = True,
                     regen: bool = False) -> dict:
     """A rank function (``init_group=True``, world = nodes x ranks_per_node) checking a wrapper's
-    adapter (:func:`accelpact.impl.adapters.adapter_for`) against a REAL failure of its group R:
+    adapter (:func:`accelpact.impl.runtime.adapters.adapter_for`) against a REAL failure of its group R:
     an uninterrupted run of the workload, then a run whose R breaks after ``pre_steps`` committed
     steps, a new group, the adapter's rebind, and ``post_steps`` more steps.
 
@@ -425,9 +431,9 @@ def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int 
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl import workload as W
-    from accelpact.impl.adapters import GenericAdapter, adapter_for, find_references, make_gloo_group, site_set
-    from accelpact.impl.digest import state_digest
+    from accelpact.impl.launch import workload as W
+    from accelpact.impl.runtime.adapters import GenericAdapter, adapter_for, find_references, make_gloo_group, site_set
+    from accelpact.impl.runtime.digest import state_digest
 
     topo = W.Topology(nodes, ranks_per_node)
     # The python-only ablation needs DDP's own bucketed all-reduce through the C++ Reducer

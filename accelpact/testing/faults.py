@@ -90,7 +90,7 @@ class FaultKind:
 def _group_fail(fault: "Fault", ctx: "FaultContext") -> None:
     import threading
 
-    from . import revoke
+    from ..impl import revoke
 
     rec = ctx.groups.get(fault.group)
     if rec is None:
@@ -118,7 +118,7 @@ def _stop(fault: "Fault", ctx: "FaultContext") -> None:
 
 
 def _gil_hang(fault: "Fault", ctx: "FaultContext") -> None:
-    """Raise the harness's GIL-hang signal (impl/inject.py, installed by the worker): at the main
+    """Raise the harness's GIL-hang signal (accelpact/testing/inject.py, installed by the worker): at the main
     thread's next bytecode its handler holds the GIL forever, so no other Python thread (watchdog,
     heartbeat) runs either."""
     from .inject import GIL_HANG_SIGNAL
@@ -165,13 +165,13 @@ def _corrupt_state(fault: "Fault", ctx: "FaultContext") -> None:
 
 def _store_loss(fault: "Fault", ctx: "FaultContext") -> None:
     """SIGKILL the process serving the job's store (the loss of the store's host): its pid comes
-    from the launcher (:func:`accelpact.impl.launch.run_restarting`)."""
-    from .launch import STORE_PID_ENV
+    from the launcher (:func:`accelpact.impl.launch.launch.run_restarting`)."""
+    from ..impl.launch.launch import STORE_PID_ENV
 
     pid = os.environ.get(STORE_PID_ENV)
     if not pid:
         raise FaultError(f"store_loss: the job's store is not served by a process of its own ({STORE_PID_ENV} unset); "
-                         "launch it with accelpact.impl.launch.run_restarting")
+                         "launch it with accelpact.impl.launch.launch.run_restarting")
     os.kill(int(pid), signal.SIGKILL)
 
 

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .backends import backend as _backend
+from ..runtime.backends import backend as _backend
 from .job import Topology
-from .wrappers import GROUP_KINDS, WRAPPER_NAMES, wrapper
+from ..runtime.wrappers import GROUP_KINDS, WRAPPER_NAMES, wrapper
 
 __all__ = ["DataCursor", "Groups", "Job", "Topology", "WorkloadSpec", "build_groups", "build_job", "groups_of", "compare_snapshots",
            "compare_runs", "local_params", "r_group", "r_ranks", "snapshot", "train_step"]
@@ -49,7 +49,7 @@ class Groups:
     replicate_ranks: tuple[int, ...] = ()
     shard_ranks: tuple[int, ...] = ()
     #: where this rank's model, batches and collectives live (the backend's device: CPU for gloo,
-    #: ``cuda:LOCAL_RANK`` for NCCL; :meth:`accelpact.impl.backends.Backend.prepare_process`)
+    #: ``cuda:LOCAL_RANK`` for NCCL; :meth:`accelpact.impl.runtime.backends.Backend.prepare_process`)
     device: Any = None
 
 
@@ -127,8 +127,8 @@ class WorkloadSpec:
 
 @functools.lru_cache(maxsize=1)
 def load_corpus() -> str:
-    """The shipped corpus (original English prose, ``impl/data/corpus.txt``)."""
-    return resources.files("accelpact.impl").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+    """The shipped corpus (original English prose, ``impl/launch/data/corpus.txt``)."""
+    return resources.files("accelpact.impl.launch").joinpath("data/corpus.txt").read_text(encoding="utf-8")
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,6 +1,6 @@
-"""The generic job runner: ``python -m accelpact.impl.worker --job job.json``.
+"""The generic job runner: ``python -m accelpact.impl.launch.worker --job job.json``.
 
-Run under torchrun (or :func:`accelpact.impl.launch.run_local`, which sets the same environment
+Run under torchrun (or :func:`accelpact.impl.launch.launch.run_local`, which sets the same environment
 variables).  One worker process is one rank.  It
 
 1. connects to the supervisor's store (``MASTER_ADDR:MASTER_PORT``; under torchrun the agent hosts
@@ -39,7 +39,7 @@ __all__ = ["ResultFile", "main", "run_job"]
 
 from .job import Job, JobError, load_job  # torch-free
 from .rundir import RunDir
-from .wrappers import wrapper
+from ..runtime.wrappers import wrapper
 
 
 def _failing_group(job: Job, kind: str, own: tuple[int, ...]) -> list[int]:
@@ -127,7 +127,7 @@ def _on_supervisor_stop() -> None:
     SIGTERM anyway, and its watchdog still can.)"""
     import signal
 
-    from .exitcodes import claim_exit
+    from ..exitcodes import claim_exit
 
     def late_exit() -> None:
         time.sleep(SUPERVISOR_STOP_GRACE_S)
@@ -185,8 +185,8 @@ def run_job(job: Job) -> int:
     import torch
 
     from . import api, workload
-    from .faults import FaultPlan
-    from .hooks import FaultInjector, Hooks
+    from ...testing.faults import FaultPlan
+    from ..hooks import FaultInjector, Hooks
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -319,13 +319,13 @@ def run_job(job: Job) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accelpact.impl.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m accelpact.impl.launch.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, help="path of the job JSON")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # the test harness's side of external faults (a GIL hang, a straggler's sleep) on SIGUSR2/SIGUSR1:
-    # a fault injector outside this process triggers them (impl/inject.py); the engine never sees them
-    from .inject import install_handlers
+    # a fault injector outside this process triggers them (accelpact/testing/inject.py); the engine never sees them
+    from ...testing.inject import install_handlers
 
     install_handlers()
     try:

@@ -34,11 +34,11 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "run", "validate_args", "DemoArgumentError"]
 
-from .backends import BACKEND_NAMES, backend
-from .faults import IN_FLIGHT
+from ..runtime.backends import BACKEND_NAMES, backend
+from ...testing.faults import IN_FLIGHT
 from .job import Job, Topology, Workload
 from .rundir import RunDir
-from .wrappers import WRAPPER_NAMES, wrapper
+from ..runtime.wrappers import WRAPPER_NAMES, wrapper
 
 #: the fault kinds the L2 path may use in flight (both are rejected by the contract: C3 rule 1)
 INFLIGHT_KINDS = ("exception", "crash")

@@ -4,9 +4,9 @@ uncommitted step discarded and rerun.  spec/protocol.md section 11 (the model's 
 
 Who does what (read beside ``model/protocol.py``'s hot-swap actions):
 
-* The **keeper** (:mod:`accelpact.impl.keeper`, the process the launcher sees in place of a
+* The **keeper** (:mod:`accelpact.impl.launch.keeper`, the process the launcher sees in place of a
   training rank) is the failure detector of a crash: it sees its worker die (``waitpid``), posts a
-  *death notice* on the store (:func:`accelpact.impl.keeper.post_death`) and keeps the launcher from
+  *death notice* on the store (:func:`accelpact.impl.launch.keeper.post_death`) and keeps the launcher from
   taking one rank's death for the job's.
 * Every survivor's :class:`SwapWatcher` wakes on a notice and shuts down the sockets of every group
   of its rank (the revoke of every communicator at once), so no survivor stays blocked on a live
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, spare_gone_key, state_key,
+from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, spare_gone_key, state_key,
                            swap_prefix)
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
@@ -69,7 +69,7 @@ class SwapError(RuntimeError):
 
 class SwapNeeded(Exception):
     """Raised out of the engine's step or boundary: a rank died and the job has spares.  Not an
-    error of the caller's: :class:`~accelpact.impl.api.Training` catches it and runs the swap."""
+    error of the caller's: :class:`~accelpact.impl.launch.api.Training` catches it and runs the swap."""
 
     def __init__(self, point: str, dead: tuple[int, ...], error: BaseException | None) -> None:
         super().__init__(f"rank(s) {list(dead)} died ({point}): hot swap")
@@ -152,7 +152,7 @@ class SwapWatcher:
             self._thread.join(timeout=self.slice_s * 10)
 
     def _run(self) -> None:
-        from . import revoke
+        from .. import revoke
 
         # polled with check(): a store wait that times out logs a c10d warning each time
         while not self._stop.wait(self.slice_s):
@@ -377,7 +377,7 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
     default group, the control and checkpoint groups, shard, replicate and world): built in generation
     ``g_next`` by the members only, under ``accelpact/g{g_next}/swap/<name>`` (the generation fences
     every older member out), in one fixed order on every rank, registered with c10d; the new default
-    group installed.  ``job`` (a :class:`~accelpact.impl.api.TrainingJob`) is updated in place; its
+    group installed.  ``job`` (a :class:`~accelpact.impl.launch.api.TrainingJob`) is updated in place; its
     old groups are unregistered and kept, never destroyed.  ``held``: further old groups of this rank
     (R, which the engine holds rather than the job)."""
     import torch.distributed as dist
@@ -486,7 +486,7 @@ def transfer(pg: Any, members: tuple[int, ...], source: int, rank: int, module: 
 
 def validate(pg: Any, members: tuple[int, ...], rank: int, module: Any, optimizer: Any, timeout_s: float) -> str:
     """RankValidate on a new group of R's kind: an all-reduce that counts the members, then every
-    member's state checksum compared (:func:`accelpact.impl.digest.state_checksum`); raises
+    member's state checksum compared (:func:`accelpact.impl.runtime.digest.state_checksum`); raises
     :class:`SwapError` naming the ranks that differ.  Returns this rank's checksum (hex)."""
     import torch
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .backends import BACKEND_NAMES
-from .faults import Fault, FaultError, parse_faults
-from .wrappers import WRAPPER_NAMES, wrapper
+from ..runtime.backends import BACKEND_NAMES
+from ...testing.faults import Fault, FaultError, parse_faults
+from ..runtime.wrappers import WRAPPER_NAMES, wrapper
 
 __all__ = ["FieldError", "Job", "JobError", "Topology", "Workload", "load_job"]
 
@@ -71,7 +71,7 @@ class Topology:
     world = every rank.  :meth:`group` is the one place a group's members are computed.
 
     ``spares``: processes started beside the training world to take a crashed rank's identity (hot
-    swap, :mod:`accelpact.impl.hotswap`); they get ranks ``world .. world + spares - 1`` at launch
+    swap, :mod:`accelpact.impl.runtime.hotswap`); they get ranks ``world .. world + spares - 1`` at launch
     and are not part of the training world (``world``, the groups and the mesh never include them).
     ``to_json`` names ``spares`` only when non-zero, so a job without spares serializes (and keys
     its cached reference) exactly as before spares existed."""
@@ -145,9 +145,9 @@ class Topology:
 # --------------------------------------------------------------------------------------- workload
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """The training workload (``impl/workload.py``): which wrapper, how deep, how long, which seed,
+    """The training workload (``impl/launch/workload.py``): which wrapper, how deep, how long, which seed,
     how often a durable checkpoint is committed (0: never), and (benchmarks) how long each step's
-    device time is padded to (``pad_s``, :attr:`accelpact.impl.workload.WorkloadSpec.pad_s`; 0: none)."""
+    device time is padded to (``pad_s``, :attr:`accelpact.impl.launch.workload.WorkloadSpec.pad_s`; 0: none)."""
 
     wrapper: str = "fsdp1-hybrid"
     layers: int = 4
@@ -240,7 +240,7 @@ class Job:
     @classmethod
     def parse(cls, raw: Any, where: str = "job") -> "Job":
         """Validate a job mapping (the ``job.json`` format); every error names the field."""
-        from .hooks import SEEDED_BUGS
+        from ..hooks import SEEDED_BUGS
 
         j = check_object(where, raw, ("topology", "workload", "out"), tuple(k for k in cls.FIELDS if k not in
                                                                              ("topology", "workload", "out")), error=JobError)

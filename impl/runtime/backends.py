@@ -153,7 +153,7 @@ class Backend:
         import torch.distributed as dist
         from torch.distributed.distributed_c10d import GroupName
 
-        from . import revoke
+        from .. import revoke
 
         connect = datetime.timedelta(seconds=connect_timeout_s)
         bt = getattr(dist.ProcessGroup.BackendType, self.name.upper())

@@ -57,7 +57,7 @@ def _members_along_wrong_axis(self: Any, ep: Any) -> tuple[tuple[int, ...], str]
 def _claim_recorded_by_every_survivor(self: Any, ep: Any) -> None:
     """claim-per-survivor: every survivor records RankClaimSpare for the claims it read, not only
     the one whose claim stood (two claims for one dead identity, as the trace tells it)."""
-    from accelpact.impl import hotswap as _swap
+    from accelpact.impl.runtime import hotswap as _swap
 
     sw = ep.swap
     store = self.control.store

@@ -1,6 +1,6 @@
 """The keeper: one rank's process as the launcher sees it, so that one rank's death is not the job's.
 
-``python -m accelpact.impl.keeper -- CMD [ARGS...]`` (the ``--`` may be left out) runs ``CMD`` as
+``python -m accelpact.impl.launch.keeper -- CMD [ARGS...]`` (the ``--`` may be left out) runs ``CMD`` as
 this rank's worker.
 
 Why it exists (hot swap, issue 13; spec/hotswap.md).  torchrun's elastic agent
@@ -23,7 +23,7 @@ between the agent and the training process: the agent sees the keeper, the keepe
   - The child is killed by a signal (a crash) and this is a training rank
     (``RANK < WORLD_SIZE - ACCELPACT_SPARES``): the keeper posts a *death notice* on the job's store
     (:func:`post_death`, under ``attempt{TORCHELASTIC_RESTART_COUNT}/``) and stays alive, so the agent
-    sees nothing.  The survivors and a spare take over (:mod:`accelpact.impl.hotswap`).  The keeper
+    sees nothing.  The survivors and a spare take over (:mod:`accelpact.impl.runtime.hotswap`).  The keeper
     then waits for the job's end on :data:`ABORT_KEY`: the value :data:`CLOSED` (the job finished
     without this process) -> exit 0; any other value (an abort reason: ``deadline``, ``rejected``,
     ``exception``, ...: the job fails as a whole, L2) -> exit ``128 + signal``.  The wait is bounded
@@ -54,7 +54,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from .controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, spare_gone_key
+from ..controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, spare_gone_key
 
 __all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death", "spare_died",
            "wait_for_end"]
@@ -147,7 +147,7 @@ def _command(argv: Sequence[str]) -> list[str]:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise UsageError("usage: python -m accelpact.impl.keeper -- CMD [ARGS...]: no command given")
+        raise UsageError("usage: python -m accelpact.impl.launch.keeper -- CMD [ARGS...]: no command given")
     return cmd
 
 
