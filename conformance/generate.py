@@ -151,6 +151,10 @@ def candidates() -> list[tuple[tuple, Scenario]]:
         [Fault(2, "backward", "crash", (1,), "replicate"), Fault(5, "boundary", "collective_timeout", (0, 2), "replicate")])
     add(("2x2", "fsdp1-hybrid", "agree", "crash-swap-crash", "-", 2), "2x2-fsdp1-spare2-crash-during-swap", t22s2,
         "fsdp1-hybrid", [Fault(2, "backward", "crash", (1,), "replicate"), Fault(2, "agree", "crash", (2,), "replicate")])
+    # issue 25: a rank stopped (SIGSTOP: every thread, its heartbeat too) at the boundary while a spare
+    # is idle is deposed (its keeper kills it) and swapped like a dead one
+    add(("2x2", "fsdp1-hybrid", "boundary", "stop-swap", "-", 1), "2x2-fsdp1-spare1-boundary-stop-r1",
+        Topology(2, 2, spares=1), "fsdp1-hybrid", [Fault(STEP, "boundary", "stop", (1,), "replicate")])
     # a few 4x2 cases (symmetric scripts only: the model search is larger there)
     for at in ("boundary", "forward"):
         name = f"4x2-fsdp1-{'repair' if at == 'boundary' else 'reject-' + at}"

@@ -163,7 +163,7 @@ def script_for(sc: Scenario) -> Script:
                 pcs = WINDOWS[f.at][0 if r in members else 1]
             # a death in training with spares (FaultCrash(rank, point)) strikes at the scenario's point
             # of the step, not at any: a crash at the boundary is not one inside optimizer.step()
-            point = f.at if f.kind == "crash" and sc.topology.spares and f.at in STEP_ORDER else None
+            point = f.at if KINDS[f.kind].action == "FaultCrash" and sc.topology.spares and f.at in STEP_ORDER else None
             if KINDS[f.kind].job_wide:
                 out.append(ScriptedFault(f.action, None, None, g, pcs, by=r))
             else:

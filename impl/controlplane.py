@@ -53,6 +53,13 @@ def assign_key(k: int) -> str:
     return f"{PREFIX}swap/assign/{k}"
 
 
+def depose_key(rank: int) -> str:
+    """Hot swap: set by a survivor whose failure detector declared ``rank`` dead or hung while the
+    job has spares; ``rank``'s keeper then kills its worker, whose death is an ordinary one (a notice,
+    a swap).  Its value is the declaring rank."""
+    return f"{PREFIX}swap/depose/{rank}"
+
+
 def spare_gone_key(k: int) -> str:
     """Hot swap: set by spare ``k``'s keeper when the spare died idle (no claim takes it)."""
     return f"{PREFIX}swap/spare-gone/{k}"

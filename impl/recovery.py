@@ -104,8 +104,8 @@ REVOKE_GRACE_S = 0.02
 #: first look after one interval, so a healthy op (about 1 ms) makes no store round trip.
 REVOKE_CHECK_S = 0.02
 
-#: With spares: how long the failure detector's suspicion of a dead peer waits for the keeper's
-#: death notice before it ends the job (a process that is stopped, not dead, gets no notice).
+#: With spares: how long the failure detector's suspicion of a peer waits for the keeper's death
+#: notice (after asking it to depose the peer: a stopped process is killed first) before it ends the job.
 NOTICE_WAIT_S = 3.0
 
 
@@ -880,10 +880,17 @@ class Pact(_Engine):
         raise _swap.SwapNeeded(point, dead, exc) from exc
 
     def _on_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
-        """The detector's suspicion: a peer whose death a keeper noticed is excused (a hot swap takes
-        its identity, P16.6); otherwise the watchdog ends the job (``RankSuspect``)."""
-        if self.notices is not None and kind == "dead":
-            # the keeper posts within milliseconds of a crash; a stopped process gets no notice
+        """The detector's suspicion.  With spares, the peer is deposed first (its keeper kills it: a
+        stopped or hung process dies as a crashed one does, P16.0), and a peer whose death a keeper
+        noticed is excused (a hot swap takes its identity, P16.6); otherwise, or if no notice comes
+        within ``NOTICE_WAIT_S``, the watchdog ends the job (``RankSuspect``)."""
+        if self.notices is not None:
+            try:
+                if self.notices.depose(peer, self.rank):
+                    self.trace.note("depose", peer=peer, kind=kind)
+            except Exception:  # noqa: BLE001 - store lost: the watchdog's abort loop handles it
+                pass
+            # the keeper posts within milliseconds of the death
             deadline = time.monotonic() + NOTICE_WAIT_S
             while True:
                 try:

@@ -186,3 +186,14 @@ def test_fsdp2_crash_hot_swapped_by_a_spare(tmp_path, fsdp2_reference):
     assert text.count("replaced by a spare, step rerun") == 3, f"every survivor reports the swap:\n{text[-3000:]}"
     assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [], "no second attempt: nothing restarted"
     assert_bit_identical(fsdp2_reference, out, 4)
+
+
+def test_fsdp2_stopped_rank_deposed_for_an_idle_spare(tmp_path, fsdp2_reference):
+    """Issue 25: rank 1 stops (SIGSTOP: every thread, its heartbeat too) at step 4's boundary while a
+    spare is idle.  A survivor's failure detector declares it, asks its keeper to depose it, the
+    keeper kills it, and its death is swapped like any other: zero restarts, bit-identical."""
+    out = tmp_path / "stop"
+    text = torchrun("fsdp2_hsdp.py", out, "--replicas", "2", "--fault", "stop@boundary:4:1", nproc=5, spares=1)
+    assert "worker deposed" in text and "death notice 1 posted" in text, text[-3000:]
+    assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [], "no second attempt: nothing restarted"
+    assert_bit_identical(fsdp2_reference, out, 4)

@@ -34,6 +34,10 @@ between the agent and the training process: the agent sees the keeper, the keepe
     died: its death notice, as above; if it died idle, it is posted gone (``swap/spare-gone/{k}``: no
     claim takes it) and the job goes on with one spare fewer.  Either way the keeper then waits for
     the job's end as above, so torchrun sees nothing (:func:`spare_died`).
+  - A training rank's worker that a survivor's failure detector declared dead or hung (it may only
+    be stopped: SIGSTOP, a held GIL) is *deposed*: the survivor sets ``swap/depose/{rank}``
+    (:func:`~accelpact.impl.controlplane.depose_key`), this keeper, polling it, kills the worker
+    (SIGKILL), and its death is posted as above: a spare takes its identity.
   - If the keeper itself was asked to stop (SIGTERM/SIGINT, e.g. the agent stopping the group), a
     child killed by a signal is no crash: exit ``128 + signal``, no notice.
 
@@ -54,7 +58,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, spare_gone_key
+from ..controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, depose_key, spare_gone_key
 
 __all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death", "spare_died",
            "wait_for_end"]
@@ -232,6 +236,28 @@ def spare_died(store: Any, k: int) -> str:
     return f"spare {k} died idle: posted gone"
 
 
+def _watch_depose(env: Mapping[str, str], rank: int, proc: subprocess.Popen, done: threading.Event,
+                  poll_s: float = 0.05) -> None:
+    """A training rank's worker may be deposed (``depose_key``: a survivor's failure detector declared
+    it dead or hung while the job has spares): kill it (SIGKILL ends a stopped process too), so that
+    its death is posted as any other and a spare takes its identity.  Polls until ``done``."""
+    store = None
+    while not done.wait(poll_s):
+        try:
+            if store is None:
+                store = _attempt_store(env)
+            if not store.check([depose_key(rank)]):
+                continue
+            by = _s(store.get(depose_key(rank)))
+        except Exception:  # noqa: BLE001 - the store is not up yet, or was lost: the next poll retries
+            store = None
+            continue
+        _say(f"worker deposed: rank {by}'s failure detector declared it dead or hung while a spare is idle; "
+             "killing it (SIGKILL)")
+        proc.kill()
+        return
+
+
 def _warm_import() -> None:
     try:
         import torch.distributed  # noqa: F401 - imported for its side effect: later imports are free
@@ -278,7 +304,12 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     # store client while the worker runs (about a second on a loaded node), so that a death is posted
     # within milliseconds of it: survivors wait for the notice before they act
     threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
+    done = threading.Event()
+    if training:
+        threading.Thread(target=_watch_depose, args=(env, rank, proc, done), name="accelpact-keeper-depose",
+                         daemon=True).start()
     rc = proc.wait()
+    done.set()
     # The child is gone: a stop request from now on ends the keeper as it would a plain worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, spare_gone_key, state_key,
+from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, spare_gone_key, state_key,
                            swap_prefix)
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
@@ -101,6 +101,12 @@ class Notices:
 
     def count(self) -> int:
         return int(self.store.add(DEATHS_KEY, 0))
+
+    def depose(self, rank: int, by: int) -> bool:
+        """Ask ``rank``'s keeper to kill its worker (``depose_key``, single assignment): a stopped or
+        hung process is deposed so that its death, posted as any other, hands its identity to a
+        spare.  True when this call was the first to ask."""
+        return self.store.compare_set(depose_key(rank), "", str(by)).decode() == str(by)
 
     def read(self, upto: int) -> tuple[int, ...]:
         return tuple(int(self.store.get(death_key(n)).decode()) for n in range(self.seen + 1, upto + 1))
