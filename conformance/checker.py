@@ -93,9 +93,14 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
                for x in (rec.state.get("frontier"),) if isinstance(x, int)]
         frontier = min(obs) if obs else 1
     if max_faults is None:
-        max_faults = count_fault_records(traces) + 1
+        # one more: a logged death in training without spares is, to the model, the group failure it
+        # causes and the crash (FaultGroupFail, FaultCrash(rank))
+        max_faults = count_fault_records(traces) + count_unlogged_faults(traces) + 1
+    # the job's spares (the header's; a trace without the field: at least one per spare that took an
+    # identity, as its incarnation's header says)
+    spares = int(h.get("spares") or 0) or len({tr.header.get("spare") for tr in _incarnation_headers(traces)} - {None})
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
-                 frontier=frontier, checkpoint=min(checkpoint, frontier))
+                 frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares)
     return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
 
 
@@ -105,6 +110,24 @@ def _first_rebuilder(traces: Mapping[int, RankTrace]) -> list[int]:
     empty when nothing was rebuilt."""
     recs = [(rec.t_ns, rank) for rank, tr in traces.items() for rec in tr.records if rec.action == "RankReplace"]
     return [min(recs)[1]] if recs else []
+
+
+def _incarnation_headers(traces: Mapping[int, RankTrace]) -> list[RankTrace]:
+    """Each incarnation a joined trace holds (impl/trace.py ``load_traces``), as a trace with its header."""
+    return [RankTrace(tr.rank, [], h) for tr in traces.values() for h in (tr.header, *tr.header.get("incarnations", ()))]
+
+
+def count_unlogged_faults(traces: Mapping[int, RankTrace]) -> int:
+    """Faults a run may have met that no record names (a user's run: a SIGKILL, a SIGSTOP, a cut link
+    from outside the job), each at most once: an episode (a generation with a ``RankObserve``) whose
+    generation logs no fault (the group failure, or the death, that started it), and a rank whose
+    trace ends without an ``end`` record and without a logged ``FaultCrash`` (it was killed: by a
+    signal from outside, or by torchrun for a restart).  With the logged ones, the checker's budget
+    for silent faults (:class:`TraceChecker` ``silent_faults``)."""
+    logged = {rec.gen for tr in traces.values() for rec in tr.records if rec.action.startswith("Fault")}
+    episodes = {rec.gen for tr in traces.values() for rec in tr.records if rec.action == "RankObserve"} - logged
+    killed = sum(1 for tr in traces.values() if tr.end is None and not any(rec.action == "FaultCrash" for rec in tr.records))
+    return len(episodes) + killed
 
 
 def count_fault_records(traces: Mapping[int, RankTrace]) -> int:

@@ -273,4 +273,5 @@ def _join(first: RankTrace, later: list[RankTrace]) -> RankTrace:
         base = len(records)
         records += [replace(rec, seq=base + rec.seq) for rec in tr.records]
         prev = tr
-    return RankTrace(first.rank, records, first.header, prev.end)
+    header = {**first.header, "incarnations": [tr.header for tr in later]}
+    return RankTrace(first.rank, records, header, prev.end)

@@ -130,6 +130,7 @@ def test_fsdp2_two_agents_restart_from_checkpoint(tmp_path, fsdp2_reference):
     assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [0, 1, 2, 3], \
         "every worker of both agents must run a second attempt"
     assert_bit_identical(fsdp2_reference, out, 4)
+    assert_trace_accepted(out)  # both attempts; workers torchrun killed end without an end record
 
 
 def _spare_worker(script: str, rank: int) -> int | None:
@@ -175,6 +176,7 @@ def test_an_idle_spares_death_costs_nothing(tmp_path, fsdp2_reference):
     assert "spare 0 died idle: posted gone" in text, text[-3000:]
     assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [], "no second attempt: nothing restarted"
     assert_bit_identical(fsdp2_reference, out, 4)
+    assert_trace_accepted(out)  # told nothing of the fault
 
 
 def test_fsdp2_crash_hot_swapped_by_a_spare(tmp_path, fsdp2_reference):
@@ -186,6 +188,24 @@ def test_fsdp2_crash_hot_swapped_by_a_spare(tmp_path, fsdp2_reference):
     assert text.count("replaced by a spare, step rerun") == 3, f"every survivor reports the swap:\n{text[-3000:]}"
     assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [], "no second attempt: nothing restarted"
     assert_bit_identical(fsdp2_reference, out, 4)
+    assert_trace_accepted(out)
+    # the same traces with one record of a survivor dropped are rejected
+    import json
+    import shutil
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(out, tampered)
+    f = RunDir(tampered).trace(0, 3)
+    lines = f.read_text().splitlines()
+    i = next(n for n, x in enumerate(lines) if '"RankArrive"' in x)
+    rest = [json.loads(x) for x in lines[i + 1:]]
+    for rec in rest:
+        if rec.get("type") == "action":
+            rec["seq"] -= 1
+    f.write_text("\n".join(lines[:i] + [json.dumps(x) for x in rest]) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "accelpact.cli", "check-trace", str(tampered)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, f"a dropped RankArrive must be rejected:\n{proc.stdout[-2000:]}{proc.stderr[-1000:]}"
 
 
 def test_fsdp2_stopped_rank_deposed_for_an_idle_spare(tmp_path, fsdp2_reference):
@@ -197,3 +217,4 @@ def test_fsdp2_stopped_rank_deposed_for_an_idle_spare(tmp_path, fsdp2_reference)
     assert "worker deposed" in text and "death notice 1 posted" in text, text[-3000:]
     assert sorted(r for a, r in RunDir(out).trace_files() if a == 1) == [], "no second attempt: nothing restarted"
     assert_bit_identical(fsdp2_reference, out, 4)
+    assert_trace_accepted(out)

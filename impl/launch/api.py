@@ -324,7 +324,7 @@ class TrainingJob:
         header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
                       group=kind, own_group=list(self.topology.group(kind, self.rank)), attempt=self.attempt,
                       scenario="job", seed=0, backend=self.backend, frontier_at_start=start, wrapper=wrap.name,
-                      generation_at_start=self.generation)
+                      generation_at_start=self.generation, spares=self.spares)
         header.update(trace_header or {})
         return Trace(path or RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
 
