@@ -117,12 +117,17 @@ class Envelope:
 # The key the model and the CPU reference implementation use unless told otherwise.
 DEFAULT_PLATFORM = "cpu-gloo"
 DEFAULT_PROFILE = "hsdp"
+#: The contract's resource profiles: the generic ``hsdp`` of the model's own configurations, and
+#: one per data-parallel wrapper, named as the wrapper table names it
+#: (``impl/runtime/wrappers.py`` ``WRAPPERS``; ``tests/test_hygiene.py`` checks the two agree, and
+#: that the shipped envelope ``model/envelopes/default.json`` covers exactly these).
+PROFILES: tuple[str, ...] = (DEFAULT_PROFILE, "fsdp1-hybrid", "fsdp2-hybrid", "ddp")
 DEFAULT_OBJECTIVE = "zero-replay"
 
 
 def default_envelope(
     platform: str = DEFAULT_PLATFORM,
-    profiles: tuple[str, ...] = ("hsdp", "fsdp1-hybrid", "fsdp2-hybrid", "ddp"),
+    profiles: tuple[str, ...] = PROFILES,
     objective: str = DEFAULT_OBJECTIVE,
 ) -> Envelope:
     """L1 and L2 at the committed boundary, L2 for every in-flight phase, for each profile; and a

@@ -105,3 +105,27 @@ def test_seeded_bugs_replace_methods_and_nothing_branches_on_them() -> None:
                 attr in {a for c in Pact.__mro__ for a in getattr(c, "__annotations__", {})}, (bug, attr)
         for attr in entry.control:
             assert hasattr(ControlPlane, attr), (bug, attr)
+
+
+def test_a_wrapper_is_one_table_entry() -> None:
+    """Adding a wrapper (spec/implementation.md, "Where things go"): one WRAPPERS entry, whose name
+    is a contract profile (model/contract.py PROFILES, the model's own generic ``hsdp`` besides) that
+    the shipped envelope covers, and whose adapter class says how it matches a module (the adapter
+    is chosen from the table, not from a chain of isinstance tests)."""
+    import json
+
+    from accelpact.impl.runtime.adapters import adapter_for
+    from accelpact.impl.runtime.adapters.base import Adapter
+    from accelpact.impl.runtime.wrappers import WRAPPERS
+    from accelpact.model.contract import DEFAULT_PROFILE, PROFILES, default_envelope
+
+    assert set(PROFILES) == {DEFAULT_PROFILE, *WRAPPERS}, "model/contract.py PROFILES and the wrapper table disagree"
+    shipped = json.loads((ROOT / "model" / "envelopes" / "default.json").read_text())
+    assert {e["profile"] for e in shipped["entries"]} == set(PROFILES), "model/envelopes/default.json covers other profiles"
+    assert {e.key.profile for e in default_envelope().entries} == set(PROFILES)
+    for w in WRAPPERS.values():
+        cls = w.adapter_class()
+        assert issubclass(cls, Adapter) and cls.matches is not Adapter.matches, f"{w.name}: its adapter must say how it matches"
+    src = (ROOT / "impl" / "runtime" / "adapters" / "__init__.py").read_text()
+    assert "isinstance" not in src, "adapter_for chooses from the wrapper table"
+    assert adapter_for(object()).name == "generic"

@@ -14,7 +14,7 @@ from .base import (Adapter, GenericAdapter, RebindCheck, adopt_group_name, make_
                    register_group, site_set, unregister_group)
 from .ddp import DDPAdapter
 from .fsdp1 import FSDP1Adapter
-from .fsdp2 import FSDP2Adapter, is_fsdp2
+from .fsdp2 import FSDP2Adapter
 from .walker import RebindError, RefSite, find_references, walk, write_site
 
 __all__ = [
@@ -25,21 +25,17 @@ __all__ = [
 
 
 def adapter_for(module: Any) -> Adapter:
-    """Pick the adapter for a wrapped model: FSDP1 root (or any FSDP1 inside), FSDP2 ``fully_shard``
-    state, DDP; anything else gets the walker-backed ``GenericAdapter``."""
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.nn.parallel import DistributedDataParallel as DDP
-    except ImportError:
-        return GenericAdapter()
+    """The adapter of the wrapper that wraps ``module`` (each wrapper's adapter class of
+    :data:`accelpact.impl.runtime.wrappers.WRAPPERS` says how it matches, :meth:`Adapter.matches`:
+    a wrapped root before a wrapped submodule, ties in the table's order); anything else gets the
+    walker-backed ``GenericAdapter``."""
+    from ..wrappers import WRAPPERS
+
     if not hasattr(module, "modules"):
         return GenericAdapter()
-    if isinstance(module, DDP):
-        return DDPAdapter()
-    if isinstance(module, FSDP) or any(isinstance(m, FSDP) for m in module.modules()):
-        return FSDP1Adapter()
-    if is_fsdp2(module):
-        return FSDP2Adapter()
-    if any(isinstance(m, DDP) for m in module.modules()):
-        return DDPAdapter()
-    return GenericAdapter()
+    try:
+        scored = [(w.adapter_class().matches(module), -i, w) for i, w in enumerate(WRAPPERS.values())]
+    except ImportError:
+        return GenericAdapter()
+    best = max(scored, key=lambda x: (x[0], x[1]))
+    return best[2].adapter_class()() if best[0] > 0 else GenericAdapter()

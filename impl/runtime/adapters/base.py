@@ -34,6 +34,14 @@ class Adapter:
 
     name = "generic"
 
+    @staticmethod
+    def matches(module: Any) -> int:
+        """How this adapter's wrapper wraps ``module``: 2 the root is its wrapper class, 1 a module
+        inside is, 0 not at all (:func:`accelpact.impl.runtime.adapters.adapter_for` takes the
+        highest, ties in the wrapper table's order).  The generic adapter matches nothing: it is
+        what is left."""
+        return 0
+
     def discover(self, module: Any, old_pg: Any) -> list[RefSite]:
         return find_references(module, old_pg)
 

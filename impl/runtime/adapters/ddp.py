@@ -19,6 +19,12 @@ from .walker import ATTR, RefSite
 class DDPAdapter(Adapter):
     name = "ddp"
 
+    @staticmethod
+    def matches(module: Any) -> int:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return 2 if isinstance(module, DDP) else int(any(isinstance(m, DDP) for m in module.modules()))
+
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         from torch.nn.parallel import DistributedDataParallel as DDP
 

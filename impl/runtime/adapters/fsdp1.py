@@ -56,6 +56,12 @@ def _mesh_sites(mesh: Any, old_pg: Any, path: str, seen: set[int]) -> list[RefSi
 class FSDP1Adapter(Adapter):
     name = "fsdp1"
 
+    @staticmethod
+    def matches(module: Any) -> int:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return 2 if isinstance(module, FSDP) else int(any(isinstance(m, FSDP) for m in module.modules()))
+
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

@@ -36,6 +36,12 @@ def is_fsdp2(module: Any) -> bool:
 class FSDP2Adapter(Adapter):
     name = "fsdp2"
 
+    @staticmethod
+    def matches(module: Any) -> int:
+        from torch.distributed.fsdp import FSDPModule
+
+        return 2 if isinstance(module, FSDPModule) else int(is_fsdp2(module))
+
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         sites: list[RefSite] = []
         seen_info: set[int] = set()
