@@ -62,6 +62,22 @@ def test_a_step_opened_without_the_previous_boundary_is_refused():
     assert str(err.value) == FORGOT
 
 
+def test_the_last_step_without_its_boundary_is_refused_at_close():
+    run = _training(_Engine())
+    with run.step(0):
+        pass
+    run.boundary(None)
+    with run.step(1):
+        pass
+    job = types.SimpleNamespace(spare=None, training=run)
+    with pytest.raises(ApiError) as err:
+        TrainingJob.close(job)  # type: ignore[arg-type]  # a stand-in job: close refuses before any collective
+    assert str(err.value) == (
+        "job.close(): the last step (1) was never closed by run.boundary(loss): write run.boundary(loss) after each "
+        "`with run.step(step):` block, the last one too (its optimizer step is not committed without it: not "
+        "repaired, not checkpointed)")
+
+
 def test_steps_closed_by_their_boundary_run_on():
     run = _training(_Engine())
     for step in range(3):

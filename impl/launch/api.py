@@ -414,6 +414,12 @@ class TrainingJob:
 
         if self.spare is not None:  # a spare the job never needed: it holds no group
             return
+        run = self.training
+        if run is not None and run._open is not None and not run.discarded:
+            # the last step's missing boundary: no later run.step() can refuse it
+            raise ApiError(f"job.close(): the last step ({run._open}) was never closed by run.boundary(loss): write "
+                           "run.boundary(loss) after each `with run.step(step):` block, the last one too (its "
+                           "optimizer step is not committed without it: not repaired, not checkpointed)")
         dist.barrier(group=self.checkpoint_group)
         if self.training is not None:
             pact = self.training.pact
