@@ -182,6 +182,8 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
         for ep in launch.l1_episodes(res):
             for k, v in ep["phases_s"].items():
                 rep.phases_s[k] = rep.phases_s.get(k, 0.0) + v
+        for k, v in _swap_phases(a0).items():
+            rep.phases_s[k] = rep.phases_s.get(k, 0.0) + v
     elif len(attempts) >= 2:
         rep.outcome = "L2"
         codes = {r: r_.get("exit_code") for r, r_ in a0.items()}
@@ -235,6 +237,29 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     rep.conforms = not rep.problems
     rep.wall_s = time.monotonic() - t0
     return rep
+
+
+#: a hot swap's phases (its record's ``durations_ms``) under the names of a repair's (``replace``
+#: builds every group anew: the repair's ``rebuild``)
+_SWAP_PHASE_NAMES = {"agree": "agree", "replace": "rebuild", "rebind": "rebind", "validate": "validate", "release": "release"}
+
+
+def _swap_phases(results: dict[int, dict]) -> dict[str, float]:
+    """Each hot swap's phase durations (seconds, the slowest rank's, summed over the swaps) and
+    their ``total``, from the ranks' result files."""
+    per: dict[tuple[int, str], float] = {}
+    for res in results.values():
+        for sw in res.get("swaps") or []:
+            for k, ms in (sw.get("durations_ms") or {}).items():
+                if k in _SWAP_PHASE_NAMES:
+                    key = (int(sw.get("generation", 0)), _SWAP_PHASE_NAMES[k])
+                    per[key] = max(per.get(key, 0.0), float(ms) / 1e3)
+    out: dict[str, float] = {}
+    for (_g, k), v in per.items():
+        out[k] = out.get(k, 0.0) + v
+    if out:
+        out["total"] = sum(out.values())
+    return out
 
 
 def _check_traces(rep: Report, sc: Scenario, out: Path) -> None:
