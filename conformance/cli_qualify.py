@@ -15,12 +15,30 @@ does not already admit L1 there (every platform but ``cpu-gloo``, e.g. ``cuda-nc
 then attempts the in-place repair and the oracles judge it; without it an unqualified platform
 would decide L2 at every failure and could never be qualified.  ``--list`` prints the cells and
 their trial envelopes and runs nothing.  No torch import at module level.
+
+Each cell's evidence (:func:`cell_evidence`) says what the trials ran on: the scenario topology's
+``nodes`` and ``ranks_per_node``, the ``hosts`` its ranks ran on (qualify launches every rank on this
+machine: :data:`QUALIFY_HOSTS`), the backend, torch and (NCCL) NCCL versions, and the ``transport``.
+``inter_node`` is true only when ranks of different nodes ran on different hosts; an HSDP cell
+without it gets a warning (:func:`inter_node_warning`): its R traffic never crossed a network, and a
+single-node run meets neither a real NCCL timeout nor an inter-node failure of R (issue 26 item 5).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
+
+#: The hosts a qualify run's ranks occupy: every scenario is launched on this machine
+#: (``runner.run_scenario``: the local launcher, the store on 127.0.0.1), whatever its topology says.
+QUALIFY_HOSTS = 1
+#: The profiles whose replicate group R spans nodes (HSDP): a cell of one is only qualified across
+#: nodes when its trials ran on more than one host.
+HSDP_PROFILES: tuple[str, ...] = ("hsdp", "fsdp1-hybrid", "fsdp2-hybrid")
+#: The NCCL variables that choose its transport, in the order the evidence lists them.
+NCCL_TRANSPORT_ENV: tuple[str, ...] = ("NCCL_NET", "NCCL_SOCKET_IFNAME", "NCCL_HOSTID")
+NCCL_TRANSPORT_UNKNOWN = "unknown: set by NCCL at init"
 
 
 def add_arguments(parser) -> None:
@@ -86,6 +104,73 @@ def trial_envelope(key):
     return default_envelope(platform=key.platform, profiles=(key.profile,), objective=key.objective)
 
 
+def nccl_version() -> str | None:
+    """The NCCL version torch was built with (``torch.cuda.nccl.version()``, e.g. ``"2.21.5"``), or None
+    when this build has none (a CPU wheel) or torch cannot say.  Does not initialise CUDA."""
+    try:
+        import torch.cuda.nccl as nccl
+
+        v = nccl.version()
+    except Exception:  # noqa: BLE001 - a CPU build has no _nccl_version; any failure means "unknown"
+        return None
+    return ".".join(str(x) for x in v) if isinstance(v, (tuple, list)) else str(v)
+
+
+def transport(backend_name: str, environ: Mapping[str, str] | None = None) -> str:
+    """How the trials' collectives travelled, as far as the environment says.  Gloo: TCP, on
+    ``GLOO_SOCKET_IFNAME`` when set, else on loopback (the ranks rendezvous on 127.0.0.1).  NCCL: the
+    variables of :data:`NCCL_TRANSPORT_ENV` that are set (the one-GPU mode's, which its ranks set,
+    included), else :data:`NCCL_TRANSPORT_UNKNOWN` (NCCL picks NVLink/SHM/P2P/IB/socket at init)."""
+    from ..impl.runtime.backends import backend, one_gpu_env
+
+    env = dict(os.environ if environ is None else environ)
+    if backend(backend_name).device_type == "cpu":
+        ifname = env.get("GLOO_SOCKET_IFNAME")
+        return f"tcp GLOO_SOCKET_IFNAME={ifname}" if ifname else "tcp loopback"
+    env = {**env, **{k: v for k, v in one_gpu_env(0, env).items() if k in NCCL_TRANSPORT_ENV}}
+    if "NCCL_HOSTID" in one_gpu_env(0, env):
+        env["NCCL_HOSTID"] = "accelpact-one-gpu-rank{LOCAL_RANK}"  # one per process (ONE_GPU_ENV)
+    got = [f"{k}={env[k]}" for k in NCCL_TRANSPORT_ENV if env.get(k)]
+    return ", ".join(got) if got else NCCL_TRANSPORT_UNKNOWN
+
+
+def cell_evidence(key, scenarios: Sequence, *, backend_name: str, trials: int, passes: int,
+                  failures: Sequence[str] = (), platform_info: Mapping[str, Any] | None = None,
+                  torch_version: str | None = None, nccl: str | None = None, hosts: int = QUALIFY_HOSTS,
+                  environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``evidence`` of one qualified cell: the trial counts, the scenarios, and what they ran on:
+    ``nodes`` / ``ranks_per_node`` (the scenarios' topology; the largest when several), ``hosts`` (the
+    machines the ranks ran on), ``inter_node`` (ranks of different nodes on different hosts: ``nodes > 1
+    and hosts > 1``), ``backend``, ``torch``, ``nccl`` (the NCCL version on NCCL, :func:`nccl_version`
+    unless given; None on gloo) and ``transport`` (:func:`transport`).  No process is started."""
+    from ..impl.runtime.backends import backend
+
+    be = backend(backend_name)
+    nodes = max((sc.topology.nodes for sc in scenarios), default=1)
+    per_node = max((sc.topology.ranks_per_node for sc in scenarios), default=1)
+    ev: dict[str, Any] = {"trials": trials, "passes": passes, "scenarios": [s.name for s in scenarios]}
+    if platform_info is not None:
+        ev["platform"] = dict(platform_info)
+    ev.update({"nodes": nodes, "ranks_per_node": per_node, "hosts": hosts, "inter_node": nodes > 1 and hosts > 1,
+               "backend": be.name, "torch": torch_version,
+               "nccl": (nccl if nccl is not None else nccl_version()) if be.device_type == "cuda" else None,
+               "transport": transport(be.name, environ)})
+    if failures:
+        ev["failures"] = list(failures)
+    return ev
+
+
+def inter_node_warning(key, evidence: Mapping[str, Any]) -> str | None:
+    """The warning qualify prints for an HSDP cell (:data:`HSDP_PROFILES`) whose evidence is not
+    ``inter_node``; None otherwise."""
+    if key.profile not in HSDP_PROFILES or evidence.get("inter_node"):
+        return None
+    return (f"qualify: WARNING: cell {key} was not qualified across nodes (topology {evidence.get('nodes')}x"
+            f"{evidence.get('ranks_per_node')} on {evidence.get('hosts')} host(s), transport "
+            f"{evidence.get('transport')}): R's traffic never crossed a network, so no real inter-node NCCL timeout "
+            f"or error was met; the evidence says inter_node: false")
+
+
 def run(args) -> int:
     import platform as _platform
 
@@ -137,9 +222,11 @@ def run(args) -> int:
         ok = passes == trials
         all_ok = all_ok and ok
         acts = ("L1", "L2") if ((key.phase == "boundary" or key.died) and ok) else ("L2",)
-        evidence = {"trials": trials, "passes": passes, "platform": plat, "scenarios": [s.name for s in scs]}
-        if failures:
-            evidence["failures"] = failures
+        evidence = cell_evidence(key, scs, backend_name=args.backend, trials=trials, passes=passes, failures=failures,
+                                 platform_info=plat, torch_version=torch.__version__)
+        warning = inter_node_warning(key, evidence)
+        if warning:
+            print(warning, flush=True)
         entries.append(EnvelopeEntry(key, acts, evidence))
         print(f"{key}: {passes}/{trials} conformed -> {list(acts)}")
     save_envelope(Envelope(tuple(entries)), args.out)

@@ -31,7 +31,10 @@ resumes without declaring everyone dead.  The cost: detection takes longer by th
 Time to detect a crash at the defaults (interval 0.1 s, dead_after 0.8 s): the last heartbeat was
 published at most one interval before the crash and seen at most one interval after it was
 published; the silence reaches ``dead_after_s`` within one more interval: TTD <= dead_after +
-2 x interval = 1.0 s (measured in tests/test_detector.py).
+2 x interval = 1.0 s (measured in tests/test_detector.py).  Those are gloo's defaults; the defaults
+are per backend (``backend=``, :func:`detector_defaults_for`): on NCCL ``dead_after`` is 5.0 s (TTD <= 5.2 s),
+since ``Work.is_completed`` polls a CUDA event while holding the GIL and such a query can stall behind
+another thread's CUDA call, silencing every Python thread of the rank (spec/nccl.md row 19).
 
 Each suspect is declared once: ``on_suspect(rank, kind, detected_at_ns)`` is called from the
 detector's thread (``detected_at_ns`` is ``time.monotonic_ns()``, comparable across processes of
@@ -78,7 +81,7 @@ from typing import Any, Callable, Iterable, Iterator
 from .controlplane import PREFIX, heartbeat_key
 
 __all__ = [
-    "DEAD", "HUNG", "Detector", "Suspect", "heartbeat_key", "resolve_hang_threshold",
+    "DEAD", "HUNG", "Detector", "Suspect", "detector_defaults_for", "heartbeat_key", "resolve_hang_threshold",
     "INTERVAL_S", "DEAD_AFTER_S", "HANG_FLOOR_S", "HANG_K", "HANG_UNTIL_OBSERVED_S", "MIN_STEP_SAMPLES",
     "STEP_WINDOW", "STARTUP_GRACE_S", "OP_TIMEOUT_S", "ENV_HANG_THRESHOLD", "ENV_INTERVAL", "ENV_DEAD_AFTER",
 ]
@@ -132,6 +135,18 @@ def _setting(name: str, arg: float | None, env: str, default: float) -> float:
     return default
 
 
+def detector_defaults_for(backend: str | None) -> tuple[float, float]:
+    """``(dead_after_s, hang_floor_s)`` on ``backend`` (``impl/runtime/backends.py``
+    :func:`~accelpact.impl.runtime.backends.detector_defaults`: NCCL's silence bound is longer, a GIL held
+    by ``Work.is_completed``'s CUDA event query stops every Python thread, spec/nccl.md row 19); None:
+    :data:`DEAD_AFTER_S`, :data:`HANG_FLOOR_S`."""
+    if backend is None:
+        return DEAD_AFTER_S, HANG_FLOOR_S
+    from .runtime.backends import detector_defaults
+
+    return detector_defaults(backend)
+
+
 def resolve_hang_threshold(step_times: Iterable[float], *, override: float | None = None, floor_s: float = HANG_FLOOR_S,
                            k: float = HANG_K, until_observed_s: float = HANG_UNTIL_OBSERVED_S,
                            min_samples: int = MIN_STEP_SAMPLES) -> float:
@@ -176,15 +191,18 @@ class Detector:
     ``hang_threshold_s``: fixed threshold (else ``$ACCELPACT_HANG_THRESHOLD_S``, else derived).
     ``auto_await``: a peer whose progress is behind this rank's counts as awaited.
     ``clock``: monotonic seconds (tests pass a fake one and call :meth:`poll` themselves).
+    ``backend``: the collective backend the rank trains on (``"gloo"``, ``"nccl"``): its defaults for
+    ``dead_after_s`` and ``hang_floor_s`` (:func:`detector_defaults_for`; None: :data:`DEAD_AFTER_S`,
+    :data:`HANG_FLOOR_S`, gloo's).
     """
 
     def __init__(self, store: Any, rank: int, world: int, *, attempt: int = 0, prefix: str = PREFIX,
                  on_suspect: Callable[[int, str, int], None] | None = None, peers: Iterable[int] | None = None,
                  interval_s: float | None = None, dead_after_s: float | None = None,
-                 hang_threshold_s: float | None = None, hang_floor_s: float = HANG_FLOOR_S, hang_k: float = HANG_K,
+                 hang_threshold_s: float | None = None, hang_floor_s: float | None = None, hang_k: float = HANG_K,
                  hang_until_observed_s: float = HANG_UNTIL_OBSERVED_S, startup_grace_s: float = STARTUP_GRACE_S,
                  op_timeout_s: float = OP_TIMEOUT_S, auto_await: bool = True,
-                 clock: Callable[[], float] = time.monotonic, clone: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, clone: bool = True, backend: str | None = None) -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be a positive integer, got {world!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
@@ -196,11 +214,13 @@ class Detector:
         self.rank, self.world, self.attempt, self.prefix = rank, world, attempt, prefix
         self.peers: tuple[int, ...] = tuple(watched)
         self.interval_s = _setting("interval_s", interval_s, ENV_INTERVAL, INTERVAL_S)
-        self.dead_after_s = _setting("dead_after_s", dead_after_s, ENV_DEAD_AFTER, DEAD_AFTER_S)
+        default_dead, default_floor = detector_defaults_for(backend)
+        self.backend = backend
+        self.dead_after_s = _setting("dead_after_s", dead_after_s, ENV_DEAD_AFTER, default_dead)
         env_hang = os.environ.get(ENV_HANG_THRESHOLD)
         self._hang_override = (_positive("hang_threshold_s", hang_threshold_s) if hang_threshold_s is not None
                                else _positive(f"${ENV_HANG_THRESHOLD}", env_hang) if env_hang not in (None, "") else None)
-        self.hang_floor_s = _positive("hang_floor_s", hang_floor_s)
+        self.hang_floor_s = _positive("hang_floor_s", default_floor if hang_floor_s is None else hang_floor_s)
         self.hang_k = _positive("hang_k", hang_k)
         self.hang_until_observed_s = _positive("hang_until_observed_s", hang_until_observed_s)
         self.startup_grace_s = _positive("startup_grace_s", startup_grace_s)

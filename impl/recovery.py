@@ -662,9 +662,13 @@ class Pact(_Engine):
         # the failure detector (heartbeats on the control plane, impl/detector.py): a dead or hung
         # peer ends the job at once (RankSuspect) instead of at a deadline; built before any thread
         # starts (its store connection must not race the socket records of revoke.recorded)
+        # its default bounds are the backend's (spec/nccl.md rows 19-20: NCCL's is_completed holds the GIL)
+        from .runtime.backends import backend_of as _backend_of
+
         self.detector = Detector(control.store, self.rank, control.world_size, prefix=control.prefix,
                                  on_suspect=self._on_suspect, dead_after_s=dead_after_s,
-                                 hang_threshold_s=hang_threshold_s) if detect else None
+                                 hang_threshold_s=hang_threshold_s,
+                                 backend=_backend_of(self._pg).name) if detect else None
         self.watchdog.start()
         if self.detector is not None:
             self.detector.set_progress(frontier)

@@ -183,13 +183,15 @@ def _attempt_store(env: Mapping[str, str]) -> Any:
     return dist.PrefixStore(f"attempt{attempt}", store)
 
 
-def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callable[[Any], str]) -> int:
+def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callable[[Any], str],
+                   connected: Sequence[Any] = ()) -> int:
     """A worker died by ``sig``: ``post(store)`` says so on the store (returns what it posted, for
     stderr), then wait for the job's end: ``closed`` -> 0, an abort reason, a lost store or no end
-    within ``wait_s`` -> ``128 + sig``."""
+    within ``wait_s`` -> ``128 + sig``.  ``connected``: a store client already made (the depose
+    watcher's), so the notice needs no new connection: survivors wait for it only so long."""
     code = 128 + sig
     try:
-        s = _attempt_store(env)
+        s = connected[0] if connected else _attempt_store(env)
     except (KeyError, ValueError) as exc:
         _say(f"worker killed by {_signame(sig)}; nothing posted: MASTER_ADDR/MASTER_PORT unusable ({exc!r}); "
              f"exiting {code}")
@@ -219,9 +221,9 @@ def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callab
     return code
 
 
-def _notify_and_wait(env: Mapping[str, str], rank: int, sig: int, wait_s: float) -> int:
+def _notify_and_wait(env: Mapping[str, str], rank: int, sig: int, wait_s: float, connected: Sequence[Any] = ()) -> int:
     """A training rank's worker crashed: post the notice, then wait for the job's end (exit code)."""
-    return _post_and_wait(env, sig, wait_s, lambda s: f"death notice {post_death(s, rank)} posted")
+    return _post_and_wait(env, sig, wait_s, lambda s: f"death notice {post_death(s, rank)} posted", connected)
 
 
 def spare_died(store: Any, k: int) -> str:
@@ -236,21 +238,31 @@ def spare_died(store: Any, k: int) -> str:
     return f"spare {k} died idle: posted gone"
 
 
+#: How often a training rank's keeper looks for a request to depose its worker: the request comes
+#: after a detector's declaration (0.8 s or more of silence) and the survivor waits ``NOTICE_WAIT_S``
+#: (3 s) for the death, so a quarter second costs nothing, and keeps the store's load low (one
+#: ``check`` per keeper every 0.25 s, beside the workers' heartbeats).
+DEPOSE_POLL_S = 0.25
+
+
 def _watch_depose(env: Mapping[str, str], rank: int, proc: subprocess.Popen, done: threading.Event,
-                  poll_s: float = 0.05) -> None:
+                  connected: list, poll_s: float = DEPOSE_POLL_S) -> None:
     """A training rank's worker may be deposed (``depose_key``: a survivor's failure detector declared
     it dead or hung while the job has spares): kill it (SIGKILL ends a stopped process too), so that
-    its death is posted as any other and a spare takes its identity.  Polls until ``done``."""
+    its death is posted as any other and a spare takes its identity.  Polls until ``done``; the store
+    client it made goes into ``connected`` (the death notice reuses it)."""
     store = None
     while not done.wait(poll_s):
         try:
             if store is None:
                 store = _attempt_store(env)
+                connected[:] = [store]
             if not store.check([depose_key(rank)]):
                 continue
             by = _s(store.get(depose_key(rank)))
         except Exception:  # noqa: BLE001 - the store is not up yet, or was lost: the next poll retries
             store = None
+            connected.clear()
             continue
         _say(f"worker deposed: rank {by}'s failure detector declared it dead or hung while a spare is idle; "
              "killing it (SIGKILL)")
@@ -305,8 +317,9 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     # within milliseconds of it: survivors wait for the notice before they act
     threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
     done = threading.Event()
+    connected: list = []
     if training:
-        threading.Thread(target=_watch_depose, args=(env, rank, proc, done), name="accelpact-keeper-depose",
+        threading.Thread(target=_watch_depose, args=(env, rank, proc, done, connected), name="accelpact-keeper-depose",
                          daemon=True).start()
     rc = proc.wait()
     done.set()
@@ -323,7 +336,7 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     if not training:
         k = rank - (world - spares)
         return _post_and_wait(env, sig, wait_s, lambda s: spare_died(s, k))
-    return _notify_and_wait(env, rank, sig, wait_s)
+    return _notify_and_wait(env, rank, sig, wait_s, tuple(connected))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "for_device", "prebuilt_env_problem", "one_gpu_env",
+__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "detector_defaults", "for_device", "prebuilt_env_problem", "one_gpu_env",
            "one_gpu_mode", "recorded_errors", "wait_bounded"]
 
 #: Groups aborted through :meth:`Backend.abort` (weakly held: a freed group leaves the set), so
@@ -50,6 +50,16 @@ class Backend:
     #: "timed out" and the op completes later with the right result, measured, spec/torch-facts.md;
     #: NCCL: a timed-out wait aborts the communicator).  :func:`wait_bounded` uses it.
     sliced_wait: bool = False
+    #: The failure detector's default heartbeat silence before a peer is DEAD on this backend (s;
+    #: :func:`detector_defaults`).  Gloo: 0.8 (spec/detection.md, TTD <= 1.0 s).  NCCL: 5.0, because
+    #: ``Work.is_completed`` is bound without releasing the GIL and ``WorkNCCL::isCompleted`` queries a CUDA
+    #: event (``cudaEventQuery``), which torch's own comment says can hang while another thread holds the CUDA
+    #: context lock: for that long no Python thread of the rank runs, its detector thread included, and its
+    #: peers would read the silence as death (spec/nccl.md rows 16, 19).
+    detector_dead_after_s: float = 0.8
+    #: The floor of the derived hang threshold (s): ``max(floor, HANG_K x median step time)``; the same on
+    #: every backend for now (a GIL stall stops the heartbeat too, so it is DEAD's bound that must cover it).
+    detector_hang_floor_s: float = 5.0
 
     # ---- torch-free ------------------------------------------------------------------------------
     @property
@@ -376,7 +386,7 @@ def prebuilt_env_problem(be: Backend, env, *, prebuilt: bool, what: str = "your 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("gloo", "cpu-gloo", "cpu", "sockets", sliced_wait=True),
-    Backend("nccl", "cuda-nccl", "cuda", "abort"),
+    Backend("nccl", "cuda-nccl", "cuda", "abort", detector_dead_after_s=5.0),
 )}
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
 
@@ -387,6 +397,16 @@ def backend(name: str) -> Backend:
         return BACKENDS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown backend {name!r}; use one of {list(BACKEND_NAMES)}") from None
+
+
+def detector_defaults(backend_name: str) -> tuple[float, float]:
+    """``(dead_after_s, hang_floor_s)``: the failure detector's defaults on ``backend_name``
+    (:attr:`Backend.detector_dead_after_s`, :attr:`Backend.detector_hang_floor_s`).  The hang threshold
+    itself stays derived (``max(hang_floor_s, HANG_K x median step time)``, impl/detector.py); an explicit
+    ``dead_after_s=`` / ``hang_threshold_s=`` or ``$ACCELPACT_DEAD_AFTER_S`` / ``$ACCELPACT_HANG_THRESHOLD_S``
+    still wins.  A ValueError for an unknown backend."""
+    be = backend(backend_name)
+    return be.detector_dead_after_s, be.detector_hang_floor_s
 
 
 def backend_of(pg) -> Backend:
