@@ -55,22 +55,11 @@ def _members_along_wrong_axis(self: Any, ep: Any) -> tuple[tuple[int, ...], str]
 
 
 def _claim_recorded_by_every_survivor(self: Any, ep: Any) -> None:
-    """claim-per-survivor: every survivor records RankClaimSpare for the claims it read, not only
-    the one whose claim stood (two claims for one dead identity, as the trace tells it)."""
-    from accelpact.impl.runtime import hotswap as _swap
-
-    sw = ep.swap
-    store = self.control.store
-    with self._hold():
-        for d in sw.dead:
-            _swap.claim_write(store, ep.g, d, sw.job.spares, sw.point)
-        self.hooks.written()
-    claims = {d: _swap.claim_read(store, ep.g, d, self.deadline_s) for d in sw.dead}
-    missing = [d for d, k in claims.items() if k is None]
-    if missing:
-        self._reject(f"rank(s) {missing} died and no spare is left to take their identity")
-    sw.claims = {d: int(k) for d, k in claims.items() if k is not None}
-    self._act("RankClaimSpare", {"pc": self.pc}, {"claims": sw.claims, "decision": sw.decision})
+    """claim-per-survivor: after the claims (the engine's own), every survivor records RankClaimSpare
+    for the claims it read, not only the one whose claim stood: two claims of one dead identity, as
+    the trace tells it."""
+    type(self)._claim_spares(self, ep)
+    self._act("RankClaimSpare", {"pc": self.pc}, {"claims": dict(ep.swap.claims), "decision": ep.swap.decision})
 
 
 def _validate_then_transfer(self: Any, ep: Any) -> None:
