@@ -25,6 +25,12 @@ class RebindCheck:
     detail: str = ""
 
 
+def wraps_with(module: Any, cls: type) -> int:
+    """:meth:`Adapter.matches` for a wrapper that is a module class ``cls``: 2 the root is one, 1 a
+    module inside is, 0 none."""
+    return 2 if isinstance(module, cls) else int(any(isinstance(m, cls) for m in module.modules()))
+
+
 class Adapter:
     """Wrapper-agnostic behaviour: walker discovery, per-site writes, walker verification.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .base import Adapter, adopt_group_name
+from .base import Adapter, adopt_group_name, wraps_with
 from .walker import ATTR, RefSite
 
 
@@ -23,7 +23,7 @@ class DDPAdapter(Adapter):
     def matches(module: Any) -> int:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return 2 if isinstance(module, DDP) else int(any(isinstance(m, DDP) for m in module.modules()))
+        return wraps_with(module, DDP)
 
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         from torch.nn.parallel import DistributedDataParallel as DDP

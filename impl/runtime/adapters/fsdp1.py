@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Adapter
+from .base import Adapter, wraps_with
 from .walker import ATTR, KEY, SLOT, RefSite
 
 _STATE_ATTRS = ("process_group", "_inter_node_pg")
@@ -60,7 +60,7 @@ class FSDP1Adapter(Adapter):
     def matches(module: Any) -> int:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-        return 2 if isinstance(module, FSDP) else int(any(isinstance(m, FSDP) for m in module.modules()))
+        return wraps_with(module, FSDP)
 
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP

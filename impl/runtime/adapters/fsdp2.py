@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Adapter
+from .base import Adapter, wraps_with
 from .fsdp1 import _mesh_sites
 from .walker import ATTR, RefSite
 
@@ -40,7 +40,7 @@ class FSDP2Adapter(Adapter):
     def matches(module: Any) -> int:
         from torch.distributed.fsdp import FSDPModule
 
-        return 2 if isinstance(module, FSDPModule) else int(is_fsdp2(module))
+        return wraps_with(module, FSDPModule)
 
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         sites: list[RefSite] = []
