@@ -98,7 +98,8 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
         max_faults = count_fault_records(traces) + count_unlogged_faults(traces) + 1
     # the job's spares (the header's; a trace without the field: at least one per spare that took an
     # identity, as its incarnation's header says)
-    spares = int(h.get("spares") or 0) or len({tr.header.get("spare") for tr in _incarnation_headers(traces)} - {None})
+    spares = int(h.get("spares") or 0) or len({inc.get("spare") for tr in traces.values()
+                                               for inc in tr.header.get("incarnations", ())} - {None})
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
                  frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares)
     return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
@@ -110,11 +111,6 @@ def _first_rebuilder(traces: Mapping[int, RankTrace]) -> list[int]:
     empty when nothing was rebuilt."""
     recs = [(rec.t_ns, rank) for rank, tr in traces.items() for rec in tr.records if rec.action == "RankReplace"]
     return [min(recs)[1]] if recs else []
-
-
-def _incarnation_headers(traces: Mapping[int, RankTrace]) -> list[RankTrace]:
-    """Each incarnation a joined trace holds (impl/trace.py ``load_traces``), as a trace with its header."""
-    return [RankTrace(tr.rank, [], h) for tr in traces.values() for h in (tr.header, *tr.header.get("incarnations", ()))]
 
 
 def count_unlogged_faults(traces: Mapping[int, RankTrace]) -> int:

@@ -61,6 +61,7 @@ from accelpact.model.state import (
 
 from . import revoke as _revoke
 from .runtime.adapters import adapter_for
+from .runtime.backends import backend_of, wait_bounded
 from .controlplane import ControlPlane, swap_prefix, swap_rebuilt_key
 from .detector import Detector
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
@@ -629,10 +630,9 @@ class Pact(_Engine):
         if notice:  # an unqualified platform: every failure there is L2; say so once, at attach
             print(f"accelpact: {notice}", file=sys.stderr, flush=True)
         self.deadline_s = deadline_s
+        backend = backend_of(groups.affected)
         if step_deadline_s is None:  # the one rule (job.default_step_deadline), R's collective timeout as it was built
-            from .runtime.backends import backend_of
-
-            step_deadline_s = default_step_deadline(backend_of(groups.affected).timeout_of(groups.affected), deadline_s)
+            step_deadline_s = default_step_deadline(backend.timeout_of(groups.affected), deadline_s)
         self.step_deadline_s = step_deadline_s
         self.hooks = hooks if hooks is not None else NO_HOOKS
         self.gen = generation
@@ -663,12 +663,9 @@ class Pact(_Engine):
         # peer ends the job at once (RankSuspect) instead of at a deadline; built before any thread
         # starts (its store connection must not race the socket records of revoke.recorded)
         # its default bounds are the backend's (spec/nccl.md rows 19-20: NCCL's is_completed holds the GIL)
-        from .runtime.backends import backend_of as _backend_of
-
         self.detector = Detector(control.store, self.rank, control.world_size, prefix=control.prefix,
                                  on_suspect=self._on_suspect, dead_after_s=dead_after_s,
-                                 hang_threshold_s=hang_threshold_s,
-                                 backend=_backend_of(self._pg).name) if detect else None
+                                 hang_threshold_s=hang_threshold_s, backend=backend.name) if detect else None
         self.watchdog.start()
         if self.detector is not None:
             self.detector.set_progress(frontier)
@@ -766,8 +763,6 @@ class Pact(_Engine):
         """The post-commit collective on R (it carries the loss, on R's device): (failed, its error)."""
         import torch
 
-        from .runtime.backends import backend_of
-
         t = loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1)
         try:
             t = backend_of(self._pg).place(t, self._pg)
@@ -822,8 +817,6 @@ class Pact(_Engine):
         wait, 0.13 ms cheaper per step than waking on the future).  Bounded: past the group's own
         collective timeout plus ``REVOKE_GRACE_S`` the wait gives up with the op's timeout error
         (NCCL: ``DistBackendError``; gloo's op fails at its timeout before that)."""
-        from .runtime.backends import backend_of, wait_bounded
-
         seen = None  # when R's revoke took effect here (the watcher's shutdown), or this wait first saw its key
 
         def revoke_check() -> None:
@@ -1204,7 +1197,6 @@ class Pact(_Engine):
         all-gather), on the new group's device; each wait bounded by the phase deadline."""
         import torch
 
-        from .runtime.backends import backend_of, wait_bounded
         from .runtime.digest import checksum_hex
 
         t = time.monotonic_ns()

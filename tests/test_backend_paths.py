@@ -232,7 +232,7 @@ def test_validation_tensors_are_placed_on_the_backends_device(monkeypatch):
         def device_for(self, pg):
             return torch.device("meta")
 
-    monkeypatch.setattr(B, "backend_of", lambda pg: OnMeta())
+    monkeypatch.setattr(R, "backend_of", lambda pg: OnMeta())  # the engine binds backend_of at import
     from accelpact.impl.hooks import NO_HOOKS
 
     pact = types.SimpleNamespace(hooks=NO_HOOKS, groups=types.SimpleNamespace(members=(0, 1)), deadline_s=5.0)
