@@ -117,7 +117,16 @@ def test_one_replica_of_a_hybrid_wrapper_is_warned_about():
     assert single_replica_message(Topology(1, 4), "fsdp2-hybrid") == SINGLE
     assert single_replica_message(Topology(1, 4), "fsdp1-hybrid") == SINGLE
     with pytest.warns(UserWarning, match=re.escape(SINGLE)):
-        _warn_if_single_replica(Topology(1, 4), "fsdp2-hybrid")
+        _warn_if_single_replica(Topology(1, 4), "fsdp2-hybrid", 0)
+
+
+def test_the_single_replica_warning_is_said_once_on_rank_0():
+    from accelpact.impl.launch.api import _warn_if_single_replica
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for rank in (1, 2, 3):               # every rank would print the same: rank 0 alone says it
+            _warn_if_single_replica(Topology(1, 4), "fsdp2-hybrid", rank)
 
 
 @pytest.mark.parametrize("topo, wrapper", [(Topology(2, 2), "fsdp2-hybrid"), (Topology(1, 1), "fsdp2-hybrid"),
@@ -128,7 +137,7 @@ def test_no_warning_where_r_has_peers_or_the_world_is_one_rank(topo, wrapper):
     assert single_replica_message(topo, wrapper) is None     # DDP's R is the world group
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_if_single_replica(topo, wrapper)
+        _warn_if_single_replica(topo, wrapper, 0)
 
 
 # ------------------------------------------------------------------------- 3. a spare without rebuild=
@@ -207,3 +216,28 @@ def test_an_uncaught_error_exits_1_never_sigabrt(tmp_path):
         codes = {int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", text)}
         assert "terminate called" not in text and -6 not in codes, text[-3000:]
         assert codes <= {1, -15}, (codes, text[-3000:])  # 1: the error; -15: the agent stopping the other
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_the_example_without_replicas_warns_once_under_torchrun(tmp_path):
+    """Issue 29 item 2: ``examples/fsdp2_hsdp.py`` without ``--replicas`` on one node is one replica;
+    what the user sees is the warning, once (rank 0), naming ``replicas=``; with ``--replicas 2``, none."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from accelpact.impl.launch.launch import worker_env
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "fsdp2_hsdp.py"
+    env = {k: v for k, v in worker_env().items() if not k.startswith("ACCELPACT_")}
+    message = single_replica_message(Topology(1, 2), "fsdp2-hybrid")
+    assert message is not None and "Set replicas= in accelpact.init (or ACCELPACT_REPLICAS)" in message
+    for replicas, expected in (([], 1), (["--replicas", "2"], 0)):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "--monitor-interval", "0.1", str(script), "--steps", "2", "--out",
+                               str(tmp_path / f"r{len(replicas)}"), *replicas],
+                              env=env, capture_output=True, text=True, timeout=200)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 0, text[-3000:]
+        assert text.count(message) == expected, text[-3000:]

@@ -295,7 +295,7 @@ class TrainingJob:
                             hooks=hooks)
         self.training = training
         training._engage(model, optimizer, generation=self.generation, frontier=start, trace=trace)
-        _warn_if_single_replica(self.topology, training.wrapper)
+        _warn_if_single_replica(self.topology, training.wrapper, self.rank)
         return training
 
     def _checkpoints(self, checkpoint_dir: Any, checkpoint_every: int) -> Any:
@@ -468,11 +468,12 @@ def single_replica_message(topology: Any, wrapper_name: str) -> str | None:
             "replica per node, WORLD_SIZE // LOCAL_WORLD_SIZE: 1 under torchrun --standalone)")
 
 
-def _warn_if_single_replica(topology: Any, wrapper_name: str) -> None:
+def _warn_if_single_replica(topology: Any, wrapper_name: str, rank: int) -> None:
+    """Warn once per job, on rank 0 (every rank would print the same message)."""
     import warnings
 
     msg = single_replica_message(topology, wrapper_name)
-    if msg is not None:
+    if msg is not None and rank == 0:
         warnings.warn(msg, UserWarning, stacklevel=3)
 
 
