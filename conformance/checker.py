@@ -38,7 +38,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..model.contract import IN_FLIGHT_PHASES
+from ..model.contract import IN_FLIGHT_PHASES, without_discard
 from ..model.protocol import Action, actions_for, all_actions, enabled, successors, true_lookup
 from ..model.state import (
     PC_CRASHED,
@@ -102,6 +102,8 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
                                                for inc in tr.header.get("incarnations", ())} - {None})
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
                  frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares)
+    if h.get("discard") is False:  # attached without rebuild=: the engine narrowed its envelope (P17)
+        cfg = cfg.with_(envelope=without_discard(cfg.envelope, "the job was attached without rebuild="))
     return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
 
 

@@ -58,13 +58,13 @@ def add_arguments(parser) -> None:
 def cell_scenarios(wrapper: str, phase: str, swap: bool = False):
     """The corpus scenarios that stand for one cell (see conformance/generate.py names); ``swap``: the
     hot-swap cell (a crash of rank 1 at ``phase`` with one spare; DDP on 2x1, HSDP on 2x2)."""
-    from .generate import SCENARIO_DIR, SHORT
+    from .generate import SCENARIO_DIR, SHORT, _classic_name
     from .scenario import load_scenario
 
     if swap:
         name = f"{'2x1' if SHORT[wrapper] == 'ddp' else '2x2'}-{SHORT[wrapper]}-spare1-{phase}-crash-r1"
     else:
-        name = f"2x2-{SHORT[wrapper]}-{'repair' if phase == 'boundary' else 'reject-' + phase}"
+        name = f"2x2-{SHORT[wrapper]}-{_classic_name(phase)}"
     p = SCENARIO_DIR / f"{name}.json"
     return [load_scenario(p)] if p.exists() else []
 
@@ -95,10 +95,12 @@ def trial_envelope(key):
     candidate cell of ``key``'s platform and profile: L1 and L2 at the boundary, L2 in flight
     (``default_envelope`` for that platform and profile).  Running under it does not qualify anything:
     the trials' oracles do."""
-    from ..model.contract import ObservationKey, decide, default_envelope
+    from ..model.contract import DISCARD_PHASES, ObservationKey, decide, default_envelope
 
-    # an in-flight classic key is L2 by rule: its trials need the boundary's verdict; a swap key its own
-    probe = key if key.died else ObservationKey(key.platform, key.profile, "boundary", key.objective)
+    # inside optimizer.step() a classic key is L2 by rule: its trials need the boundary's verdict; a swap
+    # key and a discard in forward or backward (P17) their own
+    probe = key if key.died or key.phase in DISCARD_PHASES else ObservationKey(key.platform, key.profile, "boundary",
+                                                                                key.objective)
     if decide(default_envelope(), probe, guards_ok=True).preserve:
         return None
     return default_envelope(platform=key.platform, profiles=(key.profile,), objective=key.objective)
@@ -175,7 +177,7 @@ def run(args) -> int:
     import platform as _platform
 
     from ..impl.runtime.backends import backend
-    from ..model.contract import Envelope, EnvelopeEntry, save_envelope
+    from ..model.contract import DISCARD_PHASES, Envelope, EnvelopeEntry, save_envelope
 
     if args.trials < 1:
         print("qualify: --trials must be >= 1")
@@ -221,7 +223,7 @@ def run(args) -> int:
                 print(f"  {sc.name} trial {t}: {'ok' if rep.conforms else 'FAILED'}", flush=True)
         ok = passes == trials
         all_ok = all_ok and ok
-        acts = ("L1", "L2") if ((key.phase == "boundary" or key.died) and ok) else ("L2",)
+        acts = ("L1", "L2") if ((key.phase in ("boundary", *DISCARD_PHASES) or key.died) and ok) else ("L2",)
         evidence = cell_evidence(key, scs, backend_name=args.backend, trials=trials, passes=passes, failures=failures,
                                  platform_info=plat, torch_version=torch.__version__)
         warning = inter_node_warning(key, evidence)

@@ -50,6 +50,12 @@ def _role(topo: Topology, wrapper: str, rank: int) -> str:
     return "member" if rank in topo.group(WRAPPERS[wrapper].recovers, VICTIM) else "outside"
 
 
+def _classic_name(at: str) -> str:
+    """A group failure's scenario name by point: the repair at the boundary, a discard in place in
+    forward and backward (issue 27), a rejection inside optimizer.step()."""
+    return {"boundary": "repair", "optimizer": "reject-optimizer"}.get(at, f"inflight-{at}")
+
+
 def candidates() -> list[tuple[tuple, Scenario]]:
     """Every candidate scenario with its cell key, in a fixed order."""
     out: list[tuple[tuple, Scenario]] = []
@@ -60,9 +66,9 @@ def candidates() -> list[tuple[tuple, Scenario]]:
 
     for wrapper in ("fsdp1-hybrid", "fsdp2-hybrid", "ddp"):
         w = SHORT[wrapper]
-        # the happy repair and each in-flight rejection, per wrapper
+        # the happy repair, each in-flight discard (P17) and the optimizer's rejection, per wrapper
         for at in ("boundary", "forward", "backward", "optimizer"):
-            name = f"2x2-{w}-{'repair' if at == 'boundary' else 'reject-' + at}"
+            name = f"2x2-{w}-{_classic_name(at)}"
             # None of the wrappers communicates inside optimizer.step(): a communicator broken
             # there is first observed at the boundary (correctly L1, measured).  The in-flight
             # optimizer failure is an exception raised inside the step (e.g. a failed sharded
@@ -157,7 +163,7 @@ def candidates() -> list[tuple[tuple, Scenario]]:
         Topology(2, 2, spares=1), "fsdp1-hybrid", [Fault(STEP, "boundary", "stop", (1,), "replicate")])
     # a few 4x2 cases (symmetric scripts only: the model search is larger there)
     for at in ("boundary", "forward"):
-        name = f"4x2-fsdp1-{'repair' if at == 'boundary' else 'reject-' + at}"
+        name = f"4x2-fsdp1-{_classic_name(at)}"
         add(("4x2", wrapper, at, "collective_timeout", "-", 1), name, t42, wrapper, [_trigger(t42, wrapper, at)])
     return out
 

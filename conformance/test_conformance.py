@@ -18,7 +18,7 @@ from accelpact.conformance.scenario import load_scenario
 from accelpact.impl.runtime.backends import backend
 from accelpact.impl.hooks import SEEDED_BUGS as ALL_SEEDED_BUGS
 
-#: the default subset: L1 for each wrapper, each in-flight rejection class once, a crash, a hang,
+#: the default subset: L1 for each wrapper, a discard in place in forward (FSDP1) and in backward (DDP, FSDP2: issue 27), a crash, a hang,
 #: an exception, a frontier mismatch, a dirty guard, successive repairs in one job, two groups
 #: failing at one boundary, repairs alternating between groups, a corrupt replica (L2 by phase 6),
 #: R broken during FSDP2's optimizer step (observed at the boundary: L1), a lost store (L2), and hot
@@ -29,7 +29,9 @@ FAST = (
     "2x2-fsdp1-repair",
     "2x2-fsdp2-repair",
     "2x2-ddp-repair",
-    "2x2-fsdp1-reject-forward",
+    "2x2-fsdp1-inflight-forward",
+    "2x2-ddp-inflight-backward",
+    "2x2-fsdp2-inflight-backward",
     "2x2-fsdp1-agree-crash-r3",
     "2x2-fsdp1-validate-hang-r3",
     "2x2-fsdp1-rebind-exception-r3",

@@ -255,9 +255,14 @@ class ControlPlane:
         return self._decide(self.key(g, which), f"abort:{reason}")
 
     # ---- phase 1 -------------------------------------------------------------------------
-    def publish_revoke(self, g: int, group: str) -> bool:
-        """RankObserve (members of R): mark R revoked in g; True if this call wrote it."""
-        return self._decide(self.revoke_key(g, group), f"{self.rank}") == f"{self.rank}"
+    def publish_revoke(self, g: int, group: str, *, step: bool = False) -> bool:
+        """RankObserve (members of R): mark R revoked in g; True if this call wrote it.  ``step``: the
+        revoke abandons the step in flight (P17, value suffix ``watchdog.STEP_REVOKE``): each member's
+        watcher closes every training group of its rank, not only R."""
+        from .watchdog import STEP_REVOKE
+
+        value = f"{self.rank}{STEP_REVOKE if step else ''}"
+        return self._decide(self.revoke_key(g, group), value) == value
 
     def retire_revoke(self, g: int, group: str) -> None:
         """After the release of g: wake watchers still waiting on g's revoke key (value ``retired``,

@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from accelpact.model.contract import (DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, ObservationKey, decide,
-                                      default_envelope, unqualified_notice)
+from accelpact.model.contract import (DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, DISCARD_PHASES, ObservationKey,
+                                      decide, default_envelope, unqualified_notice, without_discard)
 from accelpact.model.state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
@@ -616,7 +616,8 @@ class Pact(_Engine):
                  key: ObservationKey | None = None, deadline_s: float = DEFAULT_DEADLINE_S, adapter=None, frontier: int = 0,
                  strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
                  hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
-                 hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None) -> None:
+                 hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
+                 discard: bool = False) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
@@ -625,6 +626,11 @@ class Pact(_Engine):
         self.rank = control.rank
         self.trace = trace if trace is not None else NullTrace()
         self.envelope = envelope if envelope is not None else default_envelope()
+        #: the step in flight can be discarded in place (P17): the caller rebuilds the wrapper (its
+        #: runtime state of the abandoned step) through :meth:`swap`; without it forward and backward are L2
+        self.discard = discard
+        if not discard:
+            self.envelope = without_discard(self.envelope, "no in-place discard: the job was attached without rebuild=")
         self.key = key or ObservationKey(DEFAULT_PLATFORM, DEFAULT_PROFILE, "boundary", DEFAULT_OBJECTIVE)
         notice = unqualified_notice(self.envelope, self.key.platform)
         if notice:  # an unqualified platform: every failure there is L2; say so once, at attach
@@ -658,7 +664,8 @@ class Pact(_Engine):
         self._sites_settled = False  # re-discovered once after the first step (wrappers cache lazily)
         self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point, sync_timeout_s=deadline_s)
         self.sites = self._discover()  # at attach: rebinding reuses them (and the first boundary settles them)
-        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
+        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc,
+                                 step_records=lambda: list(self.group_records().values()))
         # the failure detector (heartbeats on the control plane, impl/detector.py): a dead or hung
         # peer ends the job at once (RankSuspect) instead of at a deadline; built before any thread
         # starts (its store connection must not race the socket records of revoke.recorded)
@@ -709,9 +716,12 @@ class Pact(_Engine):
     # ---- the step loop -----------------------------------------------------------------------
     @contextlib.contextmanager
     def step(self, step: int):
-        """Wraps forward, backward and ``optimizer.step()``.  An exception inside is an
-        in-flight failure: the contract rejects it and every rank exits 70.  Arms the
-        watchdog's step deadline (``step_deadline_s``), which :meth:`boundary` disarms."""
+        """Wraps forward, backward and ``optimizer.step()``.  An exception inside is an in-flight
+        failure: with spares and a death notice, a hot swap (P16); in forward or backward of an engine
+        that can discard (``discard``) and where the envelope says L1, a discard in place (P17:
+        :class:`~accelpact.impl.runtime.hotswap.SwapNeeded` with no dead rank, run by :meth:`swap`);
+        otherwise the contract rejects it and every rank exits 70.  Arms the watchdog's step deadline
+        (``step_deadline_s``), which :meth:`boundary` disarms."""
         self._step = step
         self.watchdog.arm(self.step_deadline_s)
         try:
@@ -719,6 +729,7 @@ class Pact(_Engine):
         except Exception as exc:  # noqa: BLE001 - any error in the step is an in-flight failure (C3 rule 1)
             point = self.guard.point if self.guard.point != "boundary" else "forward"
             self._swap_if_died(point, exc)
+            self._discard_if_qualified(point, exc)
             self._observe_in_flight(point, exc)
 
     def boundary(self, loss) -> RecoveryReport | None:
@@ -966,6 +977,12 @@ class Pact(_Engine):
 
         sw = ep.swap
         assert sw is not None
+        if not sw.dead:  # a communicator failure in flight with every rank alive (P17): the plain key
+            dec = decide(self.envelope, self._key(sw.point), True)
+            if not dec.preserve:
+                self._reject(dec.reason)
+            sw.decision = dec.level
+            return
         topo = sw.job.topology
         replica = all(any(m not in sw.dead for m in topo.group(self.groups.name, d)) for d in sw.dead)
         spare = _swap.pool_covers(self.control.store, ep.g, sw.dead, sw.job.spares)
@@ -982,6 +999,8 @@ class Pact(_Engine):
         a dead rank left without a spare is the contract's L2 (``RankReject``)."""
         sw = ep.swap
         assert sw is not None
+        if not sw.dead:  # nobody died: no identity to hand over
+            return
         store = self.control.store
         with self._hold():
             mine = {}
@@ -1099,6 +1118,32 @@ class Pact(_Engine):
             self._observed_gen = g
         if member:
             self._publish_revoke_or_lose_store(g)  # after its record: no write-to-record window here
+
+    def _discard_if_qualified(self, point: str, exc: BaseException) -> None:
+        """RankObserve of an in-flight failure that the contract lets this rank discard (P17: forward
+        or backward, the envelope's cell L1, ``discard``): records it, publishes the step's revoke on
+        every group of R's kind (each rank's watcher then closes all of its training groups, so a
+        peer blocked in any collective of the abandoned step wakes up), and raises
+        :class:`~accelpact.impl.runtime.hotswap.SwapNeeded` with no dead rank: the training loop runs
+        the episode (:meth:`swap`: discard, agreement, every group rebuilt, validation, release).
+        Returns where the contract says L2 (the caller then rejects)."""
+        if not self.discard or point not in DISCARD_PHASES:
+            return
+        if not decide(self.envelope, self._key(point), True).preserve:  # the guard is checked after the discard
+            return
+        self.watchdog.disarm()
+        g = self.gen
+        with self._hold():
+            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
+                      {"error": repr(exc)[:300], "in_flight": True, "discard": True})
+            self._observed_gen = g
+        try:
+            for i in range(self.groups.count):  # peers blocked on any group of the step wake up
+                key = self.groups.name if self.groups.count == 1 else f"{self.groups.name}{i}"
+                self.control.publish_revoke(g, key, step=True)
+        except Exception:  # noqa: BLE001 - store lost: the watchdog exits DEADLINE (RankLoseStore)
+            pass
+        raise _swap.SwapNeeded(point, (), exc) from exc
 
     def _observe_in_flight(self, point: str, exc: BaseException) -> None:
         """RankObserve of an in-flight failure, then RankReject: the contract says L2 (C3 rule 1).
@@ -1309,8 +1354,11 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
            key: ObservationKey | None = None, deadline_s: float = DEFAULT_DEADLINE_S, adapter=None, frontier: int = 0,
            strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
            hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
-           hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None) -> Pact:
-    """Discover R's cached references once, install the guard, start the watchdog.
+           hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
+           discard: bool = False) -> Pact:
+    """Discover R's cached references once, install the guard, start the watchdog.  ``discard``: the
+    caller can rebuild the wrapper (:meth:`Pact.swap`), so a failure in forward or backward is
+    discarded in place where the envelope says L1 (P17); without it those cells are L2.
 
     ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
     (forward to the end of its boundary) before the watchdog takes the rank for hung and exits
@@ -1321,4 +1369,4 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
                 step_deadline_s=step_deadline_s,
                 detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s, generation=generation,
-                notices=notices)
+                notices=notices, discard=discard)

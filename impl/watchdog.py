@@ -42,6 +42,10 @@ __all__ = ["CLOSED", "Watchdog", "RETIRED"]
 #: The abort key's value when the job ended normally (:meth:`Watchdog.wake_and_join`): not an abort.
 CLOSED = "closed"
 
+#: Suffix of a revoke's value that says the revoke abandons the step in flight (issue 27, P17): the
+#: watcher then closes every training group of its rank, not only R (``Watchdog.step_records``).
+STEP_REVOKE = "/step"
+
 #: Value a rank writes into its group's revoke key of generation g after releasing g, so that
 #: a watcher still waiting on it wakes and re-arms on g+1 at once.  Never a revoke.
 RETIRED = "retired"
@@ -59,8 +63,11 @@ class Watchdog:
     """
 
     def __init__(self, control, *, trace=None, gen_of: Callable[[], int] = lambda: 0,
-                 pc_of: Callable[[], str] = lambda: PC_TRAIN, slice_s: float = 30.0, revoke_slice_s: float = 5.0) -> None:
+                 pc_of: Callable[[], str] = lambda: PC_TRAIN, slice_s: float = 30.0, revoke_slice_s: float = 5.0,
+                 step_records: Callable[[], list] | None = None) -> None:
         self.control = control
+        #: the socket records of every training group of this rank (closed on a step revoke)
+        self.step_records = step_records
         self.trace = trace if trace is not None else NullTrace()
         self.gen_of = gen_of
         self.pc_of = pc_of
@@ -304,6 +311,12 @@ class Watchdog:
                 done.add((g, group))  # generation g was released without a revoke of this group
                 continue
             n = _revoke.hard_close(record)
+            if value.endswith(STEP_REVOKE) and self.step_records is not None:
+                # an in-flight failure that will be discarded (P17): every group of this rank may have
+                # an op of the abandoned step pending; all of them are rebuilt, so all are closed now
+                for other in self.step_records():
+                    if other is not None and other is not record:
+                        n += _revoke.hard_close(other)
             self.revocations.append((g, group, n, time.monotonic_ns()))
             self.trace.note("revoke", gen=g, group=group, sockets=n, recorded=len(record.sockets))
             done.add((g, group))

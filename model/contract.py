@@ -30,6 +30,10 @@ SWAP_FACTS = ("died", "spare", "replica")
 #: Where survivors may stand when a rank died for a swap to be qualifiable (C1.2): the committed
 #: boundary, or forward/backward, whose uncommitted step is discarded in place.
 SWAP_PHASES = ("forward", "backward", "boundary")
+#: In-flight phases whose uncommitted step a rank can discard in place (issue 27, C3 rule 1): nothing
+#: of the step is committed yet (gradients, the wrapper's pass, RNG and data cursor are all it
+#: changed).  Inside ``optimizer.step()`` the update may be half applied: never discardable.
+DISCARD_PHASES = ("forward", "backward")
 ENVELOPE_FORMAT = "accelpact-envelope/1"
 
 
@@ -130,8 +134,9 @@ def default_envelope(
     profiles: tuple[str, ...] = PROFILES,
     objective: str = DEFAULT_OBJECTIVE,
 ) -> Envelope:
-    """L1 and L2 at the committed boundary, L2 for every in-flight phase, for each profile; and a
-    hot swap (a rank died, a spare left, a live replica: C1.2) L1 and L2 at the boundary, in forward
+    """L1 and L2 at the committed boundary and in forward and backward (discard the uncommitted step
+    in place and rerun it, issue 27; evidence: the corpus's ``*-inflight-*`` scenarios, one per wrapper
+    and point), L2 only in ``optimizer``, for each profile; and a hot swap (a rank died, a spare left, a live replica: C1.2) L1 and L2 at the boundary, in forward
     and in backward (evidence: the conformance corpus's ``*-spare*`` scenarios, one per wrapper and
     point).  A death without a spare or a replica, or in ``optimizer``, is outside it: L2.
 
@@ -141,7 +146,7 @@ def default_envelope(
     entries = []
     for profile in profiles:
         for phase in FAILURE_PHASES:
-            acts = ("L1", "L2") if phase == "boundary" else ("L2",)
+            acts = ("L1", "L2") if phase == "boundary" or phase in DISCARD_PHASES else ("L2",)
             entries.append(EnvelopeEntry(ObservationKey(platform, profile, phase, objective), acts))
         for phase in SWAP_PHASES:
             entries.append(EnvelopeEntry(ObservationKey(platform, profile, phase, objective, died=True, spare=True,
@@ -166,7 +171,9 @@ def unqualified_notice(envelope: Envelope, platform: str) -> str | None:
 def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision:
     """Map an observation to L1 or L2 (C3).  Order of checks is part of the contract.
 
-    1. an in-flight failure phase is L2 (the optimizer state may be half-applied);
+    1. a failure inside ``optimizer.step()`` is L2 (the update may be half applied); one in forward
+       or backward (:data:`DISCARD_PHASES`) is decided by the envelope like the boundary's: L1 means
+       the rank discards its uncommitted step in place and reruns it (RankDiscardStep);
     2. a failed guard is L2 (outstanding gradients, a busy wrapper, tau != F);
     3. a key not in the envelope is L2 (never guessed);
     4. L1 only when the entry lists it.
@@ -180,9 +187,25 @@ def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision
         return Decision("L2", f"unknown failure phase {key.phase!r}")
     if key.died:
         return _decide_swap(envelope, key, guards_ok)
-    if key.phase in IN_FLIGHT_PHASES:
-        return Decision("L2", f"failure in flight ({key.phase}): not at a committed boundary")
+    if key.phase in IN_FLIGHT_PHASES and key.phase not in DISCARD_PHASES:
+        return Decision("L2", f"failure in flight ({key.phase}): the optimizer's update may be half applied")
+    if key.phase in DISCARD_PHASES:
+        return _by_entry(envelope, key, guards_ok, f"failure in {key.phase}: discard the uncommitted step in place "
+                         "and rerun it", ": no in-place discard")
     return _by_entry(envelope, key, guards_ok, f"key {key} qualified for L1")
+
+
+def without_discard(envelope: Envelope, why: str) -> Envelope:
+    """``envelope`` with its in-flight cells without a death (forward, backward) narrowed to L2: for
+    a job that cannot discard a step in place (the engine needs ``attach(rebuild=...)`` to rebuild
+    the wrapper's runtime state of the step).  ``why`` goes into each narrowed entry's evidence."""
+    out = []
+    for e in envelope.entries:
+        k = e.key
+        if k.phase in DISCARD_PHASES and not k.died and "L1" in e.actions:
+            e = EnvelopeEntry(k, tuple(a for a in e.actions if a != "L1") or ("L2",), {**e.evidence, "narrowed": why})
+        out.append(e)
+    return Envelope(tuple(out))
 
 
 def _decide_swap(envelope: Envelope, key: ObservationKey, guards_ok: bool) -> Decision:
@@ -292,10 +315,10 @@ def envelope_from_mapping(data: Any, *, source: str = "<envelope>") -> Envelope:
         if "L1" in acts and facts["died"] and not swap:
             raise EnvelopeError(f"{where}.actions: L1 after a death needs a spare and a live replica "
                                 "(\"spare\": true, \"replica\": true); use [\"L2\"]")
-        if "L1" in acts and not facts["died"] and item["phase"] != "boundary":
+        if "L1" in acts and not facts["died"] and item["phase"] not in ("boundary", *DISCARD_PHASES):
             raise EnvelopeError(
-                f"{where}.actions: L1 is only qualifiable at the committed boundary, not in phase {item['phase']!r}; "
-                "use [\"L2\"] for in-flight phases"
+                f"{where}.actions: L1 is only qualifiable at the committed boundary or in {list(DISCARD_PHASES)} (a "
+                f"discard in place), not in phase {item['phase']!r} (the update may be half applied); use [\"L2\"]"
             )
         evidence = item.get("evidence", {})
         _check_evidence(where, evidence)

@@ -16,7 +16,7 @@ Pure functions of (config, state); no I/O.
 
 from __future__ import annotations
 
-from .contract import SWAP_PHASES, Decision, Envelope, ObservationKey
+from .contract import DISCARD_PHASES, SWAP_PHASES, Decision, Envelope, ObservationKey
 from .contract import decide as contract_decide
 from .state import PC_CRASHED, PC_EXITED, PC_RESTARTED, SHARD_NONE, Config, State
 
@@ -37,7 +37,7 @@ __all__ = [
 #: inside forward/backward, whose uncommitted step it can discard in place (RankDiscardStep).  Inside
 #: ``optimizer.step()`` (a wrapper whose optimizer step uses R) the update may be half applied: L2.
 SWAP_POINTS = SWAP_PHASES  # the contract's (C1.2)
-DISCARDABLE = ("forward", "backward")
+DISCARDABLE = DISCARD_PHASES
 
 
 def decide(envelope: Envelope, key: ObservationKey, guards_ok: bool, *, died: bool = False, spare: bool = False,

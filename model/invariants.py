@@ -38,6 +38,9 @@ _GONE = (PC_EXITED, PC_CRASHED, PC_RESTARTED)
 
 #: the points of a step inside it (not at the committed boundary): the oracle's own reading of STEP_ORDER
 _IN_FLIGHT = tuple(p for p in STEP_ORDER if p != "boundary")
+#: the in-flight points whose step has committed nothing (the optimizer has not run): the oracle's
+#: own list, from the step's order (not the contract's ``DISCARD_PHASES``, which the protocol reads)
+_DISCARDABLE = STEP_ORDER[:STEP_ORDER.index("optimizer")]
 
 
 def _decided(pairs: tuple[tuple[int, str], ...], gen: int) -> str | None:
@@ -152,8 +155,9 @@ def l1_only_qualified(cfg: Config, s: State) -> str | None:
     for g, r, point, dirty in sorted(s.resumed):
         dead = [d for gd, d in s.store.dead if gd == g]
         died = bool(dead)
-        if point in _IN_FLIGHT and not died:
-            return f"rank {r} resumed (L1) from generation {g} after a failure in flight ({point})"
+        if point in _IN_FLIGHT and not died and (point not in _DISCARDABLE or (g, r) not in s.discarded):
+            how = "without discarding its uncommitted step" if point in _DISCARDABLE else "inside optimizer.step()"
+            return f"rank {r} resumed (L1) from generation {g} after a failure in flight ({point}) {how}"
         if dirty:
             return f"rank {r} resumed (L1) from generation {g} with a failed guard (outstanding gradients or a busy wrapper)"
         spare = died and all(any(gc == g and dc == d for gc, dc, _i in s.store.claims) for d in dead)
@@ -345,6 +349,35 @@ def discard_leaves_no_trace(cfg: Config, s: State) -> str | None:
     return None
 
 
+def no_resume_past_discard(cfg: Config, s: State) -> str | None:
+    """S14: no rank resumes past a step another rank discarded.  In a generation g in which some rank
+    discarded its uncommitted step (history ``discarded``), a rank that resumed from g (training in
+    g+1, before g+1's own failure struck) holds the optimizer step (``tau``) of every rank that
+    discarded in g and is still in g or resumed with it: one that committed the discarded step
+    meanwhile (a partial collective let its backward end, and it ran ``optimizer.step()``) must not
+    train on beside ranks that rerun it, whatever frontier it reported.  Judged from the ranks' own
+    optimizer steps, not from what phase 3 compared."""
+    if not s.discarded:
+        return None
+    struck = s.store.failed[0] if s.store.failed is not None else None
+
+    def settled(r: int, gen: int) -> bool:  # resumed into gen, its next failure not struck yet
+        rk = s.ranks[r]
+        return rk.pc == PC_TRAIN and rk.gen == gen and struck != gen
+
+    for g in sorted({g for g, _r in s.discarded}):
+        held = {d: s.ranks[d].tau for gd, d in s.discarded
+                if gd == g and (settled(d, g + 1) or (s.ranks[d].gen == g and s.ranks[d].pc not in (PC_EXITED, PC_RESTARTED)))}
+        for r in range(len(s.ranks)):
+            if not settled(r, g + 1):
+                continue
+            for d, tau in sorted(held.items()):
+                if s.ranks[r].tau != tau:
+                    return (f"rank {r} resumed from generation {g} at optimizer step {s.ranks[r].tau} while rank {d} "
+                            f"discarded the step after {tau} in g and reruns it: {r} trains on past a step {d} discarded")
+    return None
+
+
 def swap_qualified(cfg: Config, s: State) -> str | None:
     """S12: a death in training without a spare left or without a live replica is L2: no rank
     resumes (L1) from a generation g in which a rank d died unless a spare received d's state from a
@@ -397,6 +430,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S3", "L1OnlyQualified", l1_only_qualified),
     Invariant("S4.2", "FencedRelease", fenced_release),
     Invariant("S5", "RebindComplete", rebind_complete),
+    # issue 27 (P17): before S6, which judges every L1 resume's optimizer step against rank 0's F
+    Invariant("S14", "NoResumePastDiscard", no_resume_past_discard),
     Invariant("S6", "StatePreserved", state_preserved),
     Invariant("S8", "ReplicasValidated", replicas_validated),
     Invariant("S10", "OneHolder", one_holder),

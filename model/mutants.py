@@ -169,6 +169,19 @@ def _decide_without_frontiers(spec: ActionSpec) -> Step:
     return step
 
 
+# ---- report-published-frontier: a rank that committed in the episode reports the F before it ------
+def _observe_reporting_published(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, point):
+        t = spec.step(cfg, s, r, point)
+        f = s.store.failed
+        if point == "boundary" and f is not None and f[1] in IN_FLIGHT_PHASES:
+            # it committed the step the failure struck in (tau F+1) but reports F, as published at
+            # its last boundary before the failure
+            t = t.with_rank(r, frontier=t.ranks[r].frontier - 1)
+        return t
+    return step
+
+
 # ---- stale-release: a rank resumes on a release decided in any generation -----------------------
 def _resume_on_any_release(spec: ActionSpec) -> Enabled:
     def enabled(cfg, s, r, arg):
@@ -409,7 +422,7 @@ MUTANTS: dict[str, Mutant] = {
                                                                      "RankReject")}),
         Mutant("skip-validation", "members of R pass phase 6 alone: no validation collective, no digest comparison",
                ("S8",), {"RankValidate": _enabled(_validate_alone)}),
-        Mutant("no-frontier-check", "the agreement decides commit without comparing every F with rank 0's", ("S2.2", "S6"),
+        Mutant("no-frontier-check", "the agreement decides commit without comparing every F with rank 0's", ("S2.2", "S6", "S14"),
                {"RankDecideAgreement": _step(_decide_without_frontiers)}),
         Mutant("stale-release", "once every vote is in, a rank resumes on a release decided in any generation", ("S4.2",),
                {"RankResume": _enabled(_resume_on_any_release)}),
@@ -453,6 +466,11 @@ MUTANTS: dict[str, Mutant] = {
         # issue 24: one holder per identity and incarnation, the spare pool conserved (S13)
         Mutant("claim-keeps-pool", "claiming a spare for a dead rank does not take it from the pool (Store.spares)",
                ("S13",), {"RankClaimSpare": _step(_claim_keeping_pool)}),
+        # issue 27 (P17): in-flight discard
+        Mutant("report-published-frontier",
+               "a rank that committed the step an in-flight failure struck in (its backward completed) reports the "
+               "frontier it published before that step, so phase 3 passes it beside ranks that discard the step",
+               ("S14", "S6"), {"RankObserve": _step(_observe_reporting_published)}),
         Mutant("double-claim",
                "helper hotswap.unclaimed ignores the claims: a dead identity is claimed again by another survivor",
                ("S13",), _helper_everywhere("unclaimed", _unclaimed_ignoring_claims, hotswap)),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Callable, Iterator
 
 from . import hotswap
-from .contract import IN_FLIGHT_PHASES, decide
+from .contract import DISCARD_PHASES, IN_FLIGHT_PHASES, decide
 from .state import (
     DECISION_COMMIT,
     DECISION_RELEASE,
@@ -138,11 +138,20 @@ def _member(cfg: Config, s: State, r: int) -> bool:
 
 
 def _rebuilds(cfg: Config, s: State, r: int) -> bool:
-    """Rank r rebuilds its communicators in its generation's episode (phases 4-6): a member of R,
-    or any rank in a crash episode (hot swap): the world, default and control groups contain the
+    """Rank r rebuilds its communicators in its generation's episode (phases 4-6): a member of R;
+    any rank in a crash episode (hot swap): the world, default and control groups contain the
     dead rank, so every group of every rank is rebuilt with the spare in it (``FaultCrash(rank,
-    point)`` records every group in history ``failures``)."""
-    return _member(cfg, s, r) or (_in_episode(s, r) and _crash_episode(s, s.ranks[r].gen))
+    point)`` records every group in history ``failures``); and any rank in an episode that struck in
+    forward or backward (issue 27, P17): the step was abandoned with collectives in flight on every
+    group, none of which can be used again (``FaultGroupFail`` there records every group too)."""
+    return _member(cfg, s, r) or (_in_episode(s, r) and (_crash_episode(s, s.ranks[r].gen)
+                                                         or _struck_in_flight(s, s.ranks[r].gen)))
+
+
+def _struck_in_flight(s: State, gen: int) -> bool:
+    """Generation ``gen``'s failure struck inside forward or backward (a step abandoned mid-pass)."""
+    f = s.store.failed
+    return f is not None and f[0] == gen and f[1] in DISCARD_PHASES
 
 
 def _loaded(s: State, r: int) -> bool:
@@ -727,7 +736,11 @@ def _st_group_fail(cfg, s, r, point) -> State:
     gen, f = max(rk.gen for rk in s.ranks), s.store.failed
     groups = (f[2] if f is not None and f[0] == gen else frozenset()) | {_failing_group(cfg, r)}
     s = s.with_store(failed=(gen, point, groups))
-    return s.with_(faults=s.faults + 1, failures=s.failures | {(gen, _failing_group(cfg, r))})
+    # in forward or backward every rank abandons its step with collectives in flight on every group
+    # (a peer's shard-group all-gather or reduce-scatter waits on a rank that left the pass): every
+    # group is broken, as after a death (P17.1)
+    broken = {(gen, cfg.group_of(q)) for q in cfg.world} if point in DISCARD_PHASES else {(gen, _failing_group(cfg, r))}
+    return s.with_(faults=s.faults + 1, failures=s.failures | broken)
 
 
 def _bump(s: State) -> State:
@@ -900,14 +913,16 @@ def _st_restart(cfg, s, r, arg) -> State:
 
 
 # --------------------------------------------------------------------------------------
-# Hot swap (issue 13; spec/protocol.md "Hot swap", P16).  Instantiated only with Config.spares >= 1.
+# In-flight discard (issue 27, P17; issue 13, P16).
 
 def _en_discard(cfg, s, r, arg) -> bool:
-    """A rank that observed a dead peer's failure inside forward or backward, where the decision is
-    a swap, discards its uncommitted step in place (local: no store operation)."""
+    """A rank that observed a failure inside forward or backward, where the contract's decision is L1
+    (a communicator failure with every rank alive, P17; or a dead peer and a swap, P16), discards its
+    uncommitted step in place (local: no store operation).  Nothing of the step is committed on it;
+    whether a peer committed the step meanwhile is what phase 3 decides (P17.2)."""
     rk = s.ranks[r]
-    return (rk.pc == PC_OBSERVED and _active(s, r) and rk.point in hotswap.DISCARDABLE and (rk.grads or rk.ahead > 0)
-            and _crash_episode(s, rk.gen) and _contract_decision(cfg, s, r).preserve)
+    return (rk.pc == PC_OBSERVED and _active(s, r) and rk.point in DISCARD_PHASES and (rk.grads or rk.ahead > 0)
+            and _contract_decision(cfg, s, r).preserve)
 
 
 def _st_discard(cfg, s, r, arg) -> State:
@@ -918,6 +933,9 @@ def _st_discard(cfg, s, r, arg) -> State:
     s = s.with_rank(r, grads=False, ahead=0, point="boundary")
     return s.with_(discarded=s.discarded | {(rk.gen, r)})
 
+
+# --------------------------------------------------------------------------------------
+# Hot swap (issue 13; spec/protocol.md "Hot swap", P16).  Instantiated only with Config.spares >= 1.
 
 def _en_claim(cfg, s, r, arg) -> bool:
     """A survivor's failure detector declares the ranks that died in training dead and the decision
@@ -1033,6 +1051,9 @@ ACTIONS: dict[str, ActionSpec] = {
     a.name: a
     for a in (
         ActionSpec("RankObserve", "rank", 1, _en_observe, _st_observe, doc="observe the failed collective; members of R publish revoke", pcs=frozenset((PC_TRAIN,))),
+        ActionSpec("RankDiscardStep", "rank", 2, _en_discard, _st_discard,
+                   doc="a failure in forward or backward: discard the uncommitted step in place (grads dropped, wrapper idle, RNG and cursor at F)",
+                   pcs=frozenset((PC_OBSERVED,))),
         ActionSpec("RankGuard", "rank", 2, _en_guard, _st_guard, doc="guards pass and the contract says L1", pcs=frozenset((PC_OBSERVED,))),
         ActionSpec("RankReject", "rank", 2, _en_reject, _st_reject, doc="the contract says L2: abort and exit", pcs=frozenset((PC_OBSERVED,))),
         ActionSpec("RankArrive", "rank", 3, _en_arrive, _st_arrive, doc="post (F, g) at the control barrier", pcs=frozenset((PC_GUARDED, PC_JOINED))),
@@ -1053,9 +1074,6 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankLoseStore", "rank", None, _en_lose_store, _st_lose_store,
                    doc="the store is gone: the next store operation or the watchdog's poll fails; exit", pcs=frozenset(_ALIVE_PCS)),
         # hot swap (issue 13): instantiated only with spares (HOTSWAP_ACTIONS)
-        ActionSpec("RankDiscardStep", "rank", 2, _en_discard, _st_discard,
-                   doc="a rank died: discard the uncommitted step in place (grads dropped, wrapper idle, RNG and cursor at F)",
-                   pcs=frozenset((PC_OBSERVED,))),
         ActionSpec("RankClaimSpare", "rank", None, _en_claim, _st_claim,
                    doc="the detector declares ranks dead in training: claim a spare for each (single assignment)",
                    pcs=frozenset((PC_TRAIN, *RECOVERY_PCS))),
@@ -1085,7 +1103,7 @@ ACTIONS: dict[str, ActionSpec] = {
 
 #: the hot-swap actions: instantiated (``all_actions``) only with ``Config.spares >= 1``, as are the
 #: ``FaultCrash(rank, point)`` instances
-HOTSWAP_ACTIONS = ("RankDiscardStep", "RankClaimSpare", "SpareJoin", "RankTransferState", "RankFenced")
+HOTSWAP_ACTIONS = ("RankClaimSpare", "SpareJoin", "RankTransferState", "RankFenced")
 
 
 def all_actions(cfg: Config) -> tuple[Action, ...]:

@@ -463,7 +463,7 @@ def test_qualify_produces_cuda_nccl_cells_run_under_a_trial_envelope(tmp_path, m
     assert cli_qualify.run(ns) == 0
     env = load_envelope(out)
     assert {(e.key.platform, e.key.profile, e.key.phase, e.actions) for e in env.entries} == {
-        ("cuda-nccl", "ddp", "boundary", ("L1", "L2")), ("cuda-nccl", "ddp", "forward", ("L2",))}
+        ("cuda-nccl", "ddp", "boundary", ("L1", "L2")), ("cuda-nccl", "ddp", "forward", ("L1", "L2"))}  # a discard in place (P17)
     for _name, be, trial in calls:
         assert be == "nccl" and trial is not None
         key = ObservationKey("cuda-nccl", "ddp", "boundary", DEFAULT_OBJECTIVE)

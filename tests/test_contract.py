@@ -16,15 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accelpact.model.contract import (
+    DISCARD_PHASES,
     ENVELOPE_FORMAT,
     FAILURE_PHASES,
-    IN_FLIGHT_PHASES,
     SWAP_PHASES,
     Envelope,
     EnvelopeEntry,
     EnvelopeError,
     ObservationKey,
     decide,
+    without_discard,
     default_envelope,
     envelope_from_mapping,
     envelope_to_toml,
@@ -62,14 +63,25 @@ def test_c3_boundary_in_envelope_is_l1():
     assert d.level == "L1" and d.preserve
 
 
-@pytest.mark.parametrize("phase", IN_FLIGHT_PHASES)
-def test_c3_in_flight_is_l2_even_if_guard_fails_and_key_unknown(phase):
-    """C3 step 1 comes first: the reason names the in-flight phase, not the guard or the key."""
-    empty = Envelope()
-    for env, guards_ok in ((default_envelope(), True), (default_envelope(), False), (empty, False)):
-        d = decide(env, _key(phase), guards_ok=guards_ok)
-        assert d.level == "L2"
-        assert "in flight" in d.reason and phase in d.reason
+@pytest.mark.parametrize("phase", DISCARD_PHASES)
+def test_c3_in_flight_is_decided_by_the_envelope_in_forward_and_backward(phase):
+    """C3 step 1 (issue 27): forward and backward are decided as the boundary is (guard, then the
+    envelope's entry): L1 means discard the step in place and rerun it; a failed guard or an unknown
+    key is L2, naming why."""
+    d = decide(default_envelope(), _key(phase), guards_ok=True)
+    assert d.level == "L1" and "discard" in d.reason and phase in d.reason
+    assert "guard" in decide(default_envelope(), _key(phase), guards_ok=False).reason
+    assert "outside the envelope" in decide(Envelope(), _key(phase), guards_ok=True).reason
+    narrowed = without_discard(default_envelope(), "no rebuild")
+    assert decide(narrowed, _key(phase), guards_ok=True).level == "L2"
+    assert decide(narrowed, _key("boundary"), guards_ok=True).level == "L1"
+
+
+def test_c3_optimizer_is_l2_even_if_guard_fails_and_key_unknown():
+    """C3 step 1 comes first for optimizer.step(): the reason names the in-flight phase."""
+    for env, guards_ok in ((default_envelope(), True), (default_envelope(), False), (Envelope(), False)):
+        d = decide(env, _key("optimizer"), guards_ok=guards_ok)
+        assert d.level == "L2" and "in flight" in d.reason and "optimizer" in d.reason
 
 
 def test_c3_failed_guard_beats_unknown_key():
@@ -114,7 +126,8 @@ def test_c3_in_flight_is_l2_even_where_the_envelope_lists_l1():
 
 
 def test_c1_default_envelope_shape():
-    """C1, C5.3: every profile has one entry per failure phase; L1 only at the boundary; L2 everywhere.
+    """C1, C5.3: every profile has one entry per failure phase; L1 at the boundary and in forward and
+    backward (discard in place), not in optimizer; L2 everywhere.
     C1.2: and one hot-swap entry (died, spare, replica) per swappable phase, L1 and L2."""
     env = default_envelope()
     profiles = {e.key.profile for e in env.entries}
@@ -124,7 +137,7 @@ def test_c1_default_envelope_shape():
     assert len(classic) == len(profiles) * len(FAILURE_PHASES)
     assert sorted((e.key.profile, e.key.phase) for e in swaps) == sorted((p, ph) for p in profiles for ph in SWAP_PHASES)
     for e in classic:
-        assert ("L1" in e.actions) == (e.key.phase == "boundary")
+        assert ("L1" in e.actions) == (e.key.phase != "optimizer")
         assert "L2" in e.actions
     for e in swaps:
         assert e.key.spare and e.key.replica and e.actions == ("L1", "L2")
@@ -172,10 +185,10 @@ keys = st.builds(
 
 @given(key=keys, guards_ok=st.booleans())
 def test_c3_decide_is_l1_exactly_when_all_checks_pass(key, guards_ok):
-    """C3 as a property: L1 iff boundary, guards pass, key listed with L1."""
+    """C3 as a property: L1 iff not inside optimizer.step(), guards pass, key listed with L1."""
     env = default_envelope()
     entry = env.lookup(key)
-    want = key.phase == "boundary" and guards_ok and entry is not None and "L1" in entry.actions
+    want = key.phase != "optimizer" and guards_ok and entry is not None and "L1" in entry.actions
     assert decide(env, key, guards_ok=guards_ok).preserve == want
 
 
@@ -221,10 +234,11 @@ def test_c63_malformed_mapping_names_the_field(doc, names):
     assert str(exc.value).startswith("t.json")
 
 
-@pytest.mark.parametrize("phase", IN_FLIGHT_PHASES)
-def test_c63_l1_for_in_flight_phase_rejected(phase):
-    with pytest.raises(EnvelopeError, match=rf"entries\[0\]\.actions: L1 is only qualifiable.*{phase}"):
-        envelope_from_mapping(_doc(_entry(phase=phase, actions=["L1", "L2"])))
+def test_c63_l1_inside_the_optimizer_step_rejected():
+    with pytest.raises(EnvelopeError, match=r"entries\[0\]\.actions: L1 is only qualifiable.*'optimizer'"):
+        envelope_from_mapping(_doc(_entry(phase="optimizer", actions=["L1", "L2"])))
+    for phase in DISCARD_PHASES:  # a discard in place (issue 27)
+        assert envelope_from_mapping(_doc(_entry(phase=phase, actions=["L1", "L2"]))).entries[0].actions == ("L1", "L2")
 
 
 def test_c63_invalid_json_names_line(tmp_path: Path):

@@ -385,5 +385,7 @@ def test_spec_names_and_replays_the_hot_swap_run():
     without = replace(env, entries=tuple(e for e in env.entries if not (e.key.died and e.key.phase == "backward")))
     assert "(cpu-gloo, hsdp, backward, zero-replay; died=True, spare=True, replica=True) for L1" in \
         l1_only_qualified(cfg.with_(envelope=without), s)
+    # without a death the backward cell is the discard's (issue 27): L1 only after the discard
     no_death = s.with_store(dead=frozenset())
-    assert "after a failure in flight (backward)" in l1_only_qualified(cfg, no_death)
+    assert l1_only_qualified(cfg, no_death) is None
+    assert "after a failure in flight (backward) without discarding" in l1_only_qualified(cfg, no_death.with_(discarded=frozenset()))

@@ -6,7 +6,7 @@ state machine (ci profile) must fail on the same configuration.  The correct pro
 both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
 S2.3 (no-fence), S5 (partial-rebind), S3 (admit-inflight, ignore-guard), S1 (timeout-leaves-decision-open),
 S2.1 (overwrite-decision), S8 (skip-validation), S2.2 (no-frontier-check), S4.2 (stale-release),
-S6 (reload-on-resume), S10 (no-identity-fence, fence-reads-next-generation), S13 (claim-keeps-pool, double-claim), L2/L3 (linger,
+S6 (reload-on-resume), S10 (no-identity-fence, fence-reads-next-generation), S13 (claim-keeps-pool, double-claim), S14 (report-published-frontier), L2/L3 (linger,
 no-step-deadline, wait-on-lost-store).
 """
 
@@ -76,6 +76,13 @@ SMALLEST.update({
     "fence-reads-next-generation": Config(**_DDP2, **_CRASH, points=_BOUNDARY),
     "claim-keeps-pool": Config(**_DDP2, **_CRASH, points=_BOUNDARY),
     "double-claim": Config(**_DDP2, **{**_CRASH, "spares": 2}, points=_BOUNDARY),
+})
+
+# Issue 27 (P17): in-flight discard.  S14 needs two replicate groups, one whose members discard and
+# one whose members committed the step (with one group, phase 6's digests already stop the release).
+SMALLEST.update({
+    "report-published-frontier": Config(nodes=2, ranks_per_node=2, affected_local=0, max_faults=1,
+                                        points=("backward", "boundary")),
 })
 
 
@@ -150,7 +157,7 @@ CAUGHT_ON_MANIFEST: dict[str, str] = {
     "swap-without-replica": "1x2-spare1-f1", "weak-replicas-agree": "2x1-ddp-f2", "shrunk-member": "2x1-ddp-f1",
     "resume-skips-batch": "2x1-ddp-f1", "transfer-fact-always-replica": "1x2-spare1-f1",
     "fence-reads-next-generation": "2x1-ddp-spare1-f2", "claim-keeps-pool": "2x1-ddp-spare1-f2",
-    "double-claim": "2x1-ddp-spare2-crash-f1",
+    "double-claim": "2x1-ddp-spare2-crash-f1", "report-published-frontier": "2x2-f1",
 }
 
 

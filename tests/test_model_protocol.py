@@ -62,16 +62,34 @@ def test_p1_members_observe_and_revoke_non_members_follow_the_revoke():
     assert enabled(cfg, s, A("RankObserve", 0)) and enabled(cfg, s, A("RankObserve", 2))
 
 
-def test_p2_contract_rejects_in_flight_failures():
-    """P2/C3: a failure in forward is L2: RankGuard is disabled, RankReject aborts with 'rejected'."""
+def test_p17_a_failure_in_backward_is_discarded_then_guarded():
+    """P17/C3: a failure in backward, with the default envelope (forward and backward L1): no guard
+    and no rejection before the discard; RankDiscardStep puts the rank at the committed boundary
+    (no gradients, cursor at F), then RankGuard."""
     cfg = DDP
     s = run(cfg, A("FaultGroupFail", None, "forward"))
     assert not enabled(cfg, s, A("RankObserve", 0, "forward")), "forward uses no collective on R by default"
     s = run(cfg, A("RankObserve", 0, "backward"), s=s)
-    assert not enabled(cfg, s, A("RankGuard", 0))
-    s = run(cfg, A("RankReject", 0), s=s)
-    assert s.ranks[0].pc == PC_EXITED and s.ranks[0].reason == REASON_REJECTED
-    assert s.store.abort == REASON_REJECTED and s.store.agree == ((0, "abort:rejected"),)
+    assert s.ranks[0].grads and s.ranks[0].ahead == 1
+    assert not enabled(cfg, s, A("RankGuard", 0)) and not enabled(cfg, s, A("RankReject", 0))
+    s = run(cfg, A("RankDiscardStep", 0), s=s)
+    rk = s.ranks[0]
+    assert not rk.grads and rk.ahead == 0 and rk.point == "boundary" and rk.tau == rk.frontier == cfg.frontier
+    assert enabled(cfg, s, A("RankGuard", 0)) and (0, 0) in s.discarded
+
+
+def test_p2_contract_rejects_in_flight_failures_it_cannot_discard():
+    """P2/C3: a failure inside optimizer.step() is L2, and so is one in backward where the envelope
+    has no in-place discard (``without_discard``): RankGuard is disabled, RankReject aborts."""
+    from accelpact.model.contract import default_envelope, without_discard
+
+    for cfg, point in ((DDP.with_(points=("optimizer", "boundary"), uses_r=("optimizer", "boundary")), "optimizer"),
+                       (DDP.with_(envelope=without_discard(default_envelope(), "no rebuild")), "backward")):
+        s = run(cfg, A("FaultGroupFail", None, point), A("RankObserve", 0, point))
+        assert not enabled(cfg, s, A("RankGuard", 0)) and not enabled(cfg, s, A("RankDiscardStep", 0))
+        s = run(cfg, A("RankReject", 0), s=s)
+        assert s.ranks[0].pc == PC_EXITED and s.ranks[0].reason == REASON_REJECTED
+        assert s.store.abort == REASON_REJECTED and s.store.agree == ((0, "abort:rejected"),)
 
 
 def test_p2_failed_guard_rejects_even_at_the_boundary():
@@ -222,14 +240,21 @@ def test_a_failure_during_the_optimizer_step_is_observed_at_the_boundary_and_rep
 
 
 def test_a_partial_collective_leaves_peers_at_different_points_and_the_job_goes_to_l2():
-    """A failure in backward: one member is still in backward (in flight: reject), its peer already
-    reached the boundary (it would repair).  The rejection's abort ends both: all or none."""
+    """P17.2: a failure in backward; one member is still in backward (it discards: it stands at F),
+    its peer's backward completed and it committed the step (it reached the boundary at F+1).  Phase 3
+    sees the two frontiers and aborts (mismatch): nobody resumes past a step another discarded."""
     cfg = HSDP  # R = {1, 3}
     s = run(cfg, A("FaultGroupFail", None, "backward"), A("RankObserve", 1, "backward"), A("RankObserve", 3, "boundary"))
     assert s.ranks[1].point == "backward" and s.ranks[3].point == "boundary"
+    assert s.ranks[3].frontier == s.ranks[1].frontier + 1
     assert enabled(cfg, s, A("RankGuard", 3)) and not enabled(cfg, s, A("RankGuard", 1))
-    s = run(cfg, A("RankGuard", 3), A("RankReject", 1), s=s)
-    assert s.store.abort == REASON_REJECTED and s.store.agree == ((0, "abort:rejected"),)
+    s = run(cfg, A("RankDiscardStep", 1), A("RankGuard", 1), A("RankGuard", 3), s=s)
+    for r in (0, 2):
+        s = run(cfg, A("RankObserve", r, "backward"), A("RankDiscardStep", r), A("RankGuard", r), s=s)
+    for r in cfg.world:
+        s = run(cfg, A("RankArrive", r), s=s)
+    s = run(cfg, A("RankDecideAgreement", 3), s=s)
+    assert s.store.abort == REASON_MISMATCH and s.store.agree == ((0, "abort:mismatch"),)
 
 
 def test_ddp_observes_a_forward_failure_in_forward_when_it_broadcasts_buffers():

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 from accelpact.model.protocol import Action, step
+from accelpact.model.contract import default_envelope, without_discard
 from accelpact.model.state import PC_TRAIN, Config, initial_state
 from accelpact.model.stateful import configs, drain, drain_bound, make_machine
 
@@ -39,9 +40,20 @@ def test_drain_recovers_a_boundary_failure_in_bound():
     assert 0 < len(taken) <= drain_bound(cfg)
 
 
-def test_drain_restarts_after_an_in_flight_failure():
-    """L2: an in-flight failure ends in a supervisor restart (replay F - C)."""
+def test_drain_discards_an_in_flight_step_and_resumes():
+    """P17: a failure in forward (observed in backward) is discarded in place: every rank resumes in
+    generation 1 at F, nothing replayed."""
     cfg = Config(max_faults=1)
+    s = step(cfg, initial_state(cfg), Action("FaultGroupFail", None, "forward"))
+    final, _taken, err = drain(cfg, s)
+    assert err is None, err
+    assert all(rk.pc == PC_TRAIN and rk.gen == 1 and rk.tau == cfg.frontier and rk.replayed == 0 for rk in final.ranks)
+    assert {r for _g, r in final.discarded} == set(cfg.world)
+
+
+def test_drain_restarts_after_an_in_flight_failure_without_discard():
+    """L2: an in-flight failure where the envelope has no discard ends in a supervisor restart (replay F - C)."""
+    cfg = Config(max_faults=1, envelope=without_discard(default_envelope(), "no rebuild"))
     s = step(cfg, initial_state(cfg), Action("FaultGroupFail", None, "forward"))
     final, _taken, err = drain(cfg, s)
     assert err is None and final.supervisor == "restarted"

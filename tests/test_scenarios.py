@@ -199,8 +199,12 @@ def test_outcome_classes(faults, outcome):
     assert o.outcome_class == outcome and o.deadlocks == 0
 
 
-def test_in_flight_rejected_by_model():
+def test_in_flight_discarded_or_mismatched_by_model():
+    """P17: a cut in backward is discarded in place (L1), or, where a partial collective let a rank
+    commit the step, aborted at phase 3 (L2 mismatch); inside optimizer.step() it is rejected."""
     d = mk(faults=[{"step": 5, "at": "backward", "kind": "collective_timeout", "ranks": [1, 3]}])
+    assert model_outcomes(scenario_from_mapping(d)).outcome_class == "L1|L2:mismatch"
+    d = mk(faults=[{"step": 5, "at": "optimizer", "kind": "exception", "ranks": [1]}])
     assert model_outcomes(scenario_from_mapping(d)).outcome_class == "L2:rejected"
 
 
@@ -220,7 +224,7 @@ def test_checked_in_corpus_is_valid_and_expected():
         sc = load_scenario(p)
         assert sc.name == p.stem
         names.add(sc.name)
-    for must in ("2x2-fsdp1-repair", "2x2-fsdp1-reject-forward", "2x2-fsdp1-reject-backward", "2x2-fsdp1-reject-optimizer",
+    for must in ("2x2-fsdp1-repair", "2x2-fsdp1-inflight-forward", "2x2-fsdp1-inflight-backward", "2x2-fsdp1-reject-optimizer",
                  "2x2-fsdp1-guard-dirty-guard-r2", "2x2-fsdp1-guard-frontier-mismatch-r2", "2x2-fsdp1-successive-repairs",
                  "2x2-ddp-ten-repairs", "4x2-fsdp1-repair"):
         assert must in names
@@ -300,6 +304,6 @@ def test_qualify_admits_l1_only_where_every_trial_conformed(tmp_path, monkeypatc
     assert env[("fsdp1-hybrid", "boundary")].actions == ("L1", "L2")
     assert env[("fsdp2-hybrid", "boundary")].actions == ("L2",)
     assert env[("fsdp2-hybrid", "boundary")].evidence["passes"] == 1
-    assert env[("fsdp1-hybrid", "forward")].actions == ("L2",)
+    assert env[("fsdp1-hybrid", "forward")].actions == ("L1", "L2")  # a discard in place (P17)
     assert env[("fsdp1-hybrid", "boundary")].evidence["trials"] == 2
     assert "torch" in env[("fsdp1-hybrid", "boundary")].evidence["platform"]

@@ -283,7 +283,8 @@ class TrainingJob:
             if c is not None:
                 restored = ckpt.load(c, model, optimizer)
                 start, restored_extra, resumed_from = c, restored.cursor, c
-        trace = self._trace(model, start, trace_header)
+        # whether a failure in forward or backward can be discarded in place (P17): the checker's envelope
+        trace = self._trace(model, start, {"discard": rebuild is not None, **(trace_header or {})})
         if hooks is None:
             from ...testing.faults import FaultPlan
             from ..hooks import FaultInjector, Hooks
@@ -546,7 +547,8 @@ class Training:
         self.pact = _attach(model, optimizer, groups=pg, control=control, trace=trace, deadline_s=s.deadline_s,
                             step_deadline_s=s.step_deadline_s, frontier=frontier, key=key, envelope=envelope,
                             hooks=self.hooks, detect=s.detect, dead_after_s=s.dead_after_s,
-                            hang_threshold_s=s.hang_threshold_s, generation=generation, notices=self._notices)
+                            hang_threshold_s=s.hang_threshold_s, generation=generation, notices=self._notices,
+                            discard=self.rebuild is not None)
         # F is published at the commit itself (the optimizer's post hook, after the guard's), not after
         # the boundary: a peer's abort can end this rank between its commit and the boundary, and an L2
         # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
@@ -559,6 +561,9 @@ class Training:
         job.groups.pop(pg.name, None)
         if job.spares:
             self._publish()
+        elif self.rebuild is not None:
+            self._keep_for_discard()
+        if job.spares:
             pact = self.pact
             self._watcher = hotswap.SwapWatcher(
                 job.attempt_store, lambda: [*{id(r): r for r in pact.group_records().values()}.values(), job.control_record],
@@ -575,9 +580,9 @@ class Training:
 
     # ---- the step loop -----------------------------------------------------------------------
     def steps(self, total: int) -> Iterator[int]:
-        """The steps still to run: ``start_step .. total - 1``; with spares, always the step at the
-        frontier F (a step a hot swap discarded comes again)."""
-        if not self.job.spares:
+        """The steps still to run: ``start_step .. total - 1``; with spares or ``rebuild=``, always the
+        step at the frontier F (a step a hot swap or a discard in place dropped comes again)."""
+        if not self.job.spares and self.rebuild is None:
             yield from range(self.start_step, total)
             return
         while self.pact.frontier < total:
@@ -586,7 +591,9 @@ class Training:
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator["Training"]:
         """Context manager around forward, backward and ``optimizer.step()`` (see :meth:`Pact.step`).
-        With spares, a rank's death in it is a hot swap: the step is discarded (``discarded``).
+        With spares, a rank's death in it is a hot swap; with ``rebuild=``, a communicator failure in
+        forward or backward is discarded in place (spec/protocol.md P17): either way the step is
+        discarded (``discarded``) and :meth:`steps` yields it again.
         Every step not discarded must be closed by :meth:`boundary` before the next one opens (the
         commit: without it nothing is repaired or checkpointed); opening one otherwise is an
         :class:`ApiError`."""
@@ -618,6 +625,8 @@ class Training:
             return None
         if self.job.spares:
             self._publish()
+        elif self.rebuild is not None:
+            self._keep_for_discard()
         try:
             report = self.pact.boundary(loss)
         except SwapNeeded as need:
@@ -640,6 +649,16 @@ class Training:
         extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
         self._published = publish_state(self.job.attempt_store, self.job.rank, self.pact.frontier, extra)
 
+    def _keep_for_discard(self) -> None:
+        """Without spares, what a discard in place needs at F (P17), kept locally: the RNG state and a
+        copy of the extra state (the data cursor), taken at each committed boundary."""
+        import copy
+
+        import torch
+
+        extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
+        self._published = {"rng": torch.get_rng_state(), "extra": extra, "frontier": self.pact.frontier}
+
     def _swap(self, need: Any) -> None:
         """A survivor's hot swap: the engine runs it (:meth:`accelpact.impl.recovery.Pact.swap`: the
         decision, the claim, the discard, the swap's phases); then the engine of g+1 is attached to
@@ -647,15 +666,16 @@ class Training:
         import copy
 
         pact, job = self.pact, self.job
-        assert self.rebuild is not None and self._notices is not None
+        assert self.rebuild is not None
         g, frontier = pact.gen, pact.frontier
-        n = self._notices.count()
+        n = self._notices.count() if self._notices is not None else 0
         if self._watcher is not None:
             self._watcher.stop(join=False)
         published = self._published or {}
         module, optimizer, record = pact.swap(need, job=job, rebuild=self.rebuild,
                                               extra=copy.deepcopy(published.get("extra")), rng=published.get("rng"))
-        self._notices.handled(n)
+        if self._notices is not None:
+            self._notices.handled(n)
         self.swaps.append(record)
         if self.checkpoints is not None:
             self.checkpoints = job._checkpoints(self.checkpoints.root, self.checkpoints.every)
