@@ -102,7 +102,7 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
                                                for inc in tr.header.get("incarnations", ())} - {None})
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
                  frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares)
-    if h.get("discard") is False:  # attached without rebuild=: the engine narrowed its envelope (P17)
+    if not h.get("discard"):  # attached without rebuild= (or a trace that does not say): the engine narrowed its envelope (P17)
         cfg = cfg.with_(envelope=without_discard(cfg.envelope, "the job was attached without rebuild="))
     return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
 

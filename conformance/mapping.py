@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..testing.faults import IN_FLIGHT, KINDS
 from ..impl.runtime.wrappers import wrapper
+from ..model.contract import DISCARD_PHASES, without_discard
 from ..model.protocol import Action
 from ..model.state import (
     PC_AGREED,
@@ -113,7 +114,17 @@ def failing_mode(sc: Scenario) -> str:
 
 
 def model_config(sc: Scenario) -> Config:
-    """The model instance of a scenario (see module doc; spec/scenario-format.md "Mapping")."""
+    """The model instance of a scenario (see module doc; spec/scenario-format.md "Mapping").  A
+    trigger ``exception`` in forward or backward is the application's own error, which a rerun
+    would raise again: the engine discards only communicator failures (P17), so the model's
+    envelope has no discard there (``contract.without_discard``)."""
+    cfg = _model_config(sc)
+    if any(f.is_trigger and f.kind == "exception" and f.at in DISCARD_PHASES for f in sc.faults):
+        cfg = cfg.with_(envelope=without_discard(cfg.envelope, "an application exception is not discarded"))
+    return cfg
+
+
+def _model_config(sc: Scenario) -> Config:
     return Config(
         nodes=sc.topology.nodes,
         ranks_per_node=sc.topology.ranks_per_node,

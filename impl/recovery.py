@@ -61,7 +61,7 @@ from accelpact.model.state import (
 
 from . import revoke as _revoke
 from .runtime.adapters import adapter_for
-from .runtime.backends import backend_of, wait_bounded
+from .runtime.backends import backend_of, is_comm_failure, wait_bounded
 from .controlplane import ControlPlane, swap_prefix, swap_rebuilt_key
 from .detector import Detector
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
@@ -1129,6 +1129,12 @@ class Pact(_Engine):
         Returns where the contract says L2 (the caller then rejects)."""
         if not self.discard or point not in DISCARD_PHASES:
             return
+        try:
+            revoked = self.control.revoked(self.gen, self.groups.key)  # a peer observed a communicator failure
+        except Exception:  # noqa: BLE001 - store lost: not a discard (the watchdog exits, RankLoseStore)
+            return
+        if not (is_comm_failure(exc) or revoked):
+            return  # the application's own error (it would recur in the rerun): the contract's L2
         if not decide(self.envelope, self._key(point), True).preserve:  # the guard is checked after the discard
             return
         self.watchdog.disarm()

@@ -312,6 +312,32 @@ def one_gpu_env(local_rank: int, environ=None) -> dict[str, str]:
             "NCCL_SHM_DISABLE": "1"}
 
 
+#: Where a communicator's failure comes from, as its message names it (gloo's transport, c10d's
+#: process groups, NCCL); a plain RuntimeError carries only that (gloo raises no DistError subclass:
+#: "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer", measured on torch 2.13).
+_COMM_MARKS = ("gloo", "c10d", "nccl", "processgroup", "connection closed by peer", "connection reset by peer")
+
+
+def is_comm_failure(exc: BaseException) -> bool:
+    """``exc`` (or an exception it was raised from) is a communicator's failure: a
+    ``torch.distributed.DistError`` (NCCL's ``DistBackendError``, a store error) or a RuntimeError
+    whose message names the communication stack.  An application's own exception in forward or
+    backward is not: rerunning the step would raise it again (P17 discards only communicator
+    failures; anything else stays the contract's L2)."""
+    import torch.distributed as dist
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, dist.DistError):
+            return True
+        if isinstance(e, RuntimeError) and any(m in str(e).lower() for m in _COMM_MARKS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def backend_error(pg) -> str | None:
     """The error a group's accelerator backend has recorded (``Backend::getError``: ``ProcessGroupNCCL``
     keeps ``error_`` (ErrorType TIMEOUT / COMM_ERROR / REMOTE_ERROR) when its watchdog saw a failed or
