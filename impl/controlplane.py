@@ -95,9 +95,13 @@ def progress_key(attempt: int, rank: int) -> str:
     return f"{PREFIX}progress/a{attempt}/r{rank}"
 
 
-def heartbeat_key(rank: int, attempt: int = 0, prefix: str = PREFIX) -> str:
-    """The store key of ``rank``'s heartbeat in ``attempt``: ``{prefix}hb/a{attempt}/{rank}``."""
-    return f"{prefix}hb/a{attempt}/{rank}"
+def heartbeat_key(rank: int, attempt: int = 0, prefix: str = PREFIX, epoch: int = 0) -> str:
+    """The store key of ``rank``'s heartbeat in ``attempt``: ``{prefix}hb/a{attempt}/{rank}``; a
+    detector of a later ``epoch`` (an engine of generation g > 0 built after a hot swap or a discard
+    in place) publishes and reads ``{prefix}hb/a{attempt}/e{epoch}/{rank}``: a peer that has not built
+    its engine of that generation yet has *no* heartbeat there (the startup grace), rather than the
+    last one of its previous engine, stale since that engine stopped."""
+    return f"{prefix}hb/a{attempt}/{rank}" if not epoch else f"{prefix}hb/a{attempt}/e{epoch}/{rank}"
 
 
 def comm_name(prefix: str, g: int, group: str) -> str:

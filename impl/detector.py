@@ -193,7 +193,10 @@ class Detector:
     ``clock``: monotonic seconds (tests pass a fake one and call :meth:`poll` themselves).
     ``backend``: the collective backend the rank trains on (``"gloo"``, ``"nccl"``): its defaults for
     ``dead_after_s`` and ``hang_floor_s`` (:func:`detector_defaults_for`; None: :data:`DEAD_AFTER_S`,
-    :data:`HANG_FLOOR_S`, gloo's).
+    :data:`HANG_FLOOR_S`, gloo's).  ``epoch``: the engine generation this detector belongs to
+    (:func:`~accelpact.impl.controlplane.heartbeat_key`): detectors of one epoch read only each other,
+    so a peer still rebuilding after a swap is awaited within the startup grace, never judged silent
+    on its previous engine's last heartbeat.
     """
 
     def __init__(self, store: Any, rank: int, world: int, *, attempt: int = 0, prefix: str = PREFIX,
@@ -202,7 +205,8 @@ class Detector:
                  hang_threshold_s: float | None = None, hang_floor_s: float | None = None, hang_k: float = HANG_K,
                  hang_until_observed_s: float = HANG_UNTIL_OBSERVED_S, startup_grace_s: float = STARTUP_GRACE_S,
                  op_timeout_s: float = OP_TIMEOUT_S, auto_await: bool = True,
-                 clock: Callable[[], float] = time.monotonic, clone: bool = True, backend: str | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, clone: bool = True, backend: str | None = None,
+                 epoch: int = 0) -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be a positive integer, got {world!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
@@ -229,8 +233,9 @@ class Detector:
         self.on_suspect = on_suspect
         self.clock = clock
         self.incarnation = secrets.token_hex(4)
-        self.key = heartbeat_key(rank, attempt, prefix)
-        self._keys = {p: heartbeat_key(p, attempt, prefix) for p in self.peers}
+        self.epoch = epoch
+        self.key = heartbeat_key(rank, attempt, prefix, epoch)
+        self._keys = {p: heartbeat_key(p, attempt, prefix, epoch) for p in self.peers}
         self.store = self._own_store(store) if clone else store
 
         self._lock = threading.Lock()

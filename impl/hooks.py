@@ -90,6 +90,10 @@ class FaultInjector:
     #: process (one of them killed it), so only later steps' fire here; it still joins every fence
     after_first_step: bool = False
     _first: int | None = None
+    #: step -> the generation in which this rank first ran it: a step discarded and rerun in a later
+    #: generation (a discard in place, a hot swap) fires none of its faults again; they struck its
+    #: first run (a fault names a step of the job's history, not each execution of it)
+    _first_run: dict = field(default_factory=dict)
 
     def __call__(self, point: str, pact: Any) -> None:
         from ..testing.faults import FaultContext
@@ -100,6 +104,8 @@ class FaultInjector:
         if self._first is None:
             self._first = step
         if self.after_first_step and step <= self._first:
+            return
+        if self._first_run.setdefault(step, pact.gen) != pact.gen:
             return
         for f in self.plan.at(point, step, pact.rank):
             self.fired.append(f)

@@ -672,7 +672,7 @@ class Pact(_Engine):
         # its default bounds are the backend's (spec/nccl.md rows 19-20: NCCL's is_completed holds the GIL)
         self.detector = Detector(control.store, self.rank, control.world_size, prefix=control.prefix,
                                  on_suspect=self._on_suspect, dead_after_s=dead_after_s,
-                                 hang_threshold_s=hang_threshold_s, backend=backend.name) if detect else None
+                                 hang_threshold_s=hang_threshold_s, backend=backend.name, epoch=generation) if detect else None
         self.watchdog.start()
         if self.detector is not None:
             self.detector.set_progress(frontier)
