@@ -62,6 +62,9 @@ def test_unavailable_asks_one_gpu_in_one_gpu_mode(monkeypatch):
     nccl = B.backend("nccl")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    # a CUDA build's ProcessGroupNCCL, with its get_error binding (Backend.error_query_problem)
+    monkeypatch.setattr(torch.distributed, "ProcessGroupNCCL", type("PG", (), {"get_error": lambda self: None}),
+                        raising=False)
     assert "one CUDA device per rank (5)" in (nccl.unavailable(5) or "")
     monkeypatch.setenv(B.ONE_GPU_ENV, "1")
     assert nccl.unavailable(5) is None and nccl.unavailable(1) is None
