@@ -352,3 +352,69 @@ def test_set_timeout_sets_a_groups_later_collective_timeout():
     assert gloo.timeout_of(pg) == 600.0
     gloo.set_timeout(pg, 7.5)
     assert gloo.timeout_of(pg) == 7.5
+
+
+# ------------------------------------------------------- qualify --real-timeout (issue 26 item 5)
+def test_real_timeout_is_nccl_only_and_waits_for_its_fault_kind(monkeypatch):
+    from accelpact.conformance import cli_qualify as Q
+    from accelpact.testing import faults, nccl_timeout as nt
+
+    assert "NCCL only" in (Q.real_timeout_problem("gloo") or "")
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.delitem(faults.KINDS, nt.KIND, raising=False)
+    assert "not registered in accelpact/testing/faults.py KINDS" in (Q.real_timeout_problem("nccl") or "")
+    monkeypatch.setitem(faults.KINDS, nt.KIND, faults.KINDS["collective_timeout"])
+    assert Q.real_timeout_problem("nccl") is None
+
+
+def test_real_timeout_scenario_keeps_the_cut_and_changes_only_its_mechanism():
+    from accelpact.conformance import cli_qualify as Q
+    from accelpact.conformance.generate import SCENARIO_DIR
+    from accelpact.conformance.scenario import load_scenario
+
+    sc = load_scenario(SCENARIO_DIR / "2x2-fsdp1-repair.json")
+    real = Q.real_timeout_scenario(sc)
+    assert real.name == "2x2-fsdp1-repair-nccl_timeout" and real.topology == sc.topology and real.workload == sc.workload
+    assert [(f.step, f.at, f.ranks, f.group) for f in real.faults] == [(f.step, f.at, f.ranks, f.group) for f in sc.faults]
+    assert {f.kind for f in real.faults} == {"nccl_timeout"}
+
+
+@pytest.mark.parametrize("registered", [False, True])
+def test_qualify_real_timeout_runs_the_extra_trials_or_says_why_not(tmp_path, monkeypatch, capsys, registered):
+    """``qualify --backend nccl --real-timeout`` with the runs faked (no processes, no GPU)."""
+    import argparse
+
+    from accelpact.conformance import cli_qualify as Q
+    from accelpact.conformance import runner
+    from accelpact.model.contract import load_envelope
+    from accelpact.testing import faults, nccl_timeout as nt
+
+    ran: list[str] = []
+
+    class Rep:
+        conforms, problems = True, []
+
+    def run_scenario(sc, **kw):
+        ran.append(sc.name)
+        return Rep()
+
+    monkeypatch.setattr(runner, "run_scenario", run_scenario)
+    monkeypatch.setattr(backends.Backend, "unavailable", lambda self, world: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.delitem(faults.KINDS, nt.KIND, raising=False)
+    if registered:
+        monkeypatch.setitem(faults.KINDS, nt.KIND, faults.KINDS["collective_timeout"])
+    out = tmp_path / "env.json"
+    ns = argparse.Namespace(backend="nccl", trials=1, out=str(out), wrappers="ddp", phases="boundary,backward",
+                            swap_phases="", work=str(tmp_path / "w"), list=False, real_timeout=True)
+    assert Q.run(ns) == 0
+    text = capsys.readouterr().out
+    entries = {e.key.phase: e for e in load_envelope(out).entries}
+    if registered:
+        assert ran == ["2x2-ddp-repair", "2x2-ddp-repair-nccl_timeout", "2x2-ddp-reject-backward"]
+        assert entries["boundary"].evidence["real_timeout"] is True and entries["boundary"].evidence["trials"] == 2
+    else:
+        assert "--real-timeout skipped" in text and "not registered" in text
+        assert ran == ["2x2-ddp-repair", "2x2-ddp-reject-backward"]
+        assert entries["boundary"].evidence["real_timeout"] is False
+    assert "real_timeout" not in entries["backward"].evidence
