@@ -290,11 +290,12 @@ def get_error_binding() -> dict[str, Any]:
     """Where this torch binds ``get_error`` (spec/nccl.md row 17), without a process group or a device:
     on ``ProcessGroupNCCL`` (what ``pg._get_backend(cuda)`` returns, so what the boundary reads), on the base
     ``Backend`` (not expected), and whether :meth:`Backend.error_query_problem` lets an NCCL job run."""
+    import torch
     import torch.distributed as dist
 
     from accelpact.impl.runtime.backends import backend
 
-    c10d = __import__("torch")._C._distributed_c10d
+    c10d = torch._C._distributed_c10d
     cls = getattr(dist, "ProcessGroupNCCL", None)
     return {"ProcessGroupNCCL": None if cls is None else callable(getattr(cls, "get_error", None)),
             "Backend": hasattr(c10d.Backend, "get_error"), "problem": backend("nccl").error_query_problem()}
