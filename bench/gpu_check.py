@@ -1,12 +1,12 @@
 """``python -m accelpact.bench.gpu_check``: the engine's NCCL paths on one GPU, as one prepared script.
 
-Five sub-checks, each a world-size-1 job of its own (a TCPStore on loopback hosted by this process,
+Six sub-checks, each a world-size-1 job of its own (a TCPStore on loopback hosted by this process,
 one rank in a child process started, bounded and reaped by :func:`accelpact.testing.run_ranks`), so
 that one failing or hanging sub-check costs its own bound and no other's.  Every rank begins with
 ``Backend.prepare_process(0)`` (the NCCL error-handling environment of :data:`NCCL_ENV`, ``cuda:0``
 current) and ``init_process_group("nccl", device_id=cuda:0)``.
 
-``watchdog_timeout`` (bound 90 s)
+``watchdog_timeout`` (bound 80 s)
     A real NCCL watchdog timeout: a 1-rank NCCL group with a 2 s collective timeout, warmed by one
     all-reduce; then ``torch.cuda._sleep`` spinning about 8 s on the current stream and an
     all-reduce queued behind it.  The watchdog times the work out and, in
@@ -16,7 +16,7 @@ current) and ``init_process_group("nccl", device_id=cuda:0)``.
     names the group; the process survives (the default group still all-reduces, a new NCCL group
     builds and all-reduces).  Also reported, not judged: ``is_completed()``/``exception()`` of the
     timed-out work and when the error became visible.
-``ddp_repair`` (bound 150 s)
+``ddp_repair`` (bound 130 s)
     DDP over R on ``cuda:0``, ``attach`` with the candidate envelope of the ``(cuda-nccl, ddp)`` cell,
     a ``collective_timeout`` fault at step 1's boundary (the injector aborts R's communicator); the
     engine observes it, guards (stream drain), agrees, replaces (a new NCCL communicator, bound,
@@ -25,19 +25,29 @@ current) and ``init_process_group("nccl", device_id=cuda:0)``.
     one repair, the new group's backend/device/timeout/name/registration, the default and control
     groups after R's abort, a collective on the new group, the guard's bounded drain behind a queued
     kernel.
-``fsdp2_boundary`` (bound 120 s)
+``real_timeout_repair`` (bound 120 s)
+    A genuine NCCL timeout of R met by the engine (issue 26 item 5): DDP over R (a 1-rank NCCL group
+    with a 3 s collective timeout) on ``cuda:0``, the engine attached as in ``ddp_repair``; at step 1's
+    boundary an injector of this script applies :func:`accelpact.testing.nccl_timeout.nccl_timeout`
+    (the fault point is just before the boundary all-reduce: ``torch.cuda._sleep`` spins the current
+    stream 5 s, so the all-reduce on R cannot start before its timeout).  Nothing is aborted from
+    outside: NCCL's own timeout (the boundary wait's ``work.wait(timeout)``, or its watchdog) ends the
+    collective, and the engine observes it at the boundary and repairs R in place.  Checks: one
+    repair, generation 1, the RankObserve at the boundary (not in flight), the observation later than
+    the timeout's start and its error named, training goes on with finite losses on the new group.
+``fsdp2_boundary`` (bound 100 s)
     FSDP2 (``fully_shard`` per layer and at the root, on the 1x1 (replicate, shard) mesh of
     :func:`accelpact.impl.launch.workload.build_groups` over NCCL groups bound to ``cuda:0``) with the engine
     attached (``fsdp2-hybrid``, R = the replicate group) through two steps and their boundaries.
     Checks: no repair, generation 0, finite losses, the parameters' shards on the device, the guard
     clean, no group with a recorded backend error.
-``swap_blob_exchange`` (bound 60 s)
+``swap_blob_exchange`` (bound 50 s)
     The hot swap's exchange on a 1-rank NCCL group: :func:`accelpact.impl.runtime.hotswap.broadcast_in_place`
     of a CPU int64 (the blob size) and a CPU uint8 blob (1 MiB) through the device and written back
     into the CPU tensors (the value a receiver would read), of a CUDA tensor broadcast as it is; and
     :func:`accelpact.impl.runtime.hotswap.transfer` as the source (manifest, AdamW's CPU ``step``, the state
     tensors).  Checks: the written-back values, the placement, the bytes moved, the state unchanged.
-``state_checksum`` (bound 60 s)
+``state_checksum`` (bound 50 s)
     :func:`accelpact.impl.runtime.digest.state_checksum` on CUDA (model and AdamW state): an int64 vector on
     the device, the same twice, the same as a CPU copy's, changed by one flipped bit and restored.
 
@@ -45,7 +55,9 @@ Prints one JSON object (the last line): ``ok`` and, per sub-check, ``ok`` (true/
 did not run) with its observations.  Exit codes: **0** every sub-check passed; **1** any failed or
 ran past its bound; **0** with ``{"ok": null, "skipped": reason}`` on a machine without CUDA (the
 contract tests/test_backend_paths.py and conformance/conftest.py rely on; tell a skip from a pass by
-``ok``).  The sub-checks' bounds add up to 480 s; ``--timeout`` (default 540 s) caps the total.
+``ok``).  The JSON also says whether this torch binds ``get_error`` on ``ProcessGroupNCCL``
+(``get_error_bound``: the boundary's only view of a silently aborted group, spec/nccl.md row 17),
+before any sub-check runs.  The sub-checks' bounds add up to 530 s; ``--timeout`` (default 540 s) caps the total.
 ``--only a,b`` runs some sub-checks.  ``--backend gloo`` runs the backend-neutral ones
 (``fsdp2_boundary``, ``swap_blob_exchange``, ``state_checksum``) on the CPU: the CPU suite's check of
 the script itself (tests/test_gpu_check.py), never evidence about NCCL.  spec/nccl.md, "Running on one
@@ -62,8 +74,8 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["EXIT_FAILED", "SUBCHECKS", "ddp_repair", "device_checksum", "fsdp2_boundary", "main",
-           "swap_blob_exchange", "watchdog_timeout"]
+__all__ = ["EXIT_FAILED", "SUBCHECKS", "ddp_repair", "device_checksum", "fsdp2_boundary", "get_error_binding", "main",
+           "real_timeout_repair", "swap_blob_exchange", "watchdog_timeout"]
 
 #: Exit code of a run with a failed (or timed-out) sub-check; a pass and a skip (no CUDA) both exit 0.
 EXIT_FAILED = 1
@@ -189,6 +201,104 @@ def ddp_repair(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.
     res["checks"] = checks
     res["ok"] = all(checks.values())
     return res
+
+
+def real_timeout_repair(ctx, steps: int = 4, fault_step: int = 1, r_timeout_s: float = 3.0, deadline_s: float = 30.0) -> dict:
+    """Sub-check ``real_timeout_repair`` (world size 1): see the module doc."""
+    import math
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from accelpact.impl import revoke
+    from accelpact.impl.controlplane import PREFIX, ControlPlane
+    from accelpact.impl.hooks import Hooks
+    from accelpact.impl.launch.rundir import RunDir
+    from accelpact.impl.recovery import PactGroups, attach
+    from accelpact.impl.runtime.backends import NCCL_ENV, backend_of
+    from accelpact.impl.trace import Trace
+    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
+    from accelpact.testing.faults import Fault, FaultContext
+    from accelpact.testing.nccl_timeout import SPIN_MARGIN_S, cycles_per_second, nccl_timeout
+
+    be, dev = _start(ctx, "nccl", 60.0)
+    td = datetime.timedelta
+    res: dict[str, Any] = {"device": str(dev), "env": {k: os.environ.get(k) for k in NCCL_ENV},
+                           "r_timeout_s": r_timeout_s, "spin_s": r_timeout_s + SPIN_MARGIN_S}
+    control_group = dist.new_group(backend="gloo", timeout=td(seconds=deadline_s))
+    r_group, record = revoke.recorded(lambda: dist.new_group([0], backend="nccl", timeout=td(seconds=r_timeout_s),
+                                                             device_id=dev), "nccl")
+    res["r_timeout_read"] = be.timeout_of(r_group)
+    res["sleep_cycles_per_s"] = cycles_per_second(dev)
+    torch.manual_seed(0)
+    model = DDP(_small_model(dev), process_group=r_group, device_ids=[dev.index])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    control = ControlPlane(dist.PrefixStore("cp/", ctx.store), 0, 1, prefix=PREFIX)
+    header = {"world": 1, "nodes": 1, "ranks_per_node": 1, "group": "world", "affected": [0], "attempt": 0,
+              "scenario": "gpu-check-real-timeout", "seed": 0, "backend": "nccl", "frontier_at_start": 0}
+    trace = Trace(RunDir(ctx.out).trace(0, 0), 0, header)
+    fault = Fault(fault_step, "boundary", "collective_timeout", (0,), "world")  # only .group is read by the effect
+    struck: list[float] = []
+
+    def injector(point: str, pact) -> None:
+        if point == "boundary" and pact.step_index == fault_step and not struck:
+            struck.append(time.monotonic())
+            nccl_timeout(fault, FaultContext(pact.trace, pact.rank, pact.gen, pact.model_view(), pact.group_records()))
+
+    key = ObservationKey(be.platform, "ddp", "boundary", DEFAULT_OBJECTIVE)
+    pact = attach(model, opt, groups=PactGroups(control=control_group, affected=r_group, members=(0,), record=record,
+                                                name="world"),
+                  control=control, trace=trace, envelope=default_envelope(platform=be.platform, profiles=("ddp",)),
+                  key=key, deadline_s=deadline_s, hooks=Hooks(injector=injector))
+    del r_group
+    losses = []
+    observed_at = None
+    for step in range(steps):
+        with pact.step(step):
+            loss = _one_step(model, opt, dev, step)
+        pact.boundary(loss)
+        if step == fault_step:
+            observed_at = time.monotonic()
+        losses.append(pact.last_loss)
+    res["generation"] = pact.gen
+    res["repairs"] = len(pact.reports)
+    res["losses"] = losses
+    res["boundary_s"] = round(observed_at - struck[0], 3) if struck and observed_at else None
+    res["observe_ms"] = round(pact.reports[0].observe_ns / 1e6, 1) if pact.reports else None
+    obs = [r for r in RunDir(ctx.out).records(0, 0) if r.get("action") == "RankObserve"]
+    res["observe"] = [{"point": (o.get("state") or {}).get("point"), "in_flight": (o.get("detail") or {}).get("in_flight"),
+                       "error": (o.get("detail") or {}).get("error")} for o in obs]
+    res["new_backend"] = backend_of(pact.process_group).name
+    pact.close()
+    trace.close()
+    first = res["observe"][0] if res["observe"] else {}
+    return _finish(res, {
+        "error handling env set": res["env"] == NCCL_ENV,
+        "R built with the short timeout": res["r_timeout_read"] == r_timeout_s,
+        "the spin was queued at step 1's boundary": bool(struck),
+        "one repair, generation 1": res["generation"] == 1 and res["repairs"] == 1,
+        "observed at the boundary, not in flight, with an error": (len(res["observe"]) == 1 and first.get("point") == "boundary"
+                                                                   and not first.get("in_flight") and bool(first.get("error"))),
+        "training goes on on a new NCCL group": (res["new_backend"] == "nccl" and len(losses) == steps
+                                                 and all(isinstance(x, float) and math.isfinite(x) for x in losses)),
+    })
+
+
+def get_error_binding() -> dict[str, Any]:
+    """Where this torch binds ``get_error`` (spec/nccl.md row 17), without a process group or a device:
+    on ``ProcessGroupNCCL`` (what ``pg._get_backend(cuda)`` returns, so what the boundary reads), on the base
+    ``Backend`` (not expected), and whether :meth:`Backend.error_query_problem` lets an NCCL job run."""
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.impl.runtime.backends import backend
+
+    c10d = torch._C._distributed_c10d
+    cls = getattr(dist, "ProcessGroupNCCL", None)
+    return {"ProcessGroupNCCL": None if cls is None else callable(getattr(cls, "get_error", None)),
+            "Backend": hasattr(c10d.Backend, "get_error"), "problem": backend("nccl").error_query_problem()}
 
 
 def _start(ctx, backend_name: str = "nccl", timeout_s: float = 120.0):
@@ -480,11 +590,12 @@ def device_checksum(ctx, backend: str = "nccl") -> dict:
 
 #: name -> (rank function, bound in seconds, whether it runs on any backend or on NCCL only)
 SUBCHECKS: dict[str, tuple[Any, float, bool]] = {
-    "watchdog_timeout": (watchdog_timeout, 90.0, False),
-    "ddp_repair": (ddp_repair, 150.0, False),
-    "fsdp2_boundary": (fsdp2_boundary, 120.0, True),
-    "swap_blob_exchange": (swap_blob_exchange, 60.0, True),
-    "state_checksum": (device_checksum, 60.0, True),
+    "watchdog_timeout": (watchdog_timeout, 80.0, False),
+    "ddp_repair": (ddp_repair, 130.0, False),
+    "real_timeout_repair": (real_timeout_repair, 120.0, False),
+    "fsdp2_boundary": (fsdp2_boundary, 100.0, True),
+    "swap_blob_exchange": (swap_blob_exchange, 50.0, True),
+    "state_checksum": (device_checksum, 50.0, True),
 }
 
 
@@ -517,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     table = importlib.import_module("accelpact.bench.gpu_check").SUBCHECKS
     out = args.out or tempfile.mkdtemp(prefix="accelpact-gpu-check-")
     t0 = time.monotonic()
+    binding = get_error_binding() if args.backend == "nccl" else None
     results: dict[str, Any] = {}
     for name in names:
         fn, bound, neutral = table[name]
@@ -539,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     ran = [r["ok"] for r in results.values() if r.get("ok") is not None]
     ok = bool(ran) and all(x is True for x in ran)
     summary = {"ok": ok, "backend": args.backend, "torch": torch.__version__, "cuda": torch.version.cuda,
-               "failed": [n for n, r in results.items() if r.get("ok") is False], "subchecks": results,
+               "get_error_bound": binding, "failed": [n for n, r in results.items() if r.get("ok") is False], "subchecks": results,
                "wall_s": round(time.monotonic() - t0, 2), "out": out}
     print(json.dumps(summary, default=str))
     return 0 if ok else EXIT_FAILED

@@ -22,6 +22,13 @@ machine: :data:`QUALIFY_HOSTS`), the backend, torch and (NCCL) NCCL versions, an
 ``inter_node`` is true only when ranks of different nodes ran on different hosts; an HSDP cell
 without it gets a warning (:func:`inter_node_warning`): its R traffic never crossed a network, and a
 single-node run meets neither a real NCCL timeout nor an inter-node failure of R (issue 26 item 5).
+
+``--real-timeout`` (NCCL only) adds to each boundary cell the trials of its repair scenario with the
+boundary ``collective_timeout`` (an abort from outside) replaced by a genuine NCCL timeout: R's
+boundary collective queued behind a device spin longer than R's timeout
+(:mod:`accelpact.testing.nccl_timeout`); the cell is L1 only if those conform too, and its evidence
+says ``real_timeout``.  Elsewhere, or while that fault kind is not registered in
+``accelpact/testing/faults.py`` ``KINDS``, the flag is skipped with the reason (:func:`real_timeout_problem`).
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ def add_arguments(parser) -> None:
                         help="hot-swap cells to qualify (a crash taken over by a spare), comma-separated; '' for none")
     parser.add_argument("--work", default="/tmp/accelpact-qualify", help="folder for the runs")
     parser.add_argument("--list", action="store_true", help="print the cells and their trial envelopes; run nothing")
+    parser.add_argument("--real-timeout", action="store_true",
+                        help="NCCL only: also run each boundary cell's repair as a genuine NCCL timeout of R (a device "
+                             "spin longer than R's timeout before the boundary collective)")
 
 
 def cell_scenarios(wrapper: str, phase: str, swap: bool = False):
@@ -87,6 +97,34 @@ def cells(backend_name: str, wrappers: str, phases: str, swap_phases: str = "") 
                 out.append((ObservationKey(platform, wrapper, phase, DEFAULT_OBJECTIVE, died=swap, spare=swap,
                                            replica=swap), scs))
     return out
+
+
+def real_timeout_problem(backend_name: str) -> str | None:
+    """Why ``--real-timeout`` cannot run on ``backend_name`` here (None: it can): the fault is NCCL only
+    (:func:`accelpact.testing.nccl_timeout.unavailable`), and a scenario can name it only once it is a
+    fault kind (``accelpact/testing/faults.py`` ``KINDS``)."""
+    from ..testing import nccl_timeout as nt
+    from ..testing.faults import KINDS
+
+    why = nt.unavailable(backend_name)
+    if why:
+        return why
+    if nt.KIND not in KINDS:
+        return (f"the fault kind {nt.KIND!r} is not registered in accelpact/testing/faults.py KINDS (its effect is "
+                "accelpact.testing.nccl_timeout.nccl_timeout; spec/nccl.md, 'A genuine NCCL timeout')")
+    return None
+
+
+def real_timeout_scenario(sc):
+    """``sc`` (a boundary repair) with each ``collective_timeout`` at the boundary made a genuine NCCL
+    timeout of the same group on the same ranks, named ``<name>-nccl_timeout``."""
+    import dataclasses
+
+    from ..testing.nccl_timeout import KIND
+
+    faults = tuple(dataclasses.replace(f, kind=KIND) if (f.kind == "collective_timeout" and f.at == "boundary") else f
+                   for f in sc.faults)
+    return dataclasses.replace(sc, name=f"{sc.name}-{KIND}", faults=faults)
 
 
 def trial_envelope(key):
@@ -203,9 +241,15 @@ def run(args) -> int:
             "driver": (torch.version.cuda or "none") if be.device_type == "cuda" else "none"}
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    real = bool(getattr(args, "real_timeout", False))
+    if real and (why := real_timeout_problem(args.backend)):
+        print(f"qualify: --real-timeout skipped: {why}")
+        real = False
     entries = []
     all_ok = True
     for key, scs in todo:
+        if real and key.phase == "boundary" and not key.died:
+            scs = [*scs, *(real_timeout_scenario(sc) for sc in scs)]
         trial = trial_envelope(key)
         extra: dict[str, Any] = {}
         if trial is not None:
@@ -226,6 +270,8 @@ def run(args) -> int:
         acts = ("L1", "L2") if ((key.phase in ("boundary", *DISCARD_PHASES) or key.died) and ok) else ("L2",)
         evidence = cell_evidence(key, scs, backend_name=args.backend, trials=trials, passes=passes, failures=failures,
                                  platform_info=plat, torch_version=torch.__version__)
+        if key.phase == "boundary" and not key.died:
+            evidence["real_timeout"] = real  # R met a genuine NCCL timeout in some trials (else only an abort)
         warning = inter_node_warning(key, evidence)
         if warning:
             print(warning, flush=True)

@@ -88,6 +88,11 @@ NOT_DEMONSTRATED = {
                       "the plain repair writes no abort, and widening that window needs the test-only write-to-record "
                       "delay (Hooks.write_to_record_s), which a job does not carry.  "
                       "tests/test_impl_recovery.py::test_control_plane_write_and_its_record_are_one_action demonstrates it",
+    "ignore-backend-errors": "it shows only where a backend records an error that nothing raised (NCCL's watchdog "
+                             "in TORCH_NCCL_ASYNC_ERROR_HANDLING=2); a gloo group records none, so every scenario runs "
+                             "the same with it on.  tests/test_nccl_simulated.py::test_the_engine_rejects_a_step_on_"
+                             "a_silently_aborted_group_and_the_seeded_bug_commits_it demonstrates it over "
+                             "SimulatedNcclSemantics",
 }
 DEMONSTRATED_BUGS = tuple(b for b in ALL_SEEDED_BUGS if b in CAUGHT_BY_CHECKER)
 #: problems that say the run itself went wrong (launch, hang, files), not that an oracle caught the bug

@@ -62,6 +62,9 @@ def test_unavailable_asks_one_gpu_in_one_gpu_mode(monkeypatch):
     nccl = B.backend("nccl")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    # a CUDA build's ProcessGroupNCCL, with its get_error binding (Backend.error_query_problem)
+    monkeypatch.setattr(torch.distributed, "ProcessGroupNCCL", type("PG", (), {"get_error": lambda self: None}),
+                        raising=False)
     assert "one CUDA device per rank (5)" in (nccl.unavailable(5) or "")
     monkeypatch.setenv(B.ONE_GPU_ENV, "1")
     assert nccl.unavailable(5) is None and nccl.unavailable(1) is None
@@ -102,8 +105,8 @@ def test_gpu_conformance_command_and_outcomes():
 
 
 def test_gpu_check_table_is_bounded():
-    assert set(gpu_check.SUBCHECKS) == {"watchdog_timeout", "ddp_repair", "fsdp2_boundary", "swap_blob_exchange",
-                                        "state_checksum"}
+    assert set(gpu_check.SUBCHECKS) == {"watchdog_timeout", "ddp_repair", "real_timeout_repair", "fsdp2_boundary",
+                                        "swap_blob_exchange", "state_checksum"}
     assert sum(bound for _, bound, _ in gpu_check.SUBCHECKS.values()) < 540 < 600
 
 
@@ -116,6 +119,32 @@ def test_gpu_check_neutral_subchecks_on_gloo(tmp_path):
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0 and res["ok"] is True, json.dumps(res, indent=1)[-4000:] + proc.stderr[-2000:]
     sub = res["subchecks"]
-    assert sub["watchdog_timeout"]["ok"] is None and sub["ddp_repair"]["ok"] is None
+    assert all(sub[n]["ok"] is None for n in ("watchdog_timeout", "ddp_repair", "real_timeout_repair"))
     for name in ("fsdp2_boundary", "swap_blob_exchange", "state_checksum"):
         assert sub[name]["ok"] is True and all(sub[name]["checks"].values()), name
+
+
+def test_get_error_binding_is_reported_without_a_device():
+    """The one-line check of spec/nccl.md row 17 that gpu_check's JSON carries (``get_error_bound``): on
+    this CPU build there is no ProcessGroupNCCL, the base Backend binds no get_error, and an NCCL job
+    would be refused with the reason."""
+    b = gpu_check.get_error_binding()
+    assert b["Backend"] is False
+    if not hasattr(torch.distributed, "ProcessGroupNCCL"):
+        assert b["ProcessGroupNCCL"] is None and "without NCCL" in b["problem"]
+
+
+def test_the_real_timeout_fault_is_nccl_only(tmp_path):
+    """``accelpact.testing.nccl_timeout``: on gloo it refuses with the reason, never stalls anything."""
+    from accelpact.impl.revoke import SocketRecord
+    from accelpact.testing import nccl_timeout as nt
+    from accelpact.testing.faults import Fault, FaultContext, FaultError
+
+    assert "NCCL only" in (nt.unavailable("gloo") or "")
+    if torch.cuda.is_available():
+        assert nt.unavailable("nccl") is None
+    ctx = FaultContext(None, 0, 0, {}, {"replicate": SocketRecord(backend="gloo")})
+    with pytest.raises(FaultError, match="NCCL only"):
+        nt.nccl_timeout(Fault(1, "boundary", "collective_timeout", (0,), "replicate"), ctx)
+    with pytest.raises(FaultError, match="no NCCL group named 'shard'"):
+        nt.nccl_timeout(Fault(1, "boundary", "collective_timeout", (0,), "shard"), ctx)

@@ -272,3 +272,149 @@ def test_the_gpu_count_check_counts_the_spares(monkeypatch):
     with pytest.raises(ApiError, match="stop here"):
         accelpact.init("nccl", spares=1, env={"RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"})
     assert asked == [3]  # two training ranks and one spare, each on its own GPU
+
+
+# ------------------------------------------------------------------ where get_error is bound (row 17)
+def test_the_installed_build_binds_get_error_per_backend_class_not_on_the_base():
+    """The fact spec/nccl.md row 17 rests on, pinned on this (CPU) build: ``Backend`` itself has no
+    ``get_error`` at runtime although the .pyi declares one; a subclass binds its own
+    (``_ProcessGroupWrapper``, under ``USE_C10D_GLOO``), as ``ProcessGroupNCCL`` does under
+    ``USE_C10D_NCCL``; ``_get_backend`` returns the most derived class; the ErrorType enum is bound."""
+    c10d = torch._C._distributed_c10d
+    assert not hasattr(c10d.Backend, "get_error")
+    assert "get_error" in vars(c10d._ProcessGroupWrapper)
+    assert {"SUCCESS", "TIMEOUT", "COMM_ERROR", "REMOTE_ERROR"} <= set(c10d.ErrorType.__members__)
+    pg = dist.ProcessGroup(dist.HashStore(), 0, 1)
+    gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    assert type(pg._get_backend(torch.device("cpu"))) is dist.ProcessGroupGloo
+
+
+def test_backend_error_names_the_real_enum_and_asks_a_wrappers_wrapped_backend():
+    class Raw:
+        def __init__(self, err):
+            self.err = err
+
+        def get_error(self):
+            return self.err
+
+    class Wrapper:  # a _ProcessGroupWrapper whose own call failed: its wrapped_pg is asked
+        def __init__(self, inner):
+            self.wrapped_pg = inner
+
+        def get_error(self):
+            raise RuntimeError("Backend gloo does not support getError")
+
+    et = torch._C._distributed_c10d.ErrorType
+    assert backends.backend_error(_FakeNcclGroup(Raw(et.TIMEOUT))) == "TIMEOUT"
+    assert backends.backend_error(_FakeNcclGroup(Raw(et.SUCCESS))) is None
+    assert backends.backend_error(_FakeNcclGroup(Wrapper(Raw(et.REMOTE_ERROR)))) == "REMOTE_ERROR"
+    assert backends.backend_error(_FakeNcclGroup(Wrapper(object()))) is None
+    real = torch._C._distributed_c10d._ProcessGroupWrapper(
+        dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5)),
+        dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5)))
+    assert backends.backend_error(_FakeNcclGroup(real)) is None  # it asks gloo, which does not support getError
+
+
+def test_an_nccl_job_is_refused_on_a_torch_without_get_error(monkeypatch):
+    """``Backend.unavailable`` (what ``accelpact.init``, conformance and qualify ask first) refuses NCCL on a
+    build whose ProcessGroupNCCL has no ``get_error``: a silently aborted group could not be seen."""
+    nccl = backends.backend("nccl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv(backends.ONE_GPU_ENV, raising=False)
+
+    class Old:  # ProcessGroupNCCL before pytorch/pytorch#144498
+        pass
+
+    class New:
+        def get_error(self):
+            return None
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", Old, raising=False)
+    why = nccl.unavailable(4) or ""
+    assert "no get_error()" in why and "torch>=2.7" in why and "row 17" in why
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", New, raising=False)
+    assert nccl.unavailable(4) is None and nccl.error_query_problem() is None
+    assert "one CUDA device per rank" in (nccl.unavailable(8) or "")  # the device count is asked first
+    monkeypatch.delattr(dist, "ProcessGroupNCCL", raising=False)
+    assert "built without NCCL" in (nccl.unavailable(4) or "")
+    assert backends.backend("gloo").error_query_problem() is None and backends.backend("gloo").unavailable(4) is None
+
+
+def test_set_timeout_sets_a_groups_later_collective_timeout():
+    """``Backend.set_timeout``: what a mesh the user built needs (R's timeout is the mesh's, not
+    ``collective_timeout_s``): the group's backend's ``set_timeout``, read back by ``timeout_of``."""
+    gloo = backends.backend("gloo")
+    pg = dist.ProcessGroup(dist.HashStore(), 0, 1)
+    raw = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=600))
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, raw)
+    assert gloo.timeout_of(pg) == 600.0
+    gloo.set_timeout(pg, 7.5)
+    assert gloo.timeout_of(pg) == 7.5
+
+
+# ------------------------------------------------------- qualify --real-timeout (issue 26 item 5)
+def test_real_timeout_is_nccl_only_and_waits_for_its_fault_kind(monkeypatch):
+    from accelpact.conformance import cli_qualify as Q
+    from accelpact.testing import faults, nccl_timeout as nt
+
+    assert "NCCL only" in (Q.real_timeout_problem("gloo") or "")
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.delitem(faults.KINDS, nt.KIND, raising=False)
+    assert "not registered in accelpact/testing/faults.py KINDS" in (Q.real_timeout_problem("nccl") or "")
+    monkeypatch.setitem(faults.KINDS, nt.KIND, faults.KINDS["collective_timeout"])
+    assert Q.real_timeout_problem("nccl") is None
+
+
+def test_real_timeout_scenario_keeps_the_cut_and_changes_only_its_mechanism():
+    from accelpact.conformance import cli_qualify as Q
+    from accelpact.conformance.generate import SCENARIO_DIR
+    from accelpact.conformance.scenario import load_scenario
+
+    sc = load_scenario(SCENARIO_DIR / "2x2-fsdp1-repair.json")
+    real = Q.real_timeout_scenario(sc)
+    assert real.name == "2x2-fsdp1-repair-nccl_timeout" and real.topology == sc.topology and real.workload == sc.workload
+    assert [(f.step, f.at, f.ranks, f.group) for f in real.faults] == [(f.step, f.at, f.ranks, f.group) for f in sc.faults]
+    assert {f.kind for f in real.faults} == {"nccl_timeout"}
+
+
+@pytest.mark.parametrize("registered", [False, True])
+def test_qualify_real_timeout_runs_the_extra_trials_or_says_why_not(tmp_path, monkeypatch, capsys, registered):
+    """``qualify --backend nccl --real-timeout`` with the runs faked (no processes, no GPU)."""
+    import argparse
+
+    from accelpact.conformance import cli_qualify as Q
+    from accelpact.conformance import runner
+    from accelpact.model.contract import load_envelope
+    from accelpact.testing import faults, nccl_timeout as nt
+
+    ran: list[str] = []
+
+    class Rep:
+        conforms, problems = True, []
+
+    def run_scenario(sc, **kw):
+        ran.append(sc.name)
+        return Rep()
+
+    monkeypatch.setattr(runner, "run_scenario", run_scenario)
+    monkeypatch.setattr(backends.Backend, "unavailable", lambda self, world: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
+    monkeypatch.delitem(faults.KINDS, nt.KIND, raising=False)
+    if registered:
+        monkeypatch.setitem(faults.KINDS, nt.KIND, faults.KINDS["collective_timeout"])
+    out = tmp_path / "env.json"
+    ns = argparse.Namespace(backend="nccl", trials=1, out=str(out), wrappers="ddp", phases="boundary,backward",
+                            swap_phases="", work=str(tmp_path / "w"), list=False, real_timeout=True)
+    assert Q.run(ns) == 0
+    text = capsys.readouterr().out
+    entries = {e.key.phase: e for e in load_envelope(out).entries}
+    if registered:
+        assert ran == ["2x2-ddp-repair", "2x2-ddp-repair-nccl_timeout", "2x2-ddp-reject-backward"]
+        assert entries["boundary"].evidence["real_timeout"] is True and entries["boundary"].evidence["trials"] == 2
+    else:
+        assert "--real-timeout skipped" in text and "not registered" in text
+        assert ran == ["2x2-ddp-repair", "2x2-ddp-reject-backward"]
+        assert entries["boundary"].evidence["real_timeout"] is False
+    assert "real_timeout" not in entries["backward"].evidence

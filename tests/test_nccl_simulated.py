@@ -123,11 +123,84 @@ def test_a_probe_that_passed_on_an_aborted_r_does_not_stand():
     assert _judge({"replicate": r}, observed=True) is None  # R's probe failed: the boundary's own (repairable) failure
 
 
-def test_the_seeded_defect_of_ignoring_get_error_is_caught(monkeypatch):
-    """Seeded defect: the engine ignores ``get_error()``.  Then the judgement lets the corrupted step
-    stand, which ``test_a_step_with_a_silently_aborted_shard_group_does_not_stand`` rejects."""
+def test_the_judgement_alone_without_get_error_lets_the_step_stand(monkeypatch):
+    """The judgement reads nothing but ``backend_error``: without it (a build with no ``get_error``
+    binding, which ``Backend.unavailable`` refuses on NCCL) the corrupted step would stand."""
     r, shard = SimulatedNcclSemantics(), SimulatedNcclSemantics()
     shard.watchdog_fails("TIMEOUT")
     assert _judge({"replicate": r, "shard": shard}) is not None
     monkeypatch.setattr(backends, "backend_error", lambda pg: None)  # the defect
     assert _judge({"replicate": r, "shard": shard}) is None  # the step would stand: the test above fails
+
+
+# ---- the whole engine over the double: the seeded bug ``ignore-backend-errors`` ----------------------
+
+def silent_abort_worker(ctx, seeded_bug: str | None = None, steps: int = 3, fail_step: int = 1) -> dict:
+    """A rank (``init_group=True``): DDP over the default gloo group (R, "world") with the real engine
+    attached, and a ``SimulatedNcclSemantics`` shard group among its training groups.  During step
+    ``fail_step`` (after backward, before ``optimizer.step()``) the shard group's watchdog aborts it
+    silently, as NCCL's does in mode 2 when a reduce-scatter times out: the step's gradients are not
+    to be trusted and nothing raises.  Returns the steps whose boundary let them stand."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.hooks import Hooks
+    from accelpact.impl.recovery import PactGroups, attach
+    from accelpact.impl.trace import Trace, trace_path
+
+    rank, world = ctx.rank, ctx.world
+    control = dist.ProcessGroupGloo(dist.PrefixStore("control", ctx.store), rank, world, datetime.timedelta(seconds=8))
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 2), process_group=ctx.group)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    shard = SimulatedNcclSemantics()
+    groups = PactGroups(control=control, affected=ctx.group, members=tuple(range(world)), record=ctx.group_record,
+                        name="world", others={"shard": record_group(shard)})
+    header = {"world": world, "nodes": world, "ranks_per_node": 1, "group": "world", "affected": list(range(world)),
+              "attempt": 0, "scenario": "simulated-nccl-silent-abort", "seed": 0, "backend": "gloo", "frontier_at_start": 0}
+    trace = Trace(trace_path(ctx.out, 0, rank), rank, header)
+    pact = attach(model, opt, groups=groups, control=ControlPlane(ctx.store, rank, world, prefix="job/"), trace=trace,
+                  deadline_s=8.0, hooks=Hooks(seeded_bug=seeded_bug))
+    stood = []
+    for step in range(steps):
+        with pact.step(step):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(100 * step + rank))
+            loss = model(x).square().mean()
+            loss.backward()
+            if step == fail_step:
+                shard.watchdog_fails("TIMEOUT")  # this step's shard collective: aborted by the watchdog, silently
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        pact.boundary(loss)
+        stood.append(step)
+    pact.close()
+    trace.close()
+    return {"stood": stood, "frontier": pact.frontier}
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bug", [None, "ignore-backend-errors"])
+def test_the_engine_rejects_a_step_on_a_silently_aborted_group_and_the_seeded_bug_commits_it(ranks, bug):
+    """Issue 26, Done when: the real engine (``Pact.boundary``) over ``SimulatedNcclSemantics``.  As it is,
+    the step whose shard collective NCCL's watchdog aborted silently is an in-flight failure: RankObserve
+    naming the group and ``TIMEOUT``, RankReject, every rank exits 70 (L2) and no later step runs.  With
+    the seeded bug ``ignore-backend-errors`` (the boundary never reads ``get_error()``) the same run
+    commits the corrupted step and trains on: exit 0, every step stood, no RankReject."""
+    run = ranks.run(silent_abort_worker, 2, init_group=True, timeout_s=100, seeded_bug=bug)
+    if bug is not None:  # the defect: the bad step stands, nobody notices
+        assert run.codes == {0: 0, 1: 0}, run.explain()
+        for r in range(2):
+            assert run.result(r)["stood"] == [0, 1, 2] and run.result(r)["frontier"] == 3
+            assert "RankReject" not in run.actions(r) and "RankObserve" not in run.actions(r)
+        return
+    assert run.codes == {0: 70, 1: 70}, run.explain()
+    assert any("RankReject" in run.actions(r) for r in range(2)), run.explain()
+    for r in range(2):
+        obs = [x for x in run.trace(r) if x.get("action") == "RankObserve"]
+        if obs:  # an observer (the other may end on its peer's job abort first: RankExit)
+            assert obs[0]["detail"]["in_flight"] is True, obs
+            assert "shard" in obs[0]["detail"]["error"] and "TIMEOUT" in obs[0]["detail"]["error"], obs
+            assert run.actions(r)[-2:] == ["RankObserve", "RankReject"], run.actions(r)
+        else:
+            assert run.actions(r)[-1] == "RankExit", run.actions(r)

@@ -73,6 +73,11 @@ def _nothing(self: Any, ep: Any) -> None:
     """validate-before-transfer: the validation already ran (:func:`_validate_then_transfer`)."""
 
 
+def _ignore_backend_errors(self: Any, observed: bool) -> None:
+    """ignore-backend-errors: the boundary never reads the training groups' ``get_error()``, so a step
+    whose collective NCCL's watchdog aborted silently (``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``) stands."""
+
+
 # ---- replacements of the control plane's -----------------------------------------------------------
 def _key_unfenced(self: Any, g: int, name: str) -> str:
     """no-fence: keys not namespaced by the generation."""
@@ -111,6 +116,9 @@ SEEDED_BUGS: dict[str, SeededBug] = {
                                                   "_validate_replicas": _nothing}, control={}),
     "wrong-members": SeededBug("phase 4 builds R's new communicator with the wrong membership (phase 6 must catch it)",
                                engine={"_new_members": _members_along_wrong_axis}, control={}),
+    "ignore-backend-errors": SeededBug("the boundary ignores the backends' recorded errors (get_error()): a step on a "
+                                       "silently aborted NCCL communicator stands",
+                                       engine={"_fail_on_backend_errors": _ignore_backend_errors}, control={}),
 }
 
 

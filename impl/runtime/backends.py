@@ -76,9 +76,34 @@ class Backend:
 
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if one_gpu_mode():  # every rank on device 0 (ONE_GPU_ENV)
-            return None if have >= 1 else f"backend {self.name} ({ONE_GPU_ENV}=1) needs a CUDA device; this machine has none"
-        if have < world:
+            if have < 1:
+                return f"backend {self.name} ({ONE_GPU_ENV}=1) needs a CUDA device; this machine has none"
+        elif have < world:
             return f"backend {self.name} needs one CUDA device per rank ({world}); this machine has {have}"
+        return self.error_query_problem()
+
+    def error_query_problem(self) -> str | None:
+        """Why this torch build cannot tell the engine that a group of this backend failed silently (None:
+        it can, or the backend never fails silently).  NCCL in ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` aborts a
+        failed group from its watchdog and raises nothing; the boundary reads ``get_error()`` of every
+        training group (:func:`recorded_errors`) before it lets a step stand.  That binding is
+        ``ProcessGroupNCCL``'s own (``.def("get_error", &::c10d::ProcessGroupNCCL::getError, ...)`` in
+        torch/csrc/distributed/c10d/init.cpp, under ``#ifdef USE_C10D_NCCL``; pytorch/pytorch#144498, torch
+        2.7): the base ``Backend`` binding has none, whatever ``_distributed_c10d.pyi`` declares (spec/nccl.md
+        row 17).  A torch without it would let a corrupted step stand: :meth:`unavailable` refuses the job."""
+        if self.revoke != "abort":
+            return None
+        import torch
+        import torch.distributed as dist
+
+        cls = getattr(dist, "ProcessGroupNCCL", None)
+        if cls is None:
+            return f"backend {self.name}: torch {torch.__version__} was built without NCCL (no ProcessGroupNCCL)"
+        if not callable(getattr(cls, "get_error", None)):
+            return (f"backend {self.name}: torch {torch.__version__}'s ProcessGroupNCCL has no get_error() (added in torch "
+                    "2.7, pytorch/pytorch#144498); with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a "
+                    "failed group without raising, and without get_error() accelpact cannot tell that a step ran on "
+                    "an aborted communicator: install torch>=2.7 (spec/nccl.md row 17)")
         return None
 
     # ---- the process -----------------------------------------------------------------------------
@@ -144,6 +169,19 @@ class Backend:
             raw = pg  # a bare backend (ProcessGroupGloo/ProcessGroupNCCL), or not a group at all
         td = getattr(getattr(raw, "options", None), "_timeout", None)
         return td.total_seconds() if isinstance(td, datetime.timedelta) else None
+
+    def set_timeout(self, pg, timeout_s: float) -> None:
+        """Make ``timeout_s`` the collective timeout of ``pg``'s later works: its backend's ``set_timeout``
+        (``Backend::setTimeout``; ``ProcessGroupNCCL::setTimeout`` sets ``options_->timeout``, which each new
+        work takes, spec/nccl.md row 11).  For groups accelpact did not build (a user's ``DeviceMesh``),
+        whose timeout is the mesh's (10 min for NCCL by default), not ``collective_timeout_s``."""
+        import torch
+
+        try:
+            raw = pg._get_backend(torch.device(self.device_type))
+        except (AttributeError, RuntimeError, TypeError):
+            raw = pg  # a bare backend
+        raw.set_timeout(datetime.timedelta(seconds=timeout_s))
 
     def build_group(self, store, group_rank: int, size: int, *, name: str, global_ranks: Sequence[int], device=None,
                     connect_timeout_s: float, timeout_s: float):
@@ -341,10 +379,17 @@ def is_comm_failure(exc: BaseException) -> bool:
 def backend_error(pg) -> str | None:
     """The error a group's accelerator backend has recorded (``Backend::getError``: ``ProcessGroupNCCL``
     keeps ``error_`` (ErrorType TIMEOUT / COMM_ERROR / REMOTE_ERROR) when its watchdog saw a failed or
-    timed-out work): its name, or None for SUCCESS, a CPU group, or a torch build whose Python binding
-    has no ``get_error`` (then nothing can be said: spec/nccl.md row 17).  In
+    timed-out work): its name, or None for SUCCESS or a CPU group.  In
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` the watchdog aborts the communicators of such a group and
-    raises nothing in Python: this is how a caller can still see it."""
+    raises nothing in Python: this is how a caller can still see it.
+
+    Where the binding is (spec/nccl.md row 17): ``pg._get_backend(cuda)`` returns the most derived bound
+    class (pybind11 downcasts a polymorphic ``Backend``), a ``ProcessGroupNCCL``, whose own ``get_error``
+    is bound since torch 2.7; under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` it is a ``_ProcessGroupWrapper``,
+    whose ``get_error`` asks the wrapped backend (and its ``wrapped_pg`` is tried too).  The base
+    ``Backend`` class has no ``get_error`` at runtime (the .pyi declares one).  On a build with no
+    binding anywhere nothing can be read and this returns None: :meth:`Backend.unavailable` refuses an
+    NCCL job on such a build (:meth:`Backend.error_query_problem`)."""
     import torch
 
     be = backend_of(pg)
@@ -353,16 +398,18 @@ def backend_error(pg) -> str | None:
     try:
         raw = pg._get_backend(torch.device(be.device_type))
     except (AttributeError, RuntimeError, TypeError):
-        raw = pg
-    get = getattr(raw, "get_error", None)
-    if get is None:
-        return None
-    try:
-        err = get()
-    except RuntimeError:  # Backend::getError's default: "Backend ... does not support getError"
-        return None
-    name = str(getattr(err, "name", err)).rsplit(".", 1)[-1]
-    return None if name == "SUCCESS" else name
+        raw = pg  # a bare backend (ProcessGroupNCCL), or a test double
+    for obj in (raw, getattr(raw, "wrapped_pg", None)):
+        get = getattr(obj, "get_error", None)
+        if get is None:
+            continue
+        try:
+            err = get()
+        except RuntimeError:  # Backend::getError's default: "Backend ... does not support getError"
+            continue
+        name = str(getattr(err, "name", err)).rsplit(".", 1)[-1]
+        return None if name == "SUCCESS" else name
+    return None
 
 
 def recorded_errors(records: dict, skip: Sequence[str] = ()) -> dict[str, str]:
