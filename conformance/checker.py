@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..model.contract import IN_FLIGHT_PHASES, without_discard
-from ..model.protocol import Action, actions_for, all_actions, enabled, successors, true_lookup
+from ..model.protocol import Action, actions_for, all_actions, enabled, link_arg, successors, true_lookup
 from ..model.state import (
     PC_CRASHED,
     PC_EXITED,
@@ -60,7 +60,7 @@ from .mapping import Script, surfaces
 #: model actions of job-wide fault kinds (no actor rank; the trace of the rank that triggered one logs it)
 JOB_WIDE = frozenset(k.action for k in KINDS.values() if k.job_wide)
 
-STATE_FIELDS = ("pc", "gen", "frontier", "tau", "point", "comm", "refs_stale", "reason")
+STATE_FIELDS = ("pc", "gen", "frontier", "tau", "point", "comm", "refs_stale", "reason", "wide")
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +261,9 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
         elif k == "reason":
             if (v or "") != rk.reason:
                 return f"reason {v!r} but the model has {rk.reason!r}"
+        elif k == "wide":
+            if v is not None and int(v) != rk.wide:
+                return f"wide={v} (the generation of the groups over W it holds) but the model has {rk.wide}"
     g = pre.ranks[r].gen
     d = rec.detail
     if a.name == "RankDecideAgreement" and "decision" in d:
@@ -468,6 +471,11 @@ class TraceChecker:
             # acted by that group's representative
             actor = None if self.cfg.failing == "one" else self.cfg.members(group)[0]
             cands = [Action("FaultGroupFail", actor, p) for p in self.cfg.points if point is None or p in surfaces(point)]
+        elif rec.action == "FaultLinkCut":
+            # logged by one end of the link (the model's actor, the lower rank), naming the other end
+            point, peer = rec.detail.get("point"), rec.detail.get("peer")
+            cands = [a for a in self.by_rank.get((rec.action, r), []) if a.arg is not None
+                     and (peer is None or link_arg(a.arg)[0] == peer) and (point is None or link_arg(a.arg)[1] in surfaces(point))]
         elif rec.action in JOB_WIDE:
             # a job-wide fault (FaultStoreLoss) logged by the rank that triggered it: no actor
             cands = [Action(rec.action)]
@@ -767,13 +775,21 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
             continue
         rk = _held(pre, post, r)
         state = {"pc": rk.pc, "gen": rk.gen, "frontier": rk.frontier, "tau": rk.tau, "point": rk.point, "reason": rk.reason}
-        if a.name in ("RankReplace", "RankRebind"):  # as the implementation records them
+        # as the implementation records them: a RankReplace names R's new communicator only where it
+        # built one (a member of a failed group); every rank's names the groups over W it built
+        if a.name == "RankRebind" or (a.name == "RankReplace" and rk.comm != pre.ranks[r].comm):
             comm = comm_name(PREFIX, rk.comm, cfg.group) if rk.comm > 0 else "original"
             state.update(comm=comm, refs_stale=_refs_stale(rk))
+        if a.name == "RankReplace":
+            state["wide"] = rk.wide
         g = pre.ranks[r].gen
         detail: dict[str, Any] = {}
         if a.name == "FaultGroupFail":
             detail["point"] = a.arg
+            state = {}
+        elif a.name == "FaultLinkCut" and a.arg is not None:
+            peer, point = link_arg(a.arg)
+            detail.update(point=point, peer=peer)
             state = {}
         elif a.name == "RankDecideAgreement":
             detail["decision"] = true_lookup(post.store.agree, g)
@@ -819,6 +835,7 @@ def scheduled_repair(cfg: Config) -> list[tuple[Action, State, State]]:
     for name, ranks in (("RankGuard", world),
                         ("RankArrive", world), ("RankDecideAgreement", world[-1:]), ("RankAwaitAgreement", world),
                         ("RankReplace", members), ("RankRebind", members), ("RankValidate", members),
+                        ("RankReplace", [r for r in world if r not in members]),
                         ("RankReady", world), ("RankDecideRelease", world[-1:]), ("RankResume", world)):
         for r in ranks:
             do(Action(name, r))

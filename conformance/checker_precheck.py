@@ -93,6 +93,7 @@ _STEPS: dict[str, tuple[frozenset[str] | str | None, str | None]] = {
     "RankLoseStore": (_MODEL, PC_EXITED),
     "RankSuspect": (_MODEL, PC_EXITED),
     "FaultGroupFail": (None, None),
+    "FaultLinkCut": (None, None),   # logged by an end of the link, acted by no rank (P18.2)
     "FaultStoreLoss": (None, None),
     "FaultCrash": (_ALIVE, PC_CRASHED),
     "FaultHang": (_ALIVE, None),
@@ -217,7 +218,7 @@ def _walk(cfg: Config, r: int, recs: list[Record]) -> tuple[_Rank, Finding | Non
             rk.point = None  # a discard moves the rank back to the committed boundary
         elif a == "SpareJoin":
             rk.point = _ANY_POINT  # a peer's RankTransferState sets it: not this trace's to tell
-        elif a == "RankReplace":
+        elif a == "RankReplace" and "comm" in rec.state:  # R's (or every group's); else only the groups over W
             rk.comm = gen0 + 1
         elif a == "RankRebind":
             rk.refs = gen0 + 1

@@ -41,9 +41,9 @@ WINDOWS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "guard": ((PC_OBSERVED,), (PC_OBSERVED,)),
     "agree": ((PC_GUARDED, PC_ARRIVED), (PC_GUARDED, PC_ARRIVED)),
     "replace": ((PC_AGREED,), (PC_AGREED,)),
-    "rebind": ((PC_REPLACED,), (PC_AGREED,)),
-    "validate": ((PC_REBOUND,), (PC_AGREED,)),
-    "release": ((PC_VALIDATED, PC_READY), (PC_AGREED, PC_READY)),
+    "rebind": ((PC_REPLACED,), (PC_REPLACED,)),
+    "validate": ((PC_REBOUND,), (PC_REPLACED,)),
+    "release": ((PC_VALIDATED, PC_READY), (PC_REPLACED, PC_READY)),
 }
 #: Narrower windows for the kinds whose model action is enabled only in some pcs (the kind table's).
 KIND_WINDOWS: dict[str, tuple[str, ...]] = {k: fk.windows for k, fk in KINDS.items() if fk.windows is not None}
@@ -109,8 +109,14 @@ def failing_group(sc: Scenario) -> tuple[int, ...]:
 def failing_mode(sc: Scenario) -> str:
     """``one`` when every episode fails the same single group (the classic model instance, R fixed
     per job), else ``any`` (which groups fail is part of each episode; several may fail at once)."""
+    if _links(sc):
+        return "any"  # a link cut fails whichever groups cross it (Config.links needs "any")
     per_episode = {sc.episode_groups(s) for s in sc.episode_steps}
     return "one" if len(per_episode) == 1 and len(next(iter(per_episode))) == 1 else "any"
+
+
+def _links(sc: Scenario) -> bool:
+    return any(KINDS[f.kind].pair for f in sc.faults)
 
 
 def model_config(sc: Scenario) -> Config:
@@ -128,7 +134,7 @@ def _model_config(sc: Scenario) -> Config:
     return Config(
         nodes=sc.topology.nodes,
         ranks_per_node=sc.topology.ranks_per_node,
-        affected_local=sc.episode_groups(sc.episode_steps[0])[0] if sc.group == "replicate" else 0,
+        affected_local=next(iter(sc.episode_groups(sc.episode_steps[0])), 0) if sc.group == "replicate" else 0,
         group=sc.group,
         failing=failing_mode(sc),
         max_faults=len(script_for(sc).faults),
@@ -137,6 +143,7 @@ def _model_config(sc: Scenario) -> Config:
         profile=sc.workload.wrapper,
         uses_r=uses_r(sc),
         spares=sc.topology.spares,
+        links=_links(sc),
     )
 
 
@@ -156,13 +163,18 @@ def script_for(sc: Scenario) -> Script:
     for g, s in enumerate(sc.episode_steps):
         if sc.topology.spares and not any(f.is_failure for f in sc.faults if f.step == s):
             continue  # with spares, a crash starts its episode itself (FaultCrash, P16.0): no group failure
+        cuts = [f for f in sc.faults if f.step == s and f.is_trigger and KINDS[f.kind].pair]
+        for f in cuts:  # a physical link: its own model fault (P18.2), acted by its lower end
+            out.append(ScriptedFault("FaultLinkCut", f.ranks[0], f"{f.ranks[1]}@{f.at}", g, (PC_TRAIN,)))
+        if cuts:
+            continue
         if failing_mode(sc) == "one":
             out.append(ScriptedFault("FaultGroupFail", None, sc.trigger_point(s), g, ()))
         else:  # one FaultGroupFail per failing group, acted by its representative (its first rank)
             out.extend(ScriptedFault("FaultGroupFail", groups[gi][0], sc.trigger_point(s), g, ()) for gi in sc.episode_groups(s))
     for f in sc.faults:
-        if f.is_failure:
-            continue  # the group failure itself (above)
+        if f.is_failure or (f.is_trigger and KINDS[f.kind].pair):
+            continue  # the group failure or the link cut itself (above)
         g = episodes[f.step]
         members = sc.episode_members(f.step)
         for r in f.targets(sc.topology.world):

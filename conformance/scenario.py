@@ -104,7 +104,17 @@ class Scenario:
         world = self.topology.world
         trig = [f for f in self.faults if f.step == step and f.is_trigger]
         ranks = [r for f in trig if f.is_failure for r in f.targets(world)]
+        # a link cut fails the group of R's kind its two ends share, if any (P18.2)
+        ranks += [r for f in trig if KINDS[f.kind].pair and self.link_group(f) is not None for r in f.ranks]
+        if any(KINDS[f.kind].pair for f in trig):
+            return tuple(sorted(set(ranks)))
         return tuple(sorted(set(ranks or [r for f in trig for r in f.targets(world)])))
+
+    def link_group(self, f: Fault) -> int | None:
+        """The group of R's kind a link cut's two ends share (its index), or None: the link crosses none."""
+        a, b = f.ranks
+        ga, gb = self.topology.group_index(self.group, a), self.topology.group_index(self.group, b)
+        return ga if ga == gb else None
 
     def episode_groups(self, step: int) -> tuple[int, ...]:
         """Which groups of R's kind fail at the trigger of ``step`` (their indices): R of that
@@ -180,7 +190,11 @@ def _check_consistency(sc: Scenario, source: str) -> None:
     steps = set(sc.episode_steps)
     if not steps:
         raise ScenarioError(f"{source}.faults: needs at least one fault at {list(TRIGGER_POINTS)} to start a recovery")
+    rpn = sc.topology.ranks_per_node
     for i, f in enumerate(sc.faults):
+        if KINDS[f.kind].pair and f.ranks[0] // rpn == f.ranks[1] // rpn:
+            raise ScenarioError(f"{source}.faults[{i}]: a {f.kind} joins ranks on two nodes (rank = node * "
+                                f"{rpn} + local); {list(f.ranks)} are both on node {f.ranks[0] // rpn}")
         if f.at in RECOVERY_POINTS and f.step not in steps:
             raise ScenarioError(
                 f"{source}.faults[{i}]: a fault at {f.at!r} needs a fault at 'boundary' (or in flight) at the same step {f.step} "

@@ -25,7 +25,7 @@ from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED
                                    REASON_DEADLINE, REASON_MISMATCH)
 
 __all__ = ["ABORT_KEY", "DEATHS_KEY", "NEXT_KEY", "PREFIX", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
-           "claimers_key", "comm_generation", "comm_name", "death_key", "heartbeat_key", "progress_key", "spare_gone_key", "state_key",
+           "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "progress_key", "spare_gone_key", "state_key",
            "swap_prefix", "swap_rebuilt_key"]
 
 # ---------------------------------------------------------------------------------- store keys
@@ -83,6 +83,12 @@ def state_key(rank: int) -> str:
 def swap_prefix(g_next: int) -> str:
     """Hot swap: the store prefix of every group rebuilt in ``g_next`` (``{PREFIX}g{g_next}/swap/``)."""
     return f"{PREFIX}g{g_next}/swap/"
+
+
+def wide_prefix(g_next: int) -> str:
+    """The store prefix of the groups over all of W rebuilt in ``g_next`` by every episode (P18.3):
+    ``{PREFIX}g{g_next}/wide/``."""
+    return f"{PREFIX}g{g_next}/wide/"
 
 
 def swap_rebuilt_key(g: int) -> str:
@@ -260,18 +266,49 @@ class ControlPlane:
 
     # ---- phase 1 -------------------------------------------------------------------------
     def publish_revoke(self, g: int, group: str, *, step: bool = False) -> bool:
-        """RankObserve (members of R): mark R revoked in g; True if this call wrote it.  ``step``: the
-        revoke abandons the step in flight (P17, value suffix ``watchdog.STEP_REVOKE``): each member's
-        watcher closes every training group of its rank, not only R."""
+        """RankObserve (members of R): mark R revoked in g (single assignment on ``g{g}/revoke/{group}``)
+        and, if this call wrote it, append ``{group}`` to generation g's revoke log (:meth:`revlog_key`),
+        which every rank's watcher reads in order; True if this call wrote it.  ``step``: the revoke
+        abandons the step in flight (P17, suffix ``watchdog.STEP_REVOKE``): every watcher closes every
+        group of its rank, not only R."""
         from .watchdog import STEP_REVOKE
 
-        value = f"{self.rank}{STEP_REVOKE if step else ''}"
-        return self._decide(self.revoke_key(g, group), value) == value
+        suffix = STEP_REVOKE if step else ""
+        value = f"{self.rank}{suffix}"
+        wrote = self._decide(self.revoke_key(g, group), value) == value
+        if wrote:
+            self._log_revoke(g, f"{group}{suffix}")
+        return wrote
+
+    def publish_wide_revoke(self, g: int) -> bool:
+        """A rank's failure flag (or a checkpoint save) failed at the boundary: a group over all of W
+        failed under it (P18.4).  Single assignment on ``g{g}/revoke/wide``; the first writer appends
+        ``wide`` to g's revoke log, on which every rank's watcher closes its groups over W (the control
+        and checkpoint groups), so a peer blocked in the flag or the save wakes up.  True if this call
+        wrote it."""
+        from .watchdog import WIDE_ENTRY
+
+        wrote = self._decide(self.revoke_key(g, WIDE_ENTRY), str(self.rank)) == str(self.rank)
+        if wrote:
+            self._log_revoke(g, WIDE_ENTRY)
+        return wrote
+
+    def revlog_key(self, g: int, n: int) -> str:
+        """The ``n``-th entry (from 1) of generation g's revoke log: what a watcher waits for next."""
+        return self.key(g, f"revlog/{n}")
+
+    def _log_revoke(self, g: int, entry: str) -> None:
+        n = int(self.store.add(self.key(g, "revlog"), 1))
+        self.store.set(self.revlog_key(g, n), entry)
 
     def retire_revoke(self, g: int, group: str) -> None:
-        """After the release of g: wake watchers still waiting on g's revoke key (value ``retired``,
-        ignored by them).  Single assignment: a real revoke that stands is left as it is."""
-        self._decide(self.revoke_key(g, group), "retired")
+        """After the release of g: no revoke of g matters any more.  ``g{g}/revoke/{group}`` is set to
+        ``retired`` (single assignment: a real revoke that stands is left as it is) and ``retired`` is
+        appended to g's revoke log, so a watcher still reading it moves on to g+1 at once."""
+        from .watchdog import RETIRED
+
+        self._decide(self.revoke_key(g, group), RETIRED)
+        self._log_revoke(g, RETIRED)
 
     def revoked(self, g: int, group: str) -> bool:
         return bool(self.store.check([self.revoke_key(g, group)]))

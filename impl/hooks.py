@@ -17,6 +17,7 @@ No environment variable carries any of this: a hook is an argument, set once at 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -94,10 +95,14 @@ class FaultInjector:
     #: generation (a discard in place, a hot swap) fires none of its faults again; they struck its
     #: first run (a fault names a step of the job's history, not each execution of it)
     _first_run: dict = field(default_factory=dict)
+    _pid_published: bool = False
 
     def __call__(self, point: str, pact: Any) -> None:
-        from ..testing.faults import FaultContext
+        from ..testing.faults import FaultContext, pid_key
 
+        if not self._pid_published:  # where a link_cut's other end finds this process
+            pact.control.store.set(pid_key(pact.control.prefix, pact.rank), str(os.getpid()))
+            self._pid_published = True
         step = pact.step_index
         if point in self.fenced_points and self.plan.scheduled(point, step):
             self._fence(point, step, pact)
@@ -110,7 +115,7 @@ class FaultInjector:
         for f in self.plan.at(point, step, pact.rank):
             self.fired.append(f)
             ctx = FaultContext(pact.trace, pact.rank, pact.gen, pact.model_view(), pact.group_records(), pact.guard,
-                               pact.module)
+                               pact.module, pact.control.store, pact.control.prefix)
             self.plan.apply(f, ctx)
 
     @staticmethod

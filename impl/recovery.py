@@ -452,8 +452,8 @@ class _Engine:
             if standing:
                 self.watchdog.exit_with(standing, claimed=True)  # records RankExit, os._exit
                 raise _Exited
-        timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error and (
-            self.pc != PC_AGREED or (self._episode is not None and self._episode.member))
+        # every rank builds the groups over all of W in phase 4 (P18.3): a rendezvous from "agreed" too
+        timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error
         if timed_out and not self._first_to_expire(g, which):
             # a peer's wait on the same decision failed first: its RankTimeout writes the abort (the
             # model has one timeout per decision, then no more: an abort stands); we exit on it
@@ -532,7 +532,7 @@ class _Engine:
         t = time.monotonic_ns()
         _swap.rebuild_groups(sw.job, ep.g + 1, sw.held)
         sw.held = ()
-        self._act("RankReplace", self._st(PC_REPLACED, comm=swap_prefix(ep.g + 1)),
+        self._act("RankReplace", self._st(PC_REPLACED, comm=swap_prefix(ep.g + 1), wide=ep.g + 1),
                   {"groups": sorted(sw.job.groups) + ["default", "control", "checkpoint"], "swap": True,
                    "duration_ns": time.monotonic_ns() - t})
 
@@ -617,7 +617,8 @@ class Pact(_Engine):
                  strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
                  hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
                  hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
-                 discard: bool = False) -> None:
+                 discard: bool = False, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
+                 wide_records: Callable[[], list] | None = None) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
@@ -629,6 +630,9 @@ class Pact(_Engine):
         #: the step in flight can be discarded in place (P17): the caller rebuilds the wrapper (its
         #: runtime state of the abandoned step) through :meth:`swap`; without it forward and backward are L2
         self.discard = discard
+        #: phase 4 of every episode on every rank (P18.3): builds the groups over all of W of a generation,
+        #: returning (their names, the new control group, socket records by group name); None: none to build
+        self.wide = wide
         if not discard:
             self.envelope = without_discard(self.envelope, "no in-place discard: the job was attached without rebuild=")
         self.key = key or ObservationKey(DEFAULT_PLATFORM, DEFAULT_PROFILE, "boundary", DEFAULT_OBJECTIVE)
@@ -665,7 +669,7 @@ class Pact(_Engine):
         self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point, sync_timeout_s=deadline_s)
         self.sites = self._discover()  # at attach: rebinding reuses them (and the first boundary settles them)
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc,
-                                 step_records=lambda: list(self.group_records().values()))
+                                 step_records=lambda: list(self.group_records().values()), wide_records=wide_records)
         # the failure detector (heartbeats on the control plane, impl/detector.py): a dead or hung
         # peer ends the job at once (RankSuspect) instead of at a deadline; built before any thread
         # starts (its store connection must not race the socket records of revoke.recorded)
@@ -745,7 +749,7 @@ class Pact(_Engine):
             # a member observes before any effect of its observation (revoke, flag) reaches a peer
             self._observe(self.gen, member=True, failed=(self.groups.index,), error=err)
         failed = self._failure_flag(observed)
-        if not failed:
+        if failed is not None and not failed:
             self.watchdog.disarm()
             if not self._sites_settled:  # once: what the wrappers built lazily in the first step
                 self.sites, self._sites_settled = self._discover(), True
@@ -797,9 +801,11 @@ class Pact(_Engine):
             self.watchdog.lose_store(exc, claimed=True)
             raise _Exited from exc
 
-    def _failure_flag(self, observed: bool) -> list[int]:
+    def _failure_flag(self, observed: bool) -> list[int] | None:
         """The failure flag OR-ed over W (control group, :func:`accelpact.impl.flag.or_allreduce`:
-        O(log W) rounds on large worlds): which groups of R's kind failed."""
+        O(log W) rounds on large worlds): which groups of R's kind failed; None when the flag itself
+        failed (P18.4: observed, and the failed groups are read from their revoke keys after the
+        agreement, :meth:`_read_failed`)."""
         import torch
 
         from .flag import or_allreduce
@@ -810,10 +816,11 @@ class Pact(_Engine):
         try:
             or_allreduce(self.groups.control, flag)
         except RuntimeError as exc:
-            # the out-of-band control group failed: a peer is gone; not repairable in place, unless
-            # it died and a spare can take its identity
+            # the out-of-band control group failed under this rank: a broken link crosses it, or a peer
+            # it waits on is gone (a death with a spare left is a hot swap): an observation (P18.4)
             self._swap_if_died("boundary", exc)
-            self._fail(exc)
+            self._observe_wide(exc)
+            return None
         return [i for i, v in enumerate(flag.tolist()) if v]
 
     def _wait_unless_revoked(self, work, what: str) -> None:
@@ -1048,12 +1055,14 @@ class Pact(_Engine):
         return ep.refs_rebound
 
     # ---- the phase loop --------------------------------------------------------------------------
-    def _recover(self, failed: list[int], t0: int, t_obs: int, err: BaseException | None) -> RecoveryReport:
+    def _recover(self, failed: list[int] | None, t0: int, t_obs: int, err: BaseException | None) -> RecoveryReport:
         """Phases 2-6 and the release, in the order of spec/protocol.md.  Before each phase the
         hooks' point of that name runs (a fault strikes *between* actions, as the model's Fault*
-        actions do); outside R a rank waits in ``agreed`` while R is rebuilt, so the points of
-        phases 4-6 strike it there.  Any exception or expired wait ends the rank (fail-stop)."""
-        ep = _Episode(self.gen, self.groups.index in failed, tuple(failed), t0, t_obs, err)
+        actions do); outside R a rank waits in ``replaced`` while R is rebuilt, so the points of
+        phases 5-6 strike it there.  Any exception or expired wait ends the rank (fail-stop).
+        ``failed`` None: the failure flag failed (P18.4): the failed groups of R's kind are read from
+        their revoke keys after the agreement (:meth:`_read_failed`)."""
+        ep = _Episode(self.gen, failed is not None and self.groups.index in failed, tuple(failed or ()), t0, t_obs, err)
         ep.revoke_to_observe_ns = self._revoke_latency(ep)
         self._episode = ep
         if self._observed_gen != ep.g:
@@ -1061,13 +1070,15 @@ class Pact(_Engine):
             # a rank outside the failed groups, or a member whose probe passed while a peer's failed,
             # learns of the failure from the flag and records it now (a member then publishes R's revoke)
             self._observe(ep.g, member=ep.member, failed=ep.failed, error=None)
-        member = (self._replace, self._rebind, self._validate) if ep.member else (None, None, None)
+        agree: tuple = (self._arrive, self._decide_agreement, self._await_agreement)
+        if failed is None:
+            agree += (self._read_failed,)
         phases = (
             ("guard", (self._guard,)),
-            ("agree", (self._arrive, self._decide_agreement, self._await_agreement)),
-            ("replace", member[:1]),
-            ("rebind", member[1:2]),
-            ("validate", member[2:]),
+            ("agree", agree),
+            ("replace", (self._replace,)),
+            ("rebind", (self._rebind_member,)),
+            ("validate", (self._validate_member,)),
             ("release", (self._ready, self._decide_release, self._await_release)),
         )
         try:
@@ -1075,8 +1086,7 @@ class Pact(_Engine):
                 self._at(point)
                 t = time.monotonic_ns()
                 for action in actions:
-                    if action is not None:
-                        action(ep)
+                    action(ep)
                 ep.durations[point] = time.monotonic_ns() - t
         except _Exited:
             raise
@@ -1118,6 +1128,53 @@ class Pact(_Engine):
             self._observed_gen = g
         if member:
             self._publish_revoke_or_lose_store(g)  # after its record: no write-to-record window here
+
+    def _observe_wide(self, exc: BaseException) -> None:
+        """RankObserve at the boundary through a failed group over all of W (P18.4): the failure flag,
+        or a checkpoint save after a boundary that found nothing.  A standing abort is what reached us
+        (``RankExit``).  Otherwise the rank records its observation, if it has not observed this
+        generation's failure yet, and publishes the wide revoke (every watcher closes its groups over
+        W: a peer blocked in the flag or the save wakes up); which groups of R's kind failed is read
+        after the agreement (:meth:`_read_failed`)."""
+        g = self.gen
+        try:
+            standing = self.control.read_abort()
+        except Exception as err:  # noqa: BLE001 - store lost: RankLoseStore
+            claim_exit()
+            self.watchdog.lose_store(err, claimed=True)
+            raise _Exited from err
+        if standing:
+            self.watchdog.exit_with(standing)  # RankExit on the abort that ended the collective
+            raise _Exited
+        self.watchdog.disarm()
+        if self._observed_gen != g:
+            with self._hold():
+                self._act("RankObserve", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier, tau=self.guard.tau),
+                          {"member": None, "wide": True, "error": repr(exc)[:200]})
+                self._observed_gen = g
+        try:
+            self.control.publish_wide_revoke(g)
+        except Exception as err:  # noqa: BLE001 - store lost: RankLoseStore (after its RankObserve)
+            if self.control.reachable():
+                raise
+            claim_exit()
+            self.watchdog.lose_store(err, claimed=True)
+            raise _Exited from err
+
+    def repair_after_save(self, exc: BaseException) -> RecoveryReport:
+        """A checkpoint save at the boundary failed (P18.4): a group over all of W failed after a
+        boundary that found nothing.  The observation (:meth:`_observe_wide`), then the episode's
+        phases as at the boundary (:meth:`_recover`): every group that failed is rebuilt, the
+        checkpoint group with the other groups over W.  Returns the repair's report; the caller saves
+        again on the new checkpoint group."""
+        t0 = time.monotonic_ns()
+        self.watchdog.arm(self.step_deadline_s)
+        self._swap_if_died("boundary", exc)
+        self._observe_wide(exc)
+        report = self._recover(None, t0, time.monotonic_ns(), exc)
+        self.reports.append(report)
+        self.watchdog.disarm()
+        return report
 
     def _discard_if_qualified(self, point: str, exc: BaseException) -> None:
         """RankObserve of an in-flight failure that the contract lets this rank discard (P17: forward
@@ -1179,18 +1236,54 @@ class Pact(_Engine):
 
     # ---- Phase 4: RankReplace --------------------------------------------------------------------
     def _replace(self, ep: _Episode) -> None:
-        """Build R's generation-(g+1) communicator with the same members (replacement strategy)."""
+        """Every rank: the groups over all of W for generation g+1 (P18.3: a broken link inside R
+        crosses them too, and nothing tells a link from R's communicator alone).  A member of a failed
+        group first builds R's generation-(g+1) communicator with the same members (replacement
+        strategy); every member of R builds in that order, so no rendezvous waits on a rank that
+        waits on it."""
         t = time.monotonic_ns()
-        members, key = self._new_members(ep)
-        ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, members, self.rank, self.control.store,
-                                          self.deadline_s, name=key)
-        # the record names the real group object: its c10d name (controlplane.comm_name), which the
-        # checker reads the generation from
-        self._act("RankReplace", self._st(PC_REPLACED, comm=_group_name(ep.new_pg)), {"duration_ns": time.monotonic_ns() - t})
+        state: dict[str, Any] = {}
+        built: list[str] = []
+        if ep.member:
+            members, key = self._new_members(ep)
+            ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, members, self.rank, self.control.store,
+                                              self.deadline_s, name=key)
+            # the record names the real group object: its c10d name (controlplane.comm_name), which the
+            # checker reads the generation from
+            state["comm"] = _group_name(ep.new_pg)
+            built.append(key)
+        built += self._replace_wide(ep.g + 1)
+        self._act("RankReplace", self._st(PC_REPLACED, **state, wide=ep.g + 1),
+                  {"groups": built, "duration_ns": time.monotonic_ns() - t})
+
+    def _replace_wide(self, g_next: int) -> list[str]:
+        """The groups over all of W built for ``g_next`` (the job's :meth:`TrainingJob.rebuild_wide`);
+        this engine's control group becomes the new one.  Nothing without a job (a bare engine)."""
+        if self.wide is None:
+            return []
+        names, control, records = self.wide(g_next)
+        self.groups = dataclasses.replace(self.groups, control=control, others={**self.groups.others, **records})
+        return names
 
     def _new_members(self, ep: _Episode) -> tuple[tuple[int, ...], str]:
         """R's members in g+1 (the same as in g) and its name in store keys."""
         return self.groups.members, self.groups.key
+
+    def _read_failed(self, ep: _Episode) -> None:
+        """After the agreement of an episode whose failure flag failed (P18.4): the failed groups of R's
+        kind are those whose revoke stands; every member of a failed group published its group's
+        revoke before it arrived, and every rank has arrived."""
+        keys = [self.groups.name if self.groups.count == 1 else f"{self.groups.name}{i}" for i in range(self.groups.count)]
+        ep.failed = tuple(i for i, k in enumerate(keys) if self.control.revoked(ep.g, k))
+        ep.member = self.groups.index in ep.failed
+
+    def _rebind_member(self, ep: _Episode) -> None:
+        if ep.member:
+            self._rebind(ep)
+
+    def _validate_member(self, ep: _Episode) -> None:
+        if ep.member:
+            self._validate(ep)
 
     # ---- Phase 5: RankRebind ---------------------------------------------------------------------
     def _rebind(self, ep: _Episode) -> None:
@@ -1361,7 +1454,8 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
            strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
            hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
            hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
-           discard: bool = False) -> Pact:
+           discard: bool = False, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
+           wide_records: Callable[[], list] | None = None) -> Pact:
     """Discover R's cached references once, install the guard, start the watchdog.  ``discard``: the
     caller can rebuild the wrapper (:meth:`Pact.swap`), so a failure in forward or backward is
     discarded in place where the envelope says L1 (P17); without it those cells are L2.
@@ -1375,4 +1469,4 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
                 step_deadline_s=step_deadline_s,
                 detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s, generation=generation,
-                notices=notices, discard=discard)
+                notices=notices, discard=discard, wide=wide, wide_records=wide_records)

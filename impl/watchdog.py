@@ -37,7 +37,7 @@ from . import revoke as _revoke
 from .exitcodes import claim_exit, code_for, exit_now, release_exit
 from .trace import NullTrace
 
-__all__ = ["CLOSED", "Watchdog", "RETIRED"]
+__all__ = ["CLOSED", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "Watchdog"]
 
 #: The abort key's value when the job ended normally (:meth:`Watchdog.wake_and_join`): not an abort.
 CLOSED = "closed"
@@ -45,6 +45,12 @@ CLOSED = "closed"
 #: Suffix of a revoke's value that says the revoke abandons the step in flight (issue 27, P17): the
 #: watcher then closes every training group of its rank, not only R (``Watchdog.step_records``).
 STEP_REVOKE = "/step"
+
+#: The revoke-log entry that says a group over all of W failed under a rank at the boundary (issue 25,
+#: P18.4; ``ControlPlane.publish_wide_revoke``): every watcher closes the rank's groups over W
+#: (``Watchdog.wide_records``: the control and checkpoint groups), so a peer blocked in the failure flag
+#: or a checkpoint save wakes up.  R is not closed: it did not fail.
+WIDE_ENTRY = "wide"
 
 #: Value a rank writes into its group's revoke key of generation g after releasing g, so that
 #: a watcher still waiting on it wakes and re-arms on g+1 at once.  Never a revoke.
@@ -64,10 +70,12 @@ class Watchdog:
 
     def __init__(self, control, *, trace=None, gen_of: Callable[[], int] = lambda: 0,
                  pc_of: Callable[[], str] = lambda: PC_TRAIN, slice_s: float = 30.0, revoke_slice_s: float = 5.0,
-                 step_records: Callable[[], list] | None = None) -> None:
+                 step_records: Callable[[], list] | None = None, wide_records: Callable[[], list] | None = None) -> None:
         self.control = control
         #: the socket records of every training group of this rank (closed on a step revoke)
         self.step_records = step_records
+        #: the socket records of this rank's groups over all of W (closed on a wide or a step revoke)
+        self.wide_records = wide_records
         self.trace = trace if trace is not None else NullTrace()
         self.gen_of = gen_of
         self.pc_of = pc_of
@@ -279,19 +287,27 @@ class Watchdog:
             return
 
     def _revoke_loop(self) -> None:
+        """Read generation g's revoke log (``ControlPlane.revlog_key``) entry by entry, g being the
+        watched generation: an entry naming this rank's group closes R; a step revoke (P17) closes
+        every group of the rank; ``wide`` (P18.4) closes its groups over W; ``retired`` ends g (its
+        release was decided).  Each wait is a ``store.wait`` slice of ``revoke_slice_s``: a revoke
+        wakes it within a store round trip."""
         import torch.distributed as dist
 
-        done: set[tuple[int, str]] = set()
+        done: set[int] = set()          # generations whose log ended (released)
+        pos: dict[int, int] = {}        # generation -> the next log entry to read (from 1)
         while not self._stop.is_set():
             with self._target_lock:
                 target = self._target
                 self._target_changed.clear()
-            if target is None or (target[0], target[1]) in done:
+            if target is None or target[0] in done:
                 self._target_changed.wait(self.revoke_slice_s)
                 continue
             g, group, record = target
+            n = pos.get(g, 1)
+            key = self.control.revlog_key(g, n)
             try:
-                self._revoke_store.wait([self.control.revoke_key(g, group)], datetime.timedelta(seconds=self.revoke_slice_s))
+                self._revoke_store.wait([key], datetime.timedelta(seconds=self.revoke_slice_s))
             except dist.DistStoreError:
                 continue
             except Exception:  # noqa: BLE001 - store lost: the abort watcher handles it
@@ -299,24 +315,34 @@ class Watchdog:
                     return
                 time.sleep(self.revoke_slice_s)  # store lost: the abort watcher exits the process
                 continue
-            with self._target_lock:
-                current = self._target
-            if current is None or current[0] != g or current[1] != group:
-                continue  # the generation moved on while we waited: not a revoke of the current group
             try:
-                value = _s(self._revoke_store.get(self.control.revoke_key(g, group)))
+                value = _s(self._revoke_store.get(key))
             except Exception:  # noqa: BLE001 - store lost between wait and get: the abort watcher handles it
                 continue
+            pos[g] = n + 1
+            with self._target_lock:
+                current = self._target
+            if current is None or current[0] != g:
+                continue  # the generation moved on while we waited: not a revoke of the current one
             if value == RETIRED:
-                done.add((g, group))  # generation g was released without a revoke of this group
+                done.add(g)  # generation g was released
                 continue
-            n = _revoke.hard_close(record)
-            if value.endswith(STEP_REVOKE) and self.step_records is not None:
+            entry, sep, suffix = value.partition("/")
+            step = sep + suffix == STEP_REVOKE
+            mine = entry == group or step
+            others: list = []
+            if step and self.step_records is not None:
                 # an in-flight failure that will be discarded (P17): every group of this rank may have
                 # an op of the abandoned step pending; all of them are rebuilt, so all are closed now
-                for other in self.step_records():
-                    if other is not None and other is not record:
-                        n += _revoke.hard_close(other)
-            self.revocations.append((g, group, n, time.monotonic_ns()))
-            self.trace.note("revoke", gen=g, group=group, sockets=n, recorded=len(record.sockets))
-            done.add((g, group))
+                others += self.step_records()
+            if (step or entry == WIDE_ENTRY) and self.wide_records is not None:
+                # a group over all of W failed (P18.4), or every group is rebuilt (P17): a peer may be
+                # blocked in the failure flag or a checkpoint save on it
+                others += self.wide_records()
+            closed = _revoke.hard_close(record) if mine else 0
+            for other in others:
+                if other is not None and other is not record:
+                    closed += _revoke.hard_close(other)
+            if mine:
+                self.revocations.append((g, group, closed, time.monotonic_ns()))
+            self.trace.note("revoke", gen=g, group=entry, sockets=closed, recorded=len(record.sockets))

@@ -459,6 +459,12 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
                                        faults=frozenset({"crash"}), points=("boundary",)), True),
     # a group failure, then every rank hangs: only the step deadline ends them (mutant no-step-deadline)
     "1x2-hang-f3": (Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3, faults=frozenset({"group_fail", "hang"})), True),
+    # physical links (issue 25, P18): a cut fails every group across it; every episode rebuilds the
+    # groups over all of W (S15; mutant replace-r-only); a failed flag revokes every group of R's kind
+    "2x2-links-f1": (Config(max_faults=1, failing="any", links=True, faults=frozenset({"link"}),
+                            points=("boundary", "backward")), True),
+    "2x1-ddp-links-f2": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, failing="any",
+                                links=True, faults=frozenset({"link", "group_fail", "crash"})), True),
     "2x2-spare2-crash-f2": (Config(max_faults=2, spares=2, faults=frozenset({"crash"}), points=("boundary",)), False),
     "3x1-ddp-spare2-crash-f2": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=2,
                                        faults=frozenset({"crash"}), points=("backward",)), False),
@@ -492,6 +498,7 @@ def config_summary(cfg: Config) -> dict[str, Any]:
         "points": list(cfg.points), "uses_r": list(cfg.uses_r), "advance": cfg.advance,
         "checkpoint_every": cfg.checkpoint_every, "mutant": cfg.mutant,
         **({"spares": cfg.spares} if cfg.spares else {}),
+        **({"links": True} if cfg.links else {}),
     }
 
 

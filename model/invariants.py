@@ -396,6 +396,25 @@ def swap_qualified(cfg: Config, s: State) -> str | None:
     return None
 
 
+def wide_replaced(cfg: Config, s: State) -> str | None:
+    """S15: no rank trains on beside a broken group over all of W.  A rank training in generation g'
+    holds the control plane's groups over all of W (control, checkpoint, default, world) of a
+    generation past every generation g < g' in which a link failed (history ``Store.wide``: every
+    such group crosses every link, P18.2), so its next failure flag, checkpoint save or default-group
+    collective does not meet the broken link.  Judged from the rank's ``wide`` and the store's
+    history of link failures, not from who the protocol thought rebuilt."""
+    if not s.store.wide:
+        return None
+    for r, rk in enumerate(s.ranks):
+        if rk.pc != PC_TRAIN:
+            continue
+        broken = [g for g in s.store.wide if g < rk.gen]
+        if broken and rk.wide <= max(broken):
+            return (f"rank {r} trains in generation {rk.gen} holding the groups over all of W of generation {rk.wide}, "
+                    f"but a link failed in generation {max(broken)}: they cross it and were not rebuilt")
+    return None
+
+
 def exit_reasons(cfg: Config, s: State) -> str | None:
     """W2 (well-formedness of the model, not a protocol property): every exit carries one of the
     documented reasons."""
@@ -437,6 +456,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S10", "OneHolder", one_holder),
     Invariant("S13", "IdentityConserved", identity_conserved),
     Invariant("S11", "DiscardLeavesNoTrace", discard_leaves_no_trace),
+    # issue 25 (P18): the groups over all of W cross every link
+    Invariant("S15", "WideReplaced", wide_replaced),
     # model well-formedness: checked on every state, but true of the encoding, not of the protocol
     Invariant("W2", "ExitReasons", exit_reasons),
 )

@@ -397,6 +397,14 @@ def _claim_of_next_generation(s: State, gen: int, r: int) -> int | None:
     return _claim_of(s, gen + 1, r)
 
 
+# ---- replace-r-only: phase 4 rebuilds R's failed groups alone (issue 25, P18.3) ------------------------
+def _replace_keeping_wide(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        before = s.ranks[r].wide
+        return spec.step(cfg, s, r, arg).with_rank(r, wide=before)
+    return step
+
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
@@ -471,6 +479,11 @@ MUTANTS: dict[str, Mutant] = {
                "a rank that committed the step an in-flight failure struck in (its backward completed) reports the "
                "frontier it published before that step, so phase 3 passes it beside ranks that discard the step",
                ("S14", "S6"), {"RankObserve": _step(_observe_reporting_published)}),
+        # issue 25 (P18): a link failure breaks every group over all of W
+        Mutant("replace-r-only",
+               "phase 4 rebuilds only the failed groups of R's kind: the control, checkpoint and default groups, which "
+               "cross every link, stay on the broken one",
+               ("S15",), {"RankReplace": _step(_replace_keeping_wide)}),
         Mutant("double-claim",
                "helper hotswap.unclaimed ignores the claims: a dead identity is claimed again by another survivor",
                ("S13",), _helper_everywhere("unclaimed", _unclaimed_ignoring_claims, hotswap)),

@@ -60,11 +60,13 @@ __all__ = [
     "ActionSpec",
     "FAULT_KINDS",
     "HOTSWAP_ACTIONS",
+    "LINK_ACTIONS",
     "actions_for",
     "all_actions",
     "enabled",
     "initial_state",
     "is_final",
+    "link_arg",
     "stalled",
     "step",
     "successors",
@@ -72,7 +74,7 @@ __all__ = [
 
 #: Fault kinds (spec/fault-model.md).  Config.faults selects a subset; empty means all.
 FAULT_KINDS = ("group_fail", "crash", "hang", "raise", "mismatch", "dirty_guard", "delay", "drop", "corrupt",
-               "store_loss")
+               "store_loss", "link")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +151,11 @@ def _rebuilds(cfg: Config, s: State, r: int) -> bool:
 
 
 def _struck_in_flight(s: State, gen: int) -> bool:
-    """Generation ``gen``'s failure struck inside forward or backward (a step abandoned mid-pass)."""
+    """Generation ``gen``'s failure struck inside forward or backward on a group of R's kind (a step
+    abandoned mid-pass).  A link cut that crosses only the groups over all of W (P18.2) fails no
+    collective of the step: the step commits and the failure is met at the boundary."""
     f = s.store.failed
-    return f is not None and f[0] == gen and f[1] in DISCARD_PHASES
+    return f is not None and f[0] == gen and f[1] in DISCARD_PHASES and bool(f[2])
 
 
 def _loaded(s: State, r: int) -> bool:
@@ -316,17 +320,32 @@ def _seen_failing(cfg: Config, s: State, r: int) -> bool:
     return False
 
 
+def _observable(cfg: Config, f: tuple[int, str, frozenset[int]]) -> tuple[str, ...]:
+    """Where an episode's failure ``f`` can be observed: where a rank next uses R after it struck
+    (``Config.observable``); a failure that broke no group of R's kind (a link cut across none, P18.2)
+    fails no collective of the step: it is met at the boundary, by the failure flag or a save."""
+    return cfg.observable(f[1]) if f[2] else ("boundary",)
+
+
+def _flag_fails(cfg: Config, s: State, g: int) -> bool:
+    """The boundary's failure flag (an all-reduce over all of W on the control group) can fail under a
+    rank of generation ``g``: a group over all of W failed with a link (``Store.wide``), or a peer it
+    waits on is gone or hung (P18.4; before, only ``RankTimeout`` from ``train``, D1)."""
+    return g in s.store.wide or any(_gone(cfg, s, q) or pk.hung for q, pk in enumerate(s.ranks))
+
+
 def _en_observe(cfg: Config, s: State, r, point) -> bool:
     """Rank r observes its episode's failure at ``point``: where it next uses R after the failure
     struck (``Config.observable``).  A failure during a collective on R fails it for at least one
     member: another member may have completed it and observe at its next use (a partial
-    collective), as long as some peer saw it fail (or still can)."""
+    collective), as long as some peer saw it fail (or still can).  Outside R's failed groups a rank
+    observes through a revoke, or at the boundary through its own failure flag (P18.4)."""
     rk = s.ranks[r]
     if rk.pc != PC_TRAIN or not _via_store(s, r) or not _in_episode(s, r):
         return False
     f = s.store.failed
     assert f is not None
-    if point not in cfg.observable(f[1]):
+    if point not in _observable(cfg, f):
         return False
     if s.store.dead and _crash_episode(s, f[0]):
         # a rank died: every group it belonged to (its shard group, R, the control group) failed, and
@@ -335,7 +354,10 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
     if point != f[1] and f[1] in cfg.uses_r and _member(cfg, s, r) and not _seen_failing(cfg, s, r):
         # past a collective that failed: only if some peer saw it fail there (a partial collective)
         return False
-    return _member(cfg, s, r) or rk.gen in s.store.revoked
+    if _member(cfg, s, r) or rk.gen in s.store.revoked:
+        return True
+    # P18.4: its failure flag fails, or a checkpoint save after a boundary that found nothing
+    return point == "boundary" and _flag_fails(cfg, s, rk.gen)
 
 
 def _st_observe(cfg: Config, s: State, r, point) -> State:
@@ -349,7 +371,9 @@ def _st_observe(cfg: Config, s: State, r, point) -> State:
     inflight = point in IN_FLIGHT_PHASES
     s = s.with_rank(r, pc=PC_OBSERVED, point=point, seen=point, frontier=rk.frontier + step, tau=rk.tau + step,
                     grads=inflight, ahead=1 if inflight else 0)
-    if _member(cfg, s, r):  # members publish revoke(R, g) so every rank observes within ms
+    # members publish revoke(R, g) so every rank observes within ms; at the boundary a rank whose flag
+    # failed publishes the wide revoke (P18.4: every watcher closes its groups over W)
+    if _member(cfg, s, r) or (point == "boundary" and rk.gen not in s.store.revoked):
         s = s.with_store(revoked=s.store.revoked | {rk.gen})
     return s
 
@@ -434,18 +458,23 @@ def _st_await_agreement(cfg, s, r, arg) -> State:
 # Phase 4: communicator replacement (members of R)
 
 def _en_replace(cfg, s, r, arg) -> bool:
-    # the new communicator's rendezvous goes through the store
-    return s.ranks[r].pc == PC_AGREED and _rebuilds(cfg, s, r) and _via_store(s, r)
+    """Every rank of W (P18.3): the groups over all of W (control, checkpoint, default, world) cross
+    every link, so every episode rebuilds them, with R's failed groups (members) or every group
+    (``_rebuilds``); the new communicators' rendezvous go through the store."""
+    return s.ranks[r].pc == PC_AGREED and _via_store(s, r)
 
 
 def _st_replace(cfg, s, r, arg) -> State:
-    return s.with_rank(r, pc=PC_REPLACED, comm=s.ranks[r].gen + 1)
+    g = s.ranks[r].gen
+    if _rebuilds(cfg, s, r):
+        return s.with_rank(r, pc=PC_REPLACED, comm=g + 1, wide=g + 1)
+    return s.with_rank(r, pc=PC_REPLACED, wide=g + 1)
 
 
 # Phase 5: reference rebinding (members of R)
 
 def _en_rebind(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_REPLACED and _active(s, r)
+    return s.ranks[r].pc == PC_REPLACED and _rebuilds(cfg, s, r) and _active(s, r)
 
 
 def _st_rebind(cfg, s, r, arg) -> State:
@@ -529,7 +558,7 @@ def _st_validate(cfg, s, r, arg) -> State:
 
 def _en_ready(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    want = PC_VALIDATED if _rebuilds(cfg, s, r) else PC_AGREED
+    want = PC_VALIDATED if _rebuilds(cfg, s, r) else PC_REPLACED
     return rk.pc == want and _via_store(s, r)
 
 
@@ -589,8 +618,9 @@ def _en_timeout(cfg, s, r, arg) -> bool:
     if rk.pc == PC_JOINED:
         return True  # a spare (hot swap) whose store operations wait on a stalled peer
     if rk.pc == PC_AGREED:
-        # building R's replacement communicator is a rendezvous of the members of R
-        return _rebuilds(cfg, s, r)
+        # building the replacement communicators is a rendezvous: R's of its members, and the groups
+        # over all of W of every rank (P18.3)
+        return True
     if rk.pc == PC_ARRIVED:
         return true_lookup(s.store.agree, rk.gen) is None
     if rk.pc == PC_REBOUND:
@@ -741,6 +771,40 @@ def _st_group_fail(cfg, s, r, point) -> State:
     # group is broken, as after a death (P17.1)
     broken = {(gen, cfg.group_of(q)) for q in cfg.world} if point in DISCARD_PHASES else {(gen, _failing_group(cfg, r))}
     return s.with_(faults=s.faults + 1, failures=s.failures | broken)
+
+
+def link_arg(arg: str) -> tuple[int, str]:
+    """``FaultLinkCut``'s argument ``"b@point"``: the link's other end and where the cut strikes."""
+    b, _, point = arg.partition("@")
+    return int(b), point
+
+
+def _link_groups(cfg: Config, a: int, b: int) -> frozenset[int]:
+    """The groups of R's kind that a link between ranks ``a`` and ``b`` crosses: theirs, if they share one."""
+    return frozenset({cfg.group_of(a)}) if cfg.group_of(a) == cfg.group_of(b) else frozenset()
+
+
+def _en_link_cut(cfg, s, a, arg) -> bool:
+    """``FaultLinkCut(a, b@point)``: the network link between ranks ``a`` and ``b`` (two nodes) fails
+    at ``point`` of the step, starting an episode (P18.2)."""
+    b, point = link_arg(arg)
+    if not _fault_ok(cfg, s, "link") or s.store.abort or s.store.down or point not in cfg.points:
+        return False
+    gen = max(rk.gen for rk in s.ranks)
+    f = s.store.failed
+    return _between_episodes(s, gen) and (f is None or f[0] < gen)
+
+
+def _st_link_cut(cfg, s, a, arg) -> State:
+    """Every group with members on both ends fails: theirs of R's kind if they share one, and every
+    group over all of W (``Store.wide``).  Mid-step on a group of R's kind, every rank abandons its
+    step with collectives in flight on every group: every group is broken (P17.1)."""
+    b, point = link_arg(arg)
+    gen = max(rk.gen for rk in s.ranks)
+    groups = _link_groups(cfg, a, b)
+    s = s.with_store(failed=(gen, point, groups), wide=s.store.wide | {gen})
+    broken = set(cfg.groups) if (point in DISCARD_PHASES and groups) else groups
+    return s.with_(faults=s.faults + 1, failures=s.failures | {(gen, gi) for gi in broken})
 
 
 def _bump(s: State) -> State:
@@ -1059,10 +1123,11 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankArrive", "rank", 3, _en_arrive, _st_arrive, doc="post (F, g) at the control barrier", pcs=frozenset((PC_GUARDED, PC_JOINED))),
         ActionSpec("RankDecideAgreement", "rank", 3, _en_decide_agreement, _st_decide_agreement, doc="last arriver compare_sets commit/abort", pcs=frozenset((PC_ARRIVED,))),
         ActionSpec("RankAwaitAgreement", "rank", 3, _en_await_agreement, _st_await_agreement, doc="read the agreed commit", pcs=frozenset((PC_ARRIVED,))),
-        ActionSpec("RankReplace", "rank", 4, _en_replace, _st_replace, doc="build R's communicator for generation g+1", pcs=frozenset((PC_AGREED,))),
+        ActionSpec("RankReplace", "rank", 4, _en_replace, _st_replace,
+                   doc="build the groups over all of W for generation g+1, and R's (members) or every group", pcs=frozenset((PC_AGREED,))),
         ActionSpec("RankRebind", "rank", 5, _en_rebind, _st_rebind, doc="every cached reference names the new communicator", pcs=frozenset((PC_REPLACED,))),
         ActionSpec("RankValidate", "rank", 6, _en_validate, _st_validate, doc="validation collective and digests on the new group", pcs=frozenset((PC_REBOUND,))),
-        ActionSpec("RankReady", "rank", 6, _en_ready, _st_ready, doc="post the release vote", pcs=frozenset((PC_VALIDATED, PC_AGREED))),
+        ActionSpec("RankReady", "rank", 6, _en_ready, _st_ready, doc="post the release vote", pcs=frozenset((PC_VALIDATED, PC_REPLACED))),
         ActionSpec("RankDecideRelease", "rank", 6, _en_decide_release, _st_decide_release, doc="last voter compare_sets release", pcs=frozenset((PC_READY,))),
         ActionSpec("RankResume", "rank", 6, _en_resume, _st_resume, doc="read release; resume at F in generation g+1", pcs=frozenset((PC_READY,))),
         ActionSpec("RankTimeout", "rank", None, _en_timeout, _st_timeout, doc="a wait's deadline expired: abort and exit", pcs=frozenset((PC_TRAIN, PC_JOINED, PC_AGREED, PC_ARRIVED, PC_REBOUND, PC_READY))),
@@ -1096,6 +1161,8 @@ ACTIONS: dict[str, ActionSpec] = {
                    doc="a member of R's S_app silently diverges from its replicas"),
         ActionSpec("FaultStoreLoss", "fault", None, _en_store_loss, _st_store_loss, fault_kind="store_loss",
                    doc="the control-plane store's server is lost"),
+        ActionSpec("FaultLinkCut", "fault", None, _en_link_cut, _st_link_cut, fault_kind="link",
+                   doc="the network link between two ranks on two nodes fails: every group across it"),
         ActionSpec("SupervisorRestart", "supervisor", None, _en_restart, _st_restart, doc="torchrun restarts all workers from C"),
     )
 }
@@ -1104,6 +1171,8 @@ ACTIONS: dict[str, ActionSpec] = {
 #: the hot-swap actions: instantiated (``all_actions``) only with ``Config.spares >= 1``, as are the
 #: ``FaultCrash(rank, point)`` instances
 HOTSWAP_ACTIONS = ("RankClaimSpare", "SpareJoin", "RankTransferState", "RankFenced")
+#: the physical-link actions: instantiated only with ``Config.links`` (issue 25, P18)
+LINK_ACTIONS = ("FaultLinkCut",)
 
 
 def all_actions(cfg: Config) -> tuple[Action, ...]:
@@ -1111,6 +1180,13 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
     out: list[Action] = []
     for spec in ACTIONS.values():
         if spec.name in HOTSWAP_ACTIONS and not cfg.spares:
+            continue
+        if spec.name in LINK_ACTIONS and not cfg.links:
+            continue
+        if spec.name == "FaultLinkCut":  # one instance per pair of ranks on two nodes and per point
+            rpn = cfg.ranks_per_node
+            out.extend(Action(spec.name, a, f"{b}@{p}") for a in cfg.world for b in cfg.world
+                       if a < b and a // rpn != b // rpn for p in cfg.points)
             continue
         if spec.name == "FaultCrash" and cfg.spares:  # also: a rank dies in training at a point
             out.extend(Action(spec.name, r) for r in cfg.world)

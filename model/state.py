@@ -132,6 +132,9 @@ class Config:
     advance: int = 1         # steps trained between two episodes (F of episode g: frontier + g * advance)
     checkpoint_every: int = 0   # 0: C stays at ``checkpoint``; k: C is the last multiple of k at or before F
     spares: int = 0          # hot swap (issue 13): spare processes idle on the control plane; 0: none (the classic model)
+    #: physical links (issue 25, P18): ``FaultLinkCut(a, b, point)`` is instantiated for every pair of ranks
+    #: on different nodes, and ``RankRevokeWide``; needs ``failing="any"`` (a cut fails whichever groups cross it)
+    links: bool = False
     # Derived, cached at construction because the search asks for them millions of times.
     _world: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _affected: frozenset[int] = field(init=False, repr=False, compare=False, hash=False)
@@ -163,6 +166,11 @@ class Config:
             raise ValueError("Config.advance and Config.checkpoint_every must be >= 0")
         if self.spares < 0:
             raise ValueError(f"Config.spares must be >= 0 (spare processes in the job), got {self.spares}")
+        if self.links and self.failing != "any":
+            raise ValueError("Config.links needs failing='any': a link cut fails whichever groups cross it "
+                             "(and a wide revoke every group of R's kind), not one fixed group")
+        if self.links and self.nodes < 2:
+            raise ValueError("Config.links needs nodes >= 2: a link joins ranks on two nodes")
         world = tuple(range(self.nodes * self.ranks_per_node))
         if self.ranks_per_node == 1 or self.group == "world":
             affected = world
@@ -317,6 +325,9 @@ class Rank(_CachedHash):
     # The uncommitted step (S_app beyond F): set when a failure is observed in flight, cleared by a discard.
     grads: bool = False      # outstanding gradients; the wrapper is mid forward/backward (runtime state not idle)
     ahead: int = 0           # RNG and data cursor: steps consumed past the committed frontier (1 inside a step)
+    #: the generation of the control plane's groups over all of W the rank holds (control, checkpoint, default,
+    #: world; P18.3): every episode's RankReplace rebuilds them on every rank
+    wide: int = 0
     # Hot swap (issue 13): the process that holds this rank's identity.
     inc: int = 0             # incarnation: 0 the original process, +1 for each spare that took the identity
     shard: int = SHARD_OWN   # whose parameter/optimizer shard it holds: SHARD_OWN, or the replicate group it received
@@ -347,6 +358,10 @@ class Store(_CachedHash):
     dead: frozenset[tuple[int, int]] = frozenset()          # (gen, rank): its heartbeat stopped: it died in training (crash episode)
     claims: frozenset[tuple[int, int, int]] = frozenset()   # (gen, rank, inc): g{g}/spare/{rank} = inc, single assignment
     spares: int = 0                                         # spares idle on the control plane, not claimed yet
+    #: gens in which a physical link failed (``FaultLinkCut``): the groups over all of W (control,
+    #: checkpoint, default, world) cross every link, so they failed with it (P18.2); never cleared
+    #: (a fact of the run's history as much as of the store: what S15 judges)
+    wide: frozenset[int] = frozenset()
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     __hash__ = _CachedHash.__hash__
 

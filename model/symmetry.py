@@ -37,6 +37,8 @@ def rank_classes(cfg: Config) -> tuple[tuple[int, ...], ...]:
     rest without 0.  ``"any"``: {0}, and each group of R's kind without 0 (a group's members are
     interchangeable; groups are not permuted, which keeps the FaultGroupFail instances, one per
     group, fixed)."""
+    if cfg.links:  # a link names two ranks on two nodes: renaming within a group would move a rank to
+        return tuple((r,) for r in cfg.world)  # another node (no renaming is sound: each rank its own class)
     if cfg.failing == "any" or cfg.spares:
         groups = tuple(tuple(r for r in cfg.members(gi) if r != 0) for gi in range(len(cfg._members)))
         return tuple(c for c in ((0,), *groups) if c)
@@ -50,7 +52,7 @@ def _rank_key(rk: Rank) -> tuple:
     return (
         rk.pc, rk.gen, rk.frontier, rk.tau, rk.point, rk.seen, rk.comm, rk.refs, rk.dirty, rk.hung,
         rk.delayed, rk.drop, rk.lost, rk.raised, rk.reason, rk.replayed, rk.corrupt, rk.grads, rk.ahead,
-        rk.inc, rk.shard,
+        rk.inc, rk.shard, rk.wide,
     )
 
 

@@ -339,7 +339,7 @@ def test_comm_must_name_the_real_group(prechecks):
     tried = 0
     for cfg, p in runs(9, seed=11, l1_only=True):
         tr = project(cfg, p)
-        r, idx = _rank_with(tr, lambda rec: rec.action == "RankReplace")
+        r, idx = _rank_with(tr, lambda rec: rec.action == "RankReplace" and "comm" in rec.state)  # a member of R
         recs = list(tr[r].records)
         rec = recs[idx[0]]
         gen = rec.gen + 1

@@ -6,7 +6,7 @@ state machine (ci profile) must fail on the same configuration.  The correct pro
 both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
 S2.3 (no-fence), S5 (partial-rebind), S3 (admit-inflight, ignore-guard), S1 (timeout-leaves-decision-open),
 S2.1 (overwrite-decision), S8 (skip-validation), S2.2 (no-frontier-check), S4.2 (stale-release),
-S6 (reload-on-resume), S10 (no-identity-fence, fence-reads-next-generation), S13 (claim-keeps-pool, double-claim), S14 (report-published-frontier), L2/L3 (linger,
+S6 (reload-on-resume), S10 (no-identity-fence, fence-reads-next-generation), S13 (claim-keeps-pool, double-claim), S14 (report-published-frontier), S15 (replace-r-only), L2/L3 (linger,
 no-step-deadline, wait-on-lost-store).
 """
 
@@ -85,6 +85,12 @@ SMALLEST.update({
                                         points=("backward", "boundary")),
 })
 
+# Issue 25 (P18): a link failure breaks the groups over all of W; DDP 2x1 has one pair of nodes.
+SMALLEST.update({
+    "replace-r-only": Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1, failing="any",
+                             links=True, faults=frozenset({"link"})),
+})
+
 
 def _hypothesis_settings(**more) -> settings:
     # the loaded profile (ci by default), without shrinking: we only need "found", and
@@ -158,6 +164,7 @@ CAUGHT_ON_MANIFEST: dict[str, str] = {
     "resume-skips-batch": "2x1-ddp-f1", "transfer-fact-always-replica": "1x2-spare1-f1",
     "fence-reads-next-generation": "2x1-ddp-spare1-f2", "claim-keeps-pool": "2x1-ddp-spare1-f2",
     "double-claim": "2x1-ddp-spare2-crash-f1", "report-published-frontier": "2x2-f1",
+    "replace-r-only": "2x1-ddp-links-f2",
 }
 
 

@@ -209,11 +209,16 @@ def test_exception_in_a_phase_ends_the_rank():
 
 
 def test_non_member_times_out_when_every_member_of_r_died_before_revoking():
-    """L3 (found by the explorer): if all of R crashes before revoke, non-members leave via their deadline."""
+    """L3 (found by the explorer): if all of R crashes before revoke, non-members leave via their deadline;
+    or (P18.4) their failure flag, whose ring crosses the dead ranks, fails and they observe through it,
+    and a later wait of theirs expires."""
     cfg = HSDP  # R = {1, 3}
     s = run(cfg, A("FaultGroupFail", None, "boundary"), A("FaultCrash", 1), A("FaultCrash", 3))
-    assert not enabled(cfg, s, A("RankObserve", 0))
+    assert enabled(cfg, s, A("RankObserve", 0))  # through its failed flag: no revoke was published
     assert not enabled(cfg, s, A("RankTimeout", 1)) and not enabled(cfg, s, A("RankTimeout", 3))
+    via_flag = run(cfg, A("RankObserve", 0), A("RankObserve", 2), A("RankGuard", 0), A("RankGuard", 2),
+                   A("RankArrive", 0), A("RankArrive", 2), A("RankTimeout", 0), A("RankExit", 2), A("SupervisorRestart"), s=s)
+    assert via_flag.store.agree == ((0, "abort:deadline"),) and is_final(cfg, via_flag)
     s = run(cfg, A("RankTimeout", 0), A("RankExit", 2), A("SupervisorRestart"), s=s)
     assert s.store.agree == ((0, "abort:deadline"),) and is_final(cfg, s)
     # with a live member the deadline of a healthy world never expires
@@ -281,6 +286,7 @@ def _repair(cfg, s, point="boundary"):
     acts += [A(n, r) for n in ("RankGuard", "RankArrive") for r in ranks]
     acts += [A("RankDecideAgreement", last)] + [A("RankAwaitAgreement", r) for r in ranks]
     acts += [A(n, r) for n in ("RankReplace", "RankRebind", "RankValidate") for r in members]
+    acts += [A("RankReplace", r) for r in ranks if r not in members]  # the groups over W (P18.3)
     acts += [A("RankReady", r) for r in ranks] + [A("RankDecideRelease", last)]
     return run(cfg, *acts, s=s)
 
@@ -361,7 +367,7 @@ def test_p6_each_failed_group_validates_on_its_own():
 #: a value other than the initial one for every field an exit forgets (protocol._EXIT_FORGETS); hung
 #: and raised stay False: an exit clears them as it always did (the watchdog thread died with the process)
 _PERTURBED = {"point": "backward", "seen": "forward", "frontier": 7, "tau": 9, "comm": 5, "refs": (5, 4), "dirty": True, "drop": True,
-              "lost": True, "corrupt": True, "replayed": 3, "grads": True, "ahead": 1, "inc": 2, "shard": 1}
+              "lost": True, "corrupt": True, "replayed": 3, "grads": True, "ahead": 1, "inc": 2, "shard": 1, "wide": 4}
 
 
 @pytest.mark.parametrize("cfg", [

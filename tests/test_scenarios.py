@@ -209,10 +209,12 @@ def test_in_flight_discarded_or_mismatched_by_model():
 
 
 def test_rank_traces_of_the_repair():
-    """Per-rank abstract traces from the model: a non-member never replaces or rebinds."""
+    """Per-rank abstract traces from the model: a non-member never rebinds, but replaces the groups over
+    all of W (P18.3) before it votes."""
     o = model_outcomes(scenario_from_mapping(mk()), traces=True)
     assert o.rank_actions[0] and o.rank_actions[1]
-    assert all("RankReplace" not in t for t in o.rank_actions[0])
+    assert all("RankRebind" not in t for t in o.rank_actions[0])
+    assert all(t.index("RankReplace") < t.index("RankReady") for t in o.rank_actions[0] if "RankReady" in t)
     assert all("RankRebind" in t and t[-1] == "RankResume" for t in o.rank_actions[1])
 
 

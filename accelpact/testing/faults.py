@@ -17,6 +17,8 @@ its effect is still to come), then takes effect with a real mechanism:
 * ``collective_timeout``: the named group breaks on ``ranks``: a thread of the injector shuts its
   connected sockets down (:func:`revoke.hard_close`), the mechanism that breaks a gloo group for
   real; the rank then meets a real failed collective (the engine is not told).
+* ``link_cut``: every connection between two ranks (``ranks: [a, b]``) is shut down, as a broken link
+  between their nodes: every group across it fails, whatever its kind (:func:`inject.cut_link`).
 * ``crash``: SIGKILL self.  ``hang``: the main thread sleeps forever (the watchdog still runs).
 * ``exception``: raise :class:`InjectedFault` (an ordinary error, not a communication failure) at the point.
 * ``frontier_mismatch``: the rank's guard counts one more committed step (F+1, tau+1).
@@ -40,7 +42,7 @@ from accelpact.model.contract import IN_FLIGHT_PHASES
 from accelpact.model.state import PC_GUARDED, PC_OBSERVED, PC_TRAIN
 
 __all__ = [
-    "FAULT_ACTION", "FAULT_KINDS", "FAULT_POINTS", "Fault", "FaultContext", "FaultError", "FaultKind", "FaultPlan",
+    "FAULT_ACTION", "FAULT_KINDS", "FAULT_POINTS", "Fault", "FaultContext", "pid_key", "FaultError", "FaultKind", "FaultPlan",
     "IN_FLIGHT", "MODEL_KIND", "MODEL_ONLY_KINDS", "model_kinds", "InjectedFault", "KINDS", "RECOVERY_POINTS", "TRIGGER_POINTS",
 ]
 
@@ -84,6 +86,7 @@ class FaultKind:
     members_only: bool = False
     breaks_group: bool = False
     job_wide: bool = False   # its model action has no actor (the store's loss): the rank only triggers it
+    pair: bool = False       # it names exactly two ranks, the ends of a link (``ranks: [a, b]``, a < b, two nodes)
     doc: str = ""
 
 
@@ -104,6 +107,36 @@ def _group_fail(fault: "Fault", ctx: "FaultContext") -> None:
     cut = threading.Thread(target=revoke.hard_close, args=(rec,), name="accelpact-fault-cut", daemon=True)
     cut.start()
     cut.join(timeout=10)
+
+
+def pid_key(prefix: str, rank: int) -> str:
+    """Where a rank's process publishes its pid for the test injector (:class:`~accelpact.impl.hooks.FaultInjector`)."""
+    return f"{prefix}inject/pid/{rank}"
+
+
+def _link_cut(fault: "Fault", ctx: "FaultContext") -> None:
+    """Every TCP connection between ranks ``a`` and ``b`` is shut down, from ``a``'s side (a shutdown
+    acts on the shared socket: both ends fail), as a broken link between their nodes does: every
+    group the two share fails (their replicate group if they share one, the world, default, control
+    and checkpoint groups), each keeps its connections to everyone else and to the store.  By another
+    thread, complete before the rank goes on; the engine is not told which groups broke."""
+    import datetime
+    import threading
+
+    from .inject import cut_link
+
+    a, b = fault.ranks
+    if ctx.rank != a:
+        return
+    ctx.store.wait([pid_key(ctx.prefix, b)], datetime.timedelta(seconds=60))
+    peer = int(ctx.store.get(pid_key(ctx.prefix, b)))
+    done: list = []
+    cut = threading.Thread(target=lambda: done.append(cut_link(os.getpid(), peer, allow_self=True)),
+                           name="accelpact-fault-cut", daemon=True)
+    cut.start()
+    cut.join(timeout=10)
+    if not done or not done[0]:
+        raise FaultError(f"link_cut: rank {a} found no connection to rank {b} (pid {peer}) to cut")
 
 
 def _crash(fault: "Fault", ctx: "FaultContext") -> None:
@@ -181,6 +214,9 @@ _RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("collective_timeout", "FaultGroupFail", TRIGGER_POINTS, _group_fail, failure=True, breaks_group=True,
               doc="the group's connections are shut down: its collectives fail"),
+    # a physical fault (issue 25, P18.2): its model action is its own, not the group failure it causes
+    FaultKind("link_cut", "FaultLinkCut", TRIGGER_POINTS, _link_cut, pair=True,
+              doc="every connection between two ranks on two nodes is shut down: every group across the link fails"),
     FaultKind("crash", "FaultCrash", FAULT_POINTS, _crash, doc="SIGKILL of the rank"),
     FaultKind("hang", "FaultHang", FAULT_POINTS, _hang, doc="the rank's main thread stops making progress"),
     # a stopped process and a held GIL are, to the protocol, a crash: the rank takes no step and its
@@ -210,7 +246,7 @@ FAULT_ACTION: dict[str, str] = {k.name: k.action for k in KINDS.values()}
 MODEL_KIND: dict[str, str] = {
     "collective_timeout": "group_fail", "crash": "crash", "hang": "hang", "stop": "crash", "gil_hang": "crash",
     "exception": "raise", "frontier_mismatch": "mismatch", "dirty_guard": "dirty_guard", "corrupt_state": "corrupt",
-    "store_loss": "store_loss",
+    "store_loss": "store_loss", "link_cut": "link",
 }
 #: the model's fault kinds with no implementation kind (network-level message faults of the model)
 MODEL_ONLY_KINDS: frozenset[str] = frozenset({"delay", "drop"})
@@ -283,6 +319,8 @@ class Fault:
         if not isinstance(group, str) or (KINDS[kind].breaks_group and known is not None and group not in known):
             raise FaultError(f"{where}.group: {group!r} is not a group this job can break; use one of {list(known or ())}")
         attempt = _int(f"{where}.attempt", raw.get("attempt", 0), 0)
+        if KINDS[kind].pair and len(ranks) != 2:
+            raise FaultError(f"{where}.ranks: kind {kind!r} names the two ends of the link, e.g. [0, 2]; got {list(ranks)}")
         return cls(step, at, kind, tuple(sorted(ranks)), group, attempt)
 
     @classmethod
@@ -362,6 +400,8 @@ class FaultContext:
     groups: dict  # group name -> revoke.SocketRecord of this rank's group of that name
     guard: Any = None
     module: Any = None
+    store: Any = None      # the control-plane store (the injector's own channel: where ranks publish their pids)
+    prefix: str = ""
 
 
 @dataclass(slots=True)
@@ -399,5 +439,9 @@ class FaultPlan:
             state["pc"] = "crashed"
         if fault.kind == "collective_timeout":
             detail["group"] = fault.group
+        if KINDS[fault.kind].pair:  # a link: one fault, recorded by its lower end, which acts it (the model's actor)
+            if ctx.rank != fault.ranks[0]:
+                return
+            detail["peer"] = fault.ranks[1]
         ctx.trace.action(fault.action, ctx.gen, "info", state, detail)
         KINDS[fault.kind].effect(fault, ctx)

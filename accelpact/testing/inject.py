@@ -18,7 +18,8 @@ naming it, never a signal sent to the wrong process.
   (other Python threads, a heartbeat, go on).
 * :func:`cut_links`: ``pidfd_getfd`` duplicates the target's TCP sockets into the injector,
   ``shutdown(SHUT_RDWR)`` on the dup acts on the shared socket: the selected connections fail on
-  both ends (the peer reads EOF), the others (the store's) keep working.
+  both ends (the peer reads EOF), the others (the store's) keep working.  :func:`cut_link`: every
+  connection between two processes (a broken link between two ranks: every group they share).
 
 Signal-driven primitives (:func:`gil_hang`, ``slow(how="sleep")``) need a handler that the
 *harness* installs in the target at its start (:func:`install_handlers`); the injector checks the
@@ -60,7 +61,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 __all__ = [
-    "InjectError", "TcpConn", "check_pid", "crash", "cut_links", "gil_hang", "handler_installed", "install_gil_hang_handler",
+    "InjectError", "TcpConn", "check_pid", "crash", "cut_link", "cut_links", "gil_hang", "link_connections", "handler_installed", "install_gil_hang_handler",
     "install_handlers", "install_sleep_handler", "is_stopped", "link_cut_available", "listening_ports", "mailbox", "resume",
     "select_connections", "slow", "stop", "tcp_connections", "GIL_HANG_SIGNAL", "SLEEP_SIGNAL",
 ]
@@ -459,9 +460,33 @@ def _pidfd_getfd(pidfd: int, fd: int, pid: int) -> int:
     return int(got)
 
 
+def link_connections(pid: int, peer: int) -> list[TcpConn]:
+    """``pid``'s ESTABLISHED TCP connections whose other end is a socket of process ``peer``: every
+    connection of the link between them (one per group they share, on loopback or across hosts of one
+    network namespace: a remote port is some socket's local port, and ``peer``'s are read off its own
+    ``/proc`` entry)."""
+    theirs = {c.local for c in tcp_connections(check_pid(peer, what="list the sockets of", allow_self=True), None)}
+    return [c for c in tcp_connections(pid) if c.remote in theirs]
+
+
+def cut_link(pid: int, peer: int, *, allow_self: bool = False) -> list[TcpConn]:
+    """A broken link between two ranks' processes: every connection of ``pid`` to ``peer`` is shut down
+    (:func:`link_connections`; ``SHUT_RDWR`` on one end fails both), so every group the two share
+    fails, whichever kind (replicate, shard, world, the control plane's), while each keeps its
+    connections to everyone else and to the store.  ``allow_self``: ``pid`` may be this process (a
+    test harness's injector thread inside a rank; its own fds are duplicated directly)."""
+    chosen = link_connections(pid, peer)
+    ports = {c.remote[1] for c in chosen}
+    if not ports:
+        return []
+    return cut_links(pid, remote_ports=ports, allow_self=allow_self,
+                     only=lambda c: any(c.remote == x.remote and c.local == x.local for x in chosen))
+
+
 def cut_links(pid: int, *, remote_ports: Iterable[int] | None = None, local_ports: Iterable[int] | None = None,
               any_ports: Iterable[int] | None = None, except_ports: Iterable[int] | None = None,
-              remote_hosts: Iterable[str] | None = None) -> list[TcpConn]:
+              remote_hosts: Iterable[str] | None = None, allow_self: bool = False,
+              only: Callable[[TcpConn], bool] | None = None) -> list[TcpConn]:
     """Shut down (``SHUT_RDWR``) ``pid``'s ESTABLISHED TCP connections chosen by the selectors of
     :func:`select_connections`; returns those cut.  Never touches a LISTEN socket (shutting down
     gloo's listener aborts the process).
@@ -476,20 +501,22 @@ def cut_links(pid: int, *, remote_ports: Iterable[int] | None = None, local_port
     why = link_cut_available()
     if why:
         raise InjectError(f"cannot cut links of pid {pid}: {why}")
-    check_pid(pid, what="cut links of")
+    check_pid(pid, what="cut links of", allow_self=allow_self)
     chosen = select_connections(tcp_connections(pid), remote_ports=remote_ports, local_ports=local_ports,
                                 any_ports=any_ports, except_ports=except_ports, remote_hosts=remote_hosts)
+    chosen = [c for c in chosen if only is None or only(c)]
     if not chosen:
         return []
+    own = pid == os.getpid()
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = -1 if own else os.pidfd_open(pid)
     except ProcessLookupError:
         raise InjectError(f"cannot cut links of pid {pid}: no such process") from None
     cut: list[TcpConn] = []
     try:
         for c in chosen:
             try:
-                dup = _pidfd_getfd(pidfd, c.fd, pid)
+                dup = os.dup(c.fd) if own else _pidfd_getfd(pidfd, c.fd, pid)
             except OSError as exc:
                 if exc.errno in (1, 13):  # EPERM, EACCES
                     raise InjectError(f"cannot cut links of pid {pid}: {exc.strerror} (ptrace rights over it needed)") from None
@@ -509,5 +536,6 @@ def cut_links(pid: int, *, remote_ports: Iterable[int] | None = None, local_port
             finally:
                 os.close(dup)
     finally:
-        os.close(pidfd)
+        if pidfd >= 0:
+            os.close(pidfd)
     return cut

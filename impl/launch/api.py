@@ -184,6 +184,8 @@ class TrainingJob:
     _mesh: Any = field(default=None, repr=False)
     #: the control group's socket record (a hot swap revokes every group of the rank at once)
     control_record: Any = field(default=None, repr=False)
+    #: the checkpoint group's socket record (a wide revoke closes it with the control group's, P18.4)
+    checkpoint_record: Any = field(default=None, repr=False)
     #: spare processes in the job, and which one this process is (None: a training rank)
     spares: int = 0
     spare: int | None = None
@@ -236,6 +238,23 @@ class TrainingJob:
             self._mesh = DeviceMesh.from_group([self.replicate_group, self.shard_group], self.device.type,
                                                mesh=self.topology.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
         return self._mesh
+
+    def rebuild_wide(self, g_next: int) -> tuple[list[str], Any, dict]:
+        """Phase 4 of every episode (spec/protocol.md P18.3; the engine calls it on every rank): the
+        groups over all of W built anew in ``g_next`` (:func:`accelpact.impl.runtime.hotswap.rebuild_wide`),
+        and the checkpoints moved onto the new checkpoint group.  Returns the names of the groups built,
+        the new control group and the socket records of the training groups rebuilt (by name)."""
+        from ..runtime import hotswap
+
+        names = hotswap.rebuild_wide(self, g_next)
+        t = self.training
+        if t is not None and t.checkpoints is not None:
+            t.checkpoints.group = self.checkpoint_group
+        return names, self.control_group, {k: self.records[k] for k in names if k in self.records}
+
+    def wide_records(self) -> list:
+        """The socket records of the groups over all of W that a wide revoke closes (P18.4)."""
+        return [r for r in (self.control_record, self.checkpoint_record) if r is not None]
 
     def attach(self, model: Any = None, optimizer: Any = None, *, checkpoint_dir: str | os.PathLike | None = None,
                checkpoint_every: int = 0, extra_state: Callable[[], Any] | None = None,
@@ -492,6 +511,10 @@ class _Groups:
         self.__dict__.update(groups)
 
 
+#: saves of one checkpoint, each after an in-place repair of the groups its failed collective met (P18.4)
+SAVE_TRIES = 3
+
+
 # ------------------------------------------------------------------------------------- training
 @dataclass(eq=False)
 class Training:
@@ -548,7 +571,7 @@ class Training:
                             step_deadline_s=s.step_deadline_s, frontier=frontier, key=key, envelope=envelope,
                             hooks=self.hooks, detect=s.detect, dead_after_s=s.dead_after_s,
                             hang_threshold_s=s.hang_threshold_s, generation=generation, notices=self._notices,
-                            discard=self.rebuild is not None)
+                            discard=self.rebuild is not None, wide=job.rebuild_wide, wide_records=job.wide_records)
         # F is published at the commit itself (the optimizer's post hook, after the guard's), not after
         # the boundary: a peer's abort can end this rank between its commit and the boundary, and an L2
         # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
@@ -635,9 +658,35 @@ class Training:
         frontier = self.pact.frontier
         if self.checkpoints is not None and self.checkpoints.due(frontier):
             cursor = self.extra_state() if self.extra_state is not None else None
-            took = self.checkpoints.save(frontier, self.pact.module, self.pact.optimizer, cursor=cursor)
-            self.saved.append((frontier, took))
+            report = self._save(frontier, cursor) or report
         return report
+
+    def _save(self, frontier: int, cursor: Any):
+        """The checkpoint of ``frontier``; a save that meets a failed group over all of W is the
+        engine's observation at the boundary (spec/protocol.md P18.4): every rank repairs (the
+        checkpoint group is rebuilt with the other groups over W) and saves again.  Returns the
+        repair's report, if there was one."""
+        from ..runtime.checkpoint import CheckpointError, SaveFailed
+        from ..runtime.hotswap import SwapNeeded
+        from ..watchdog import WIDE_ENTRY
+
+        report = None
+        for _try in range(SAVE_TRIES):
+            pact = self.pact
+            try:
+                took = self.checkpoints.save(frontier, pact.module, pact.optimizer, cursor=cursor, tag=pact.gen,
+                                             abandoned=lambda p=pact: p.control.revoked(p.gen, WIDE_ENTRY))
+            except SaveFailed as exc:
+                failed = exc
+                try:
+                    report = pact.repair_after_save(exc)
+                except SwapNeeded as need:  # a rank died in the save and a spare takes its identity
+                    self._swap(need)
+                continue
+            self.saved.append((frontier, took))
+            return report
+        raise CheckpointError(f"checkpoint of step {frontier}: every one of {SAVE_TRIES} saves failed, each repaired in "
+                              f"place; the last: {failed}") from failed
 
     # ---- hot swap ----------------------------------------------------------------------------
     def _publish(self) -> None:
@@ -838,7 +887,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
 
     control_group, control_record = revoke.recorded(
         lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0))), "gloo")
-    checkpoint_group = dist.new_group(backend="gloo", timeout=timeout)
+    checkpoint_group, checkpoint_record = revoke.recorded(lambda: dist.new_group(backend="gloo", timeout=timeout), "gloo")
     if mesh is None:
         groups, records = build_recorded_groups(workload, topo, rank, be.name, timedelta(seconds=s.collective_timeout_s),
                                                 device=device)
@@ -854,7 +903,8 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     return TrainingJob(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                        device=device, store=store, attempt_store=astore, control_group=control_group,
                        checkpoint_group=checkpoint_group, topology=topo, records=records, faults=fault_list,
-                       groups=mine, _mesh=mesh, control_record=control_record, spares=s.spares)
+                       groups=mine, _mesh=mesh, control_record=control_record, checkpoint_record=checkpoint_record,
+                       spares=s.spares)
 
 
 def _check_user_mesh(mesh: Any, be: Any, world: int) -> int:

@@ -45,6 +45,12 @@ MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
+class SaveFailed(RuntimeError):
+    """A save met a failed collective (its own, or a peer's: the save was abandoned): a group over all
+    of W failed under it (spec/protocol.md P18.4).  Nothing is committed; the engine repairs the groups
+    and the caller saves the same step again."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be saved, committed or loaded (the message says which and why)."""
 
@@ -174,17 +180,28 @@ class CheckpointManager:
         return self.every > 0 and step > 0 and step % self.every == 0
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, module, optimizer, cursor: Any = None) -> float:
-        """Save step ``step`` on this rank, acknowledge it, and (rank 0) commit it. Returns seconds taken."""
+    def save(self, step: int, module, optimizer, cursor: Any = None, *, tag: int = 0,
+             abandoned: Any = None) -> float:
+        """Save step ``step`` on this rank, acknowledge it, wait until every rank acknowledged (or the
+        save was abandoned), and (rank 0) commit it.  Returns seconds taken.
+
+        ``tag``: which try of this step (the engine's generation: a save abandoned in generation g is
+        taken again in g+1, and counts its acknowledgements apart).  ``abandoned()``: polled while the
+        acknowledgements come in; True means a peer's save failed (the engine's wide revoke, P18.4).
+        A failed collective of the save, or an abandoned save, raises :class:`SaveFailed`."""
         import torch
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         t0 = time.perf_counter()
         folder = step_dir(self.root, step)
         folder.mkdir(parents=True, exist_ok=True)
         model_sd, optim_sd = get_state_dict(module, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
+        try:
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
+        except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException
+            raise SaveFailed(f"checkpoint step {step}: a collective of the save failed: {exc!r}"[:600]) from None
         t_dcp = time.perf_counter()
         local = {"step": step, "rank": self.rank, "world": self.world, "rng": torch.get_rng_state(), "cursor": cursor,
                  "optim_key_order": _optim_key_order(optimizer)}
@@ -193,32 +210,36 @@ class CheckpointManager:
         buf = io.BytesIO()
         torch.save(local, buf)
         _atomic_write(folder / f"rank{self.rank}.pt", buf.getvalue())
-        self._acknowledge_and_commit(step, folder)
+        self._acknowledge_and_commit(step, folder, tag, abandoned)
         t1 = time.perf_counter()
         self.timings.append({"step": step, "dcp_s": t_dcp - t0, "total_s": t1 - t0})
         return t1 - t0
 
-    def _acknowledge_and_commit(self, step: int, folder: Path) -> None:
-        """Every rank adds 1 to ``ckpt/step-{n}/done``; rank 0 writes the marker once it reads ``world``.
+    def _acknowledge_and_commit(self, step: int, folder: Path, tag: int = 0, abandoned: Any = None) -> None:
+        """Every rank adds 1 to ``ckpt/step-{n}/g{tag}/done`` and waits until it reads ``world`` (every
+        rank finished the same save: one that met a failed collective makes the others' saves
+        abandoned, :class:`SaveFailed`, so all of W repair and save again together); rank 0 then writes
+        the marker.
 
         ``add`` is a round trip (unlike ``set``), so a returned count proves the store recorded it.
         """
         if self.world > 1:
-            key = f"ckpt/step-{step}/done"
+            key = f"ckpt/step-{step}/g{tag}/done"
             self.store.add(key, 1)
-            if self.rank != 0:
-                return
             deadline = time.monotonic() + self.commit_timeout_s
             while True:
                 count = self.store.add(key, 0)
                 if count >= self.world:
                     break
+                if abandoned is not None and abandoned():
+                    raise SaveFailed(f"checkpoint step {step}: a peer's save failed (abandoned at {count}/{self.world} "
+                                     "acknowledgements)")
                 if time.monotonic() > deadline:
                     raise CheckpointError(
                         f"checkpoint step {step}: only {count}/{self.world} ranks acknowledged within "
                         f"{self.commit_timeout_s}s; not committing it (resume uses the previous committed checkpoint)")
                 time.sleep(0.005)
-        elif self.rank != 0:
+        if self.rank != 0:
             return
         missing = [r for r in range(self.world) if not (folder / f"rank{r}.pt").exists()]
         if missing:

@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, spare_gone_key, state_key,
-                           swap_prefix)
+                           swap_prefix, wide_prefix)
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
-           "claim_write", "export_state", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups",
+           "claim_write", "export_state", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
            "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
@@ -378,6 +378,74 @@ def read_claims(store: Any, g: int, world: int) -> dict[int, int]:
     return out
 
 
+def _make_group(job: Any, b: Any, pre: str, name: str, members: list[int], timeout_s: float) -> tuple[Any, Any]:
+    """One group of ``job`` built by its ``members`` under the store prefix ``pre + name`` with backend
+    ``b``, registered with c10d under that name: ``(group, revoke record)``."""
+    import torch.distributed as dist
+
+    pg, rec = b.build_group(dist.PrefixStore(pre + name, job.attempt_store), members.index(job.rank), len(members),
+                            name=pre + name, global_ranks=members, device=job.device if b.device_type != "cpu" else None,
+                            connect_timeout_s=job.settings.deadline_s, timeout_s=timeout_s)
+    b.register(pg, pre + name, members, job.attempt_store)
+    return pg, rec
+
+
+def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any]:
+    """The groups over all of W, in one fixed order on every rank: default (the job's backend),
+    control and checkpoint (gloo): ``(default, control, control_record, checkpoint, checkpoint_record)``."""
+    from .backends import backend
+
+    s, world = job.settings, list(range(job.world))
+    default, _ = _make_group(job, backend(job.backend), pre, "default", world, s.pg_timeout_s)
+    control, control_rec = _make_group(job, backend("gloo"), pre, "control", world, max(s.deadline_s, 1.0))
+    checkpoint, checkpoint_rec = _make_group(job, backend("gloo"), pre, "checkpoint", world, s.pg_timeout_s)
+    return default, control, control_rec, checkpoint, checkpoint_rec
+
+
+def _retire_groups(old: list) -> None:
+    """Unregister the replaced groups and keep them (a gloo group with a dead peer may block in teardown)."""
+    from .adapters.base import unregister_group
+
+    for pg in old:
+        if pg is not None:
+            unregister_group(pg)
+            _GRAVEYARD.append(pg)
+
+
+def _install_wide(job: Any, built: tuple[Any, Any, Any, Any, Any]) -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    default, control, control_rec, checkpoint, checkpoint_rec = built
+    c10d._update_default_pg(default)
+    job.control_group, job.checkpoint_group = control, checkpoint
+    job.control_record, job.checkpoint_record = control_rec, checkpoint_rec
+
+
+def rebuild_wide(job: Any, g_next: int) -> list[str]:
+    """``RankReplace``'s groups over all of W (spec/protocol.md P18.3): the default, control and
+    checkpoint groups and, where the job holds it apart from R (HSDP), the world group, built in
+    generation ``g_next`` under ``accelpact/g{g_next}/wide/<name>`` by every rank of W, in one fixed
+    order; the new default group installed, ``job`` updated in place, the old groups unregistered and
+    kept.  Every rank calls it in every episode: a link inside R crosses every one of them, and the
+    engine cannot tell a broken link from a broken communicator of R alone.  Returns the names built."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from .backends import backend
+
+    pre = wide_prefix(g_next)
+    old = [c10d._world.default_pg, job.control_group, job.checkpoint_group]
+    built = _build_wide(job, pre)
+    names = ["default", "control", "checkpoint"]
+    if "world" in job.groups:  # HSDP: the world group is not R (DDP's is, and the engine rebuilds it)
+        old.append(job.groups["world"])
+        job.groups["world"], job.records["world"] = _make_group(job, backend(job.backend), pre, "world",
+                                                                list(range(job.world)), job.settings.collective_timeout_s)
+        names.append("world")
+    _retire_groups(old)
+    _install_wide(job, built)
+    return names
+
+
 def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
     """RankReplace for every group of the job (``RankReplace`` of the model's R, and with it the
     default group, the control and checkpoint groups, shard, replicate and world): built in generation
@@ -386,46 +454,27 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
     group installed.  ``job`` (a :class:`~accelpact.impl.launch.api.TrainingJob`) is updated in place; its
     old groups are unregistered and kept, never destroyed.  ``held``: further old groups of this rank
     (R, which the engine holds rather than the job)."""
-    import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from .adapters.base import unregister_group
     from .backends import backend
 
-    be, gloo = backend(job.backend), backend("gloo")
-    s, rank, topo = job.settings, job.rank, job.topology
+    be, rank, topo = backend(job.backend), job.rank, job.topology
     pre = swap_prefix(g_next)
-    world = list(range(job.world))
-
-    def make(b: Any, name: str, members: list[int], timeout_s: float) -> tuple[Any, Any]:
-        pg, rec = b.build_group(dist.PrefixStore(pre + name, job.attempt_store), members.index(rank), len(members),
-                                name=pre + name, global_ranks=members,
-                                device=job.device if b.device_type != "cpu" else None,
-                                connect_timeout_s=s.deadline_s, timeout_s=timeout_s)
-        b.register(pg, pre + name, members, job.attempt_store)
-        return pg, rec
-
     training = [*job.groups.values(), *held]
     old = [c10d._world.default_pg, job.control_group, job.checkpoint_group, *training]
     for pg in training:
         be.abort(pg)  # NCCL: the old communicators' kernels end before new ones take the device (gloo: nothing)
-    default, _ = make(be, "default", world, s.pg_timeout_s)
-    control, control_rec = make(gloo, "control", world, max(s.deadline_s, 1.0))
-    checkpoint, _ = make(gloo, "checkpoint", world, s.pg_timeout_s)
+    built = _build_wide(job, pre)
     groups: dict[str, Any] = {}
     records: dict[str, Any] = {}
     for kind in ("shard", "replicate", "world"):
         for i, members in enumerate(topo.groups_of_kind(kind)):
             if rank in members:
-                groups[kind], records[kind] = make(be, f"{kind}{i}", list(members), s.collective_timeout_s)
-    for pg in old:
-        if pg is not None:
-            unregister_group(pg)
-            _GRAVEYARD.append(pg)
-    c10d._update_default_pg(default)
-    job.control_group, job.checkpoint_group = control, checkpoint
+                groups[kind], records[kind] = _make_group(job, be, pre, f"{kind}{i}", list(members),
+                                                          job.settings.collective_timeout_s)
+    _retire_groups(old)
+    _install_wide(job, built)
     job.groups, job.records, job._mesh = groups, records, None
-    job.control_record = control_rec
     job.generation = g_next
 
 
