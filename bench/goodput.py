@@ -1,5 +1,5 @@
-"""``accelpact bench goodput``: fault-to-frontier and whole-run time of AccelPact L1, torchrun restart
-(L2) and torchft, against the checkpoint's age (the paper's Tables III and IV).
+"""``accelpact bench goodput``: fault-to-frontier and whole-run time of AccelPact L1, its in-flight
+discard, torchrun restart (L2) and torchft, against the checkpoint's age (the paper's Tables III and IV).
 
 The same 2-rank world for all (the workload's ``CharLM``, DDP-style data parallelism over two ranks,
 gloo on loopback), each step padded to ``--step-s`` of device time (default 1 s:
@@ -11,6 +11,11 @@ and two CPU cores are not computing for a second), measured in one run:
 * **L1** (AccelPact in-place repair): a boundary failure of the world group (``collective_timeout``
   on rank 1 after a step committed) at each fault step, repaired in place; detection = the fault
   until the last rank's ``RankObserve``, fault-to-frontier = until every rank resumed at F.
+* **discard** (AccelPact in flight, P17): a communicator failure in backward (the world group's
+  connections cut on rank 1), discarded in place on every rank and the step rerun: no restart, one
+  step's work redone whatever A is; fault-to-frontier read off the traces as L1's.  Also reported:
+  what a job with ``rebuild=`` adds to every fault-free boundary for it (the RNG state and the extra
+  state kept), timed in this process; the commit point itself (phase 3's agreement) adds nothing.
 * **L2** (torchrun restart from the last DCP checkpoint): an in-flight failure (exception in
   backward) at each fault step, one per torchrun attempt; every rank exits 70, torchrun restarts the
   job, which reloads checkpoint C and replays the checkpoint's age A = F - C steps; detection = the
@@ -131,7 +136,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], float, int] | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelpact.impl.launch.launch import l1_episodes, l2_episodes, run_torchrun
+    from accelpact.impl.launch.launch import l1_episodes, l2_episodes, run_torchrun, swap_episodes
 
     from . import recovery
 
@@ -172,7 +177,17 @@ def run(args: argparse.Namespace) -> int:
     say(f"L2: {len(plan)} in-flight failures, one per torchrun attempt, each restarted from the checkpoint")
     l2 = run_torchrun(job("l2", [{"step": s, "at": "backward", "kind": "exception", "ranks": [victim], "attempt": i}
                                  for i, s in enumerate(fault_steps)]), 2, max_restarts=len(plan), timeout_s=args.timeout)
-    ep1, ep2 = l1_episodes(l1), l2_episodes(l2)
+    say(f"discard: {len(plan)} communicator failures in backward (the world group's connections cut), each discarded "
+        "in place and the step rerun (P17)")
+    dc = run_torchrun(job("discard", [{"step": s, "at": "backward", "kind": "collective_timeout", "ranks": [victim],
+                                       "group": "world"} for s in fault_steps]), 2, max_restarts=0, timeout_s=args.timeout)
+    # a discard's episode is read off the traces as a repair's is (fault, last RankObserve, last RankResume)
+    ep1, ep2, ep4 = l1_episodes(l1), l2_episodes(l2), l1_episodes(dc)
+    dc_res: dict[str, Any] = {"ok": dc.ok(), "discards": len(swap_episodes(dc)), "restarts": dc.restarts, "wall_s": dc.wall_s,
+              "fault_to_frontier_s": common.stats(e["fault_to_frontier_s"] for e in ep4),
+              "fault_to_detect_s": common.stats(e.get("fault_to_observe_s") for e in ep4),
+              "episodes": [{"age": a, "fault_to_frontier_s": e["fault_to_frontier_s"]} for e, a in zip(ep4, age_of, strict=False)],
+              "keep_state_us": _keep_state_cost_us()}
     l1_res: dict[str, Any] = {"ok": l1.ok(), "repairs": len(ep1), "wall_s": l1.wall_s,
               "fault_to_frontier_s": common.stats(e["fault_to_frontier_s"] for e in ep1),
               "fault_to_detect_s": common.stats(e.get("fault_to_observe_s") for e in ep1),
@@ -193,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
                 and l2_res["replayed_steps"] == age_of and all(r == 0 for r in l1_res["replayed_steps"]))
     if l2_res["replayed_steps"] != age_of:
         say(f"L2 replayed {l2_res['replayed_steps']} steps where the plan's ages are {age_of}")
-    result["accelpact"] = {"l1": l1_res, "l2": l2_res, "complete": complete}
+    complete = complete and dc.ok() and dc.restarts == 0 and len(ep4) == len(plan) == dc_res["discards"]
+    result["accelpact"] = {"l1": l1_res, "l2": l2_res, "discard": dc_res, "complete": complete}
     tft = None
     if mode == "off":
         reasons["torchft_over_accelpact_fault_to_frontier"] = "torchft arm off (--torchft off, the default of --quick)"
@@ -226,18 +242,24 @@ def run(args: argparse.Namespace) -> int:
         row["l2"] = common.stats(e["fault_to_frontier_s"] for e in l2_res["episodes"] if e["age"] == a)["median"]
         row["torchft"] = (common.stats(f["fault_to_frontier_s"] for f, fa in zip(tft["faults"], age_of, strict=False) if fa == a)["median"]
                           if tft else None)
+        row["discard"] = common.stats(e["fault_to_frontier_s"] for e in dc_res["episodes"] if e["age"] == a)["median"]
         row["l2_over_l1"] = (row["l2"] / row["l1"]) if row["l1"] and row["l2"] else None
+        row["l2_over_discard"] = (row["l2"] / row["discard"]) if row["discard"] and row["l2"] else None
         by_age[str(a)] = row
     result["by_age"] = by_age  # l2_over_l1 per age here (a headline holds numbers only)
     l1m, l2m = l1_res["fault_to_frontier_s"]["median"], l2_res["fault_to_frontier_s"]["median"]
     tft_m = tft["fault_to_frontier_s"]["median"] if tft else None
-    walls: dict[str, float | None] = {"baseline": base.wall_s if base else None, "l1": l1.wall_s, "l2": l2.wall_s, "torchft": tft["wall_s"] if tft else None}
+    walls: dict[str, float | None] = {"baseline": base.wall_s if base else None, "l1": l1.wall_s, "l2": l2.wall_s,
+                                      "discard": dc.wall_s, "torchft": tft["wall_s"] if tft else None}
     result["whole_run_s"] = walls
-    bases = {"l1": walls["baseline"], "l2": walls["baseline"], "torchft": tft.get("baseline_wall_s") if tft else None}
+    bases = {"l1": walls["baseline"], "l2": walls["baseline"], "discard": walls["baseline"],
+             "torchft": tft.get("baseline_wall_s") if tft else None}
     result["lost_s"] = {m: (w - b) if (w := walls[m]) is not None and b else None for m, b in bases.items()}
     systems = [("AccelPact L1 (in place)", l1_res["fault_to_detect_s"], l1_res["fault_to_frontier_s"], l1.wall_s,
                 result["lost_s"]["l1"]),
-               ("torchrun restart L2", l2_res["fault_to_detect_s"], l2_res["fault_to_frontier_s"], l2.wall_s, result["lost_s"]["l2"])]
+               ("torchrun restart L2", l2_res["fault_to_detect_s"], l2_res["fault_to_frontier_s"], l2.wall_s, result["lost_s"]["l2"]),
+               ("AccelPact discard in flight", dc_res["fault_to_detect_s"], dc_res["fault_to_frontier_s"], dc.wall_s,
+                result["lost_s"]["discard"])]
     if tft:
         systems.append(("torchft (reconfigure)", tft["fault_to_detect_s"], tft["fault_to_frontier_s"], tft["wall_s"],
                         result["lost_s"]["torchft"]))
@@ -247,9 +269,14 @@ def run(args: argparse.Namespace) -> int:
                          common.fmt(f["max"], 1e3), common.fmt((f["median"] / l1m) if f["median"] and l1m else None),
                          common.fmt(w), common.fmt(lost)]
                         for name, d, f, w, lost in systems])
-    common.print_table("fault to frontier by checkpoint age A (medians, ms)", ["A (steps)", "L1", "L2", "torchft", "L2 / L1"],
-                       [[a, common.fmt(r["l1"], 1e3), common.fmt(r["l2"], 1e3), common.fmt(r["torchft"], 1e3),
-                         common.fmt(r["l2_over_l1"])] for a, r in by_age.items()])
+    common.print_table("fault to frontier by checkpoint age A (medians, ms)",
+                       ["A (steps)", "L1", "discard", "L2", "torchft", "L2 / L1", "L2 / discard"],
+                       [[a, common.fmt(r["l1"], 1e3), common.fmt(r["discard"], 1e3), common.fmt(r["l2"], 1e3),
+                         common.fmt(r["torchft"], 1e3), common.fmt(r["l2_over_l1"]), common.fmt(r["l2_over_discard"])]
+                        for a, r in by_age.items()])
+    print(f"goodput: a discard's per-step cost (the committed boundary's RNG state and extra state kept): median "
+          f"{common.fmt(dc_res['keep_state_us']['median'])} us (p90 {common.fmt(dc_res['keep_state_us']['p90'])}); the commit "
+          "point itself adds nothing per step (phase 3's agreement, P17.2)", flush=True)
     if walls["baseline"]:
         print(f"goodput: fault-free run {walls['baseline']:.1f} s for {steps} steps", flush=True)
     if tft:
@@ -261,6 +288,11 @@ def run(args: argparse.Namespace) -> int:
     a_min = str(min(ages))
     headline: dict[str, Any] = {
         "l2_over_l1_fault_to_frontier": by_age[a_min]["l2_over_l1"],
+        "l2_over_discard_fault_to_frontier": by_age[a_min]["l2_over_discard"],
+        "discard_fault_to_frontier_ms": (None if dc_res["fault_to_frontier_s"]["median"] is None
+                                         else dc_res["fault_to_frontier_s"]["median"] * 1e3),
+        "torchft_over_discard_fault_to_frontier": ((tft_m / dc_res["fault_to_frontier_s"]["median"])
+                                                   if tft_m and dc_res["fault_to_frontier_s"]["median"] else None),
         "torchft_over_accelpact_fault_to_frontier": (tft_m / l1m) if tft_m and l1m else None,
         "l1_fault_to_frontier_ms": None if l1m is None else l1m * 1e3,
         "l2_fault_to_frontier_ms": None if l2m is None else l2m * 1e3,
@@ -279,6 +311,24 @@ def run(args: argparse.Namespace) -> int:
         say(f"incomplete: L1 {len(ep1)}/{len(plan)} repairs (rc={l1.returncode}, {l1.log}), "
             f"L2 {len(ep2)}/{len(plan)} restarts (rc={l2.returncode}, {l2.log})")
     return 0 if complete and (tft is None or tft["complete"]) else 1
+
+
+def _keep_state_cost_us(n: int = 2000) -> dict[str, Any]:
+    """What a job attached with ``rebuild=`` adds to every fault-free boundary for a discard in place:
+    ``Training._keep_for_discard``'s work, the RNG state and a deep copy of the extra state (a data
+    cursor of a few ints), timed ``n`` times in this process (microseconds)."""
+    import copy
+
+    import torch
+
+    cursor = {"epoch": 3, "index": 12345, "seed": 7}
+    times = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        kept = {"rng": torch.get_rng_state(), "extra": copy.deepcopy(cursor), "frontier": 0}
+        times.append((time.perf_counter_ns() - t) / 1e3)
+        del kept
+    return common.stats(times, 1.0)
 
 
 def _plot(path: str, by_age: dict[str, Any], systems: list, step_s: float) -> None:

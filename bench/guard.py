@@ -11,8 +11,8 @@ Reported: per-step medians (p90, p99, max) of both arms, the overhead = median(o
 in ms and in % of median(off), with a 95% bootstrap confidence interval that resamples whole
 blocks (each block holds one run of each arm: the pairing), and the per-block differences; and
 the engine's pieces of each ``on`` step timed inside it (entering and leaving ``pact.step``, and
-``pact.boundary``: the probe on R and the flag over W), which the step-to-step noise of the arms
-does not blur.  The default model makes a step take about 100 ms or more here
+``pact.boundary``: the probe on R and the flag over W; with ``--fence``, the commit fence of a job that discards in
+place, P17.2), which the step-to-step noise of the arms does not blur.  The default model makes a step take about 100 ms or more here
 (``--dim 192 --layers 4 --seq 64 --batch 8``); ``--quick`` uses a tiny one (steps of a few ms: the
 percentage then says little).
 
@@ -48,11 +48,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=None, help="batch per rank (default 8; quick 4)")
     p.add_argument("--blocks", type=int, default=None, help="blocks per arm (default 20; quick 4)")
     p.add_argument("--block-steps", type=int, default=None, help="steps per block (default 10; quick 4)")
+    p.add_argument("--fence", action="store_true",
+                   help="the on arm is a job that discards in place (attach(rebuild=...)): its engine passes the commit "
+                        "fence, an all-reduce over all of W, as each optimizer.step() starts (P17.2), timed as its own piece")
     p.add_argument("--timeout", type=float, default=1200.0, help="bound on the launch, seconds")
 
 
 def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, seq: int, batch: int, blocks: int,
-               block_steps: int, warmup: int = 3) -> dict:
+               block_steps: int, warmup: int = 3, fence: bool = False) -> dict:
     """Rank function (``init_group=False``: it builds its job with ``accelpact.init``): per-step seconds of both arms, with their block index."""
 
 
@@ -70,7 +73,19 @@ def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, s
     assert training is not None  # a training rank (no spares here)
     pact = training.pact
     steps = {"on": 0, "off": 0}
-    pieces: dict[str, list[float]] = {"enter": [], "exit": [], "boundary": []}
+    pieces: dict[str, list[float]] = {"enter": [], "exit": [], "boundary": [], "fence": []}
+    if fence:
+        # the engine of a job attached with rebuild= (what attach sets from it): it fences every commit;
+        # the fence is timed as it runs, inside optimizer.step()'s pre-hook
+        fence_of = pact._fence
+
+        def timed_fence() -> None:
+            t = time.perf_counter()
+            fence_of()
+            pieces["fence"].append(time.perf_counter() - t)
+
+        pact.discard = True
+        pact._fence = timed_fence
 
     def one(arm: str) -> float:
         s = steps[arm]
@@ -135,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
           f"{blocks} blocks x {block_steps} steps per arm, alternating", flush=True)
     try:
         res = common.rank_values(guard_rank, n * m, args.out, timeout_s=args.timeout, init_group=False, wrapper=args.wrapper, nodes=n, rpn=m,
-                                 dim=dim, layers=layers, seq=seq, batch=batch, blocks=blocks, block_steps=block_steps)
+                                 dim=dim, layers=layers, seq=seq, batch=batch, blocks=blocks, block_steps=block_steps,
+                                 fence=args.fence)
     except common.BenchError as exc:
         print(f"accelpact bench guard: {exc}", file=sys.stderr)
         return 1
@@ -160,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         "repairs": [r["repairs"] for r in res], "step_ms_target_met": med_off >= 0.1,
         # the engine's own pieces of an "on" step, timed inside it (every rank, every step): what the
         # protocol costs per step, without the arms' step-to-step noise
-        "pieces_ms": {k: common.stats((x for r in res for x in r["pieces"][k]), 1e3) for k in ("enter", "exit", "boundary")},
+        "pieces_ms": {k: common.stats((x for r in res for x in r["pieces"][k]), 1e3)
+                      for k in ("enter", "exit", "boundary", *(("fence",) if args.fence else ()))},
     }
     # The boundary is a synchronisation point: a rank that arrives early waits there for the last
     # one, time the step would have spent waiting at the next collective anyway.  The last arriver
@@ -177,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
                        [[k, v["n"], common.fmt(v["median"], digits=3), common.fmt(v["p90"], digits=3), common.fmt(v["p99"], digits=3),
                          common.fmt(v["max"], digits=3)] for k, v in result["pieces_ms"].items()])
     pm = result["pieces_ms"]
-    pieces_med = sum(pm[k]["median"] or 0.0 for k in ("enter", "exit", "boundary_last_arriver"))
+    pieces_med = sum(pm[k]["median"] or 0.0 for k in ("enter", "exit", "boundary_last_arriver", *(("fence",) if args.fence else ())))
     result["pieces_pct_of_off_step"] = pieces_med / (med_off * 1e3) * 100
     print(f"on the critical path (enter + exit + the last arriver's boundary, medians): {pieces_med:.3f} ms = "
           f"{result['pieces_pct_of_off_step']:.2f}% of the off step (the guard's module hooks inside the step are not in "
@@ -192,10 +209,11 @@ def run(args: argparse.Namespace) -> int:
                          "milliseconds", {"median(on) - median(off) per block": (list(range(blocks)), result["block_diffs_ms"])})
     headline: dict[str, Any] = {"guard_overhead_pct": result["overhead_pct"], "guard_overhead_ci95_pct": ci,
                                 "guard_off_step_ms": med_off * 1e3, "guard_pieces_ms": pieces_med,
-                                "guard_pieces_pct": result["pieces_pct_of_off_step"]}
+                                "guard_pieces_pct": result["pieces_pct_of_off_step"],
+                                **({"commit_fence_ms": pm["fence"]["median"]} if args.fence else {})}
     reasons = {} if result["step_ms_target_met"] else {
         "guard_overhead_pct": f"measured on a {med_off * 1e3:.1f} ms step (the issue asks for >= 100 ms; a quick run?)"}
-    common.write_result(args, "guard", {"wrapper": args.wrapper, "topology": f"{n}x{m}", "dim": dim, "layers": layers,
+    common.write_result(args, "guard", {"wrapper": args.wrapper, "topology": f"{n}x{m}", "fence": args.fence, "dim": dim, "layers": layers,
                                         "seq": seq, "batch": batch, "blocks": blocks, "block_steps": block_steps},
                         result, headline, reasons, t0)
     return 0

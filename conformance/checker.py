@@ -100,18 +100,42 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
     # identity, as its incarnation's header says)
     spares = int(h.get("spares") or 0) or len({inc.get("spare") for tr in traces.values()
                                                for inc in tr.header.get("incarnations", ())} - {None})
+    # a rank that observed through its failed failure flag (P18.4), or a logged link cut: the run met a
+    # broken link, which the model has with Config.links (and failing groups of any index)
+    links = nodes > 1 and any(rec.action == "FaultLinkCut" or (rec.action == "RankObserve" and rec.detail.get("wide"))
+                              for tr in traces.values() for rec in tr.records)
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
-                 frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares)
+                 frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares,
+                 failing="any" if links else "one", links=links)
     if not h.get("discard"):  # attached without rebuild= (or a trace that does not say): the engine narrowed its envelope (P17)
         cfg = cfg.with_(envelope=without_discard(cfg.envelope, "the job was attached without rebuild="))
+    else:  # it discards in place, behind the commit fence (P17.2)
+        cfg = cfg.with_(fence=True)
     return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
+
+
+def abstraction_from_records(traces: Mapping[int, RankTrace]) -> Abstraction:
+    """For a run told nothing (a user's): the real committed step at which each generation's failure
+    struck, read off its ``RankObserve`` records (the least frontier reported: a rank that committed
+    the step a failure struck in flight reports one more).  Episodes follow one another at whatever
+    distance the run had (a save that fails at F and a failure in the next step, uncommitted, are two
+    episodes at the same F), which the model's ``frontier_at`` (one step apart) stands for."""
+    bases: dict[int, int] = {}
+    for tr in traces.values():
+        for rec in tr.records:
+            f = rec.state.get("frontier")
+            if rec.action == "RankObserve" and isinstance(f, int):
+                bases[rec.gen] = min(bases.get(rec.gen, f), f)
+    return Abstraction(bases)
 
 
 def _first_rebuilder(traces: Mapping[int, RankTrace]) -> list[int]:
     """R when the headers do not name it (a user's job does not know in advance which group will
-    fail): the rank of the first ``RankReplace`` record (only members of the failed group rebuild);
+    fail): the rank of the first ``RankReplace`` record that names R's new communicator (a member of the
+    failed group; every rank's names the groups over W it built);
     empty when nothing was rebuilt."""
-    recs = [(rec.t_ns, rank) for rank, tr in traces.items() for rec in tr.records if rec.action == "RankReplace"]
+    recs = [(rec.t_ns, rank) for rank, tr in traces.items() for rec in tr.records
+            if rec.action == "RankReplace" and "comm" in rec.state]  # a member rebuilt R (every rank rebuilds the groups over W)
     return [min(recs)[1]] if recs else []
 
 
@@ -157,7 +181,7 @@ _LOCAL = ("RankGuard", "RankReplace", "RankAwaitAgreement", "RankResume")
 #: not a plain repair step (:data:`_PLAIN`) is ``other``: a fault, a timeout, a rejection, a failure,
 #: a lost store, or an action this table does not know.
 CLASSES = ("group_fail", "exit", "observe", "validate", "other")
-_CLASS_OF = {"FaultGroupFail": 0, "RankExit": 1, "RankObserve": 2, "RankValidate": 3}
+_CLASS_OF = {"FaultGroupFail": 0, "FaultLinkCut": 0, "RankExit": 1, "RankObserve": 2, "RankValidate": 3}
 _PLAIN = frozenset(("RankGuard", "RankArrive", "RankDecideAgreement", "RankAwaitAgreement", "RankReplace", "RankRebind",
                     "RankReady", "RankDecideRelease", "RankResume"))
 _OTHER = 4

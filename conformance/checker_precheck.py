@@ -188,8 +188,11 @@ class _Rank:
         self.opaque = False    # an action not in LOCAL_STEPS: nothing more is known of this rank
 
 
-def _walk(cfg: Config, r: int, recs: list[Record]) -> tuple[_Rank, Finding | None]:
-    """Rank r's records as a path of its local automaton; the first record that is not."""
+def _walk(cfg: Config, r: int, recs: list[Record], silent_crash: bool = False) -> tuple[_Rank, Finding | None]:
+    """Rank r's records as a path of its local automaton; the first record that is not.  ``silent_crash``:
+    the rank may have died without a record (a SIGKILL from outside: a ``FaultCrash`` the checker may
+    take silently), so a record that needs it crashed (a spare's ``SpareJoin`` of its identity) may
+    follow any record."""
     rk = _Rank()
     for i, rec in enumerate(recs):
         a = rec.action
@@ -204,6 +207,8 @@ def _walk(cfg: Config, r: int, recs: list[Record]) -> tuple[_Rank, Finding | Non
         if rec.gen != rk.gen:
             return bad(f"record gen {rec.gen} but the rank is in generation {rk.gen} "
                        f"({rk.gen} RankResume record(s) before it)")
+        if pre is not None and rk.pc not in pre and silent_crash and PC_CRASHED in pre and rk.pc in _ALIVE:
+            rk.pc = PC_CRASHED  # the unlogged death a spare's identity follows
         if pre is not None and rk.pc not in pre:
             prev = f"after r{r}#{i - 1} {recs[i - 1].action}" if i else "at the start of its trace"
             return bad(f"{a} needs the rank {' or '.join(sorted(pre))}, but it is {rk.pc} {prev}")
@@ -303,7 +308,7 @@ def precheck(cfg: Config, traces: Mapping[int, RankTrace], *,
     out: list[Finding] = []
     final: dict[int, _Rank] = {}
     for r in world:
-        rk, finding = _walk(cfg, r, traces[r].records)
+        rk, finding = _walk(cfg, r, traces[r].records, silent_possible("FaultCrash", r))
         final[r] = rk
         if finding:
             out.append(finding)

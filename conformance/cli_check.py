@@ -18,7 +18,7 @@ def run(args) -> int:
     from ..impl.launch.job import FieldError, load_job
     from ..impl.launch.rundir import RunDir
     from ..impl.trace import TraceError, load_traces
-    from .checker import TraceChecker, config_from_headers
+    from .checker import TraceChecker, abstraction_from_records, config_from_headers
     from .runner import check_run_traces
     from .scenario import load_scenario, scenario_from_job
 
@@ -43,7 +43,8 @@ def run(args) -> int:
             # fault the model has may have struck unlogged, within a budget inferred from the records
             # (checker.count_unlogged_faults); every attempt of a torchrun restart is checked
             for attempt, traces in sorted(load_traces(run_dir.path).items()):
-                v = TraceChecker(config_from_headers(traces), traces, silent_faults=True).check()
+                v = TraceChecker(config_from_headers(traces), traces, silent_faults=True,
+                                 abstraction=abstraction_from_records(traces)).check()
                 ok = ok and v.accepted
                 msgs.append(f"attempt {attempt}: {v.message}")
             msg = "\n".join(msgs)

@@ -161,6 +161,16 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     # is idle is deposed (its keeper kills it) and swapped like a dead one
     add(("2x2", "fsdp1-hybrid", "boundary", "stop-swap", "-", 1), "2x2-fsdp1-spare1-boundary-stop-r1",
         Topology(2, 2, spares=1), "fsdp1-hybrid", [Fault(STEP, "boundary", "stop", (1,), "replicate")])
+    # issue 25 (P18): a broken link between two nodes fails every group across it.  Within a replicate
+    # group (R's and the groups over W) at the boundary and in backward (a discard in place, P17);
+    # across no group of R's kind (only the groups over W: the failure flag meets it)
+    for wrapper in ("fsdp1-hybrid", "fsdp2-hybrid", "ddp"):
+        w = SHORT[wrapper]
+        for a, b, at in ((0, 2, "boundary"), (1, 3, "backward")):
+            add(("2x2", wrapper, at, "link_cut", f"r{a}-r{b}", 1), f"2x2-{w}-link-r{a}-r{b}-{at}", t22, wrapper,
+                [Fault(STEP, at, "link_cut", (a, b), WRAPPERS[wrapper].recovers)])
+    add(("2x2", "fsdp1-hybrid", "boundary", "link_cut", "r0-r3", 1), "2x2-fsdp1-link-r0-r3-boundary", t22, "fsdp1-hybrid",
+        [Fault(STEP, "boundary", "link_cut", (0, 3), "replicate")])
     # a few 4x2 cases (symmetric scripts only: the model search is larger there)
     for at in ("boundary", "forward"):
         name = f"4x2-fsdp1-{_classic_name(at)}"

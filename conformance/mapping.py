@@ -144,6 +144,7 @@ def _model_config(sc: Scenario) -> Config:
         uses_r=uses_r(sc),
         spares=sc.topology.spares,
         links=_links(sc),
+        fence=True,  # the conformance worker attaches with rebuild=: it discards in place behind the commit fence (P17.2)
     )
 
 

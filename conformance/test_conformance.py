@@ -24,7 +24,8 @@ from accelpact.impl.hooks import SEEDED_BUGS as ALL_SEEDED_BUGS
 #: R broken during FSDP2's optimizer step (observed at the boundary: L1), a lost store (L2), and hot
 #: swaps: a crash in FSDP1's backward and at FSDP2's boundary taken over by a spare (L1), a crash
 #: whose replica died too (L2), and a swapped job's later faults: a second swap, a repair, a second
-#: death during the swap (L2); a rank stopped at the boundary, deposed and swapped (L1).
+#: death during the swap (L2); a rank stopped at the boundary, deposed and swapped (L1); a broken link
+#: between two nodes that crosses no replicate group, met by the failure flag (L1, issue 25).
 FAST = (
     "2x2-fsdp1-repair",
     "2x2-fsdp2-repair",
@@ -50,6 +51,7 @@ FAST = (
     "2x2-fsdp1-spare1-swap-then-repair",
     "2x2-fsdp1-spare2-crash-during-swap",
     "2x2-fsdp1-spare1-boundary-stop-r1",
+    "2x2-fsdp1-link-r0-r3-boundary",
 )
 #: R4: the oracle that must reject each seeded bug (impl/hooks.py) in the plain repair
 #: ``2x2-fsdp1-repair``, and the record the trace checker must report as first unmatched.  Each is

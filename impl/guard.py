@@ -52,8 +52,11 @@ class BoundaryGuard:
     ``sync_timeout_s`` bounds draining the step's device work in :meth:`check`."""
 
     def __init__(self, module, optimizer, *, frontier: int = 0, on_point: Callable[[str], None] | None = None,
-                 sync_timeout_s: float = SYNC_TIMEOUT_S) -> None:
+                 sync_timeout_s: float = SYNC_TIMEOUT_S, before_commit: Callable[[], None] | None = None) -> None:
         self.module = module
+        #: called as ``optimizer.step()`` starts, before the point moves to ``optimizer``: an exception
+        #: it raises stops the commit and is a failure of ``backward`` (nothing is updated yet)
+        self.before_commit = before_commit
         self.sync_timeout_s = sync_timeout_s
         self.optimizer = optimizer
         self.tau = frontier
@@ -80,6 +83,8 @@ class BoundaryGuard:
         self._set("backward")
 
     def _pre_step(self, optimizer, args, kwargs):
+        if self.before_commit is not None:
+            self.before_commit()
         self._set("optimizer")
 
     def _post_step(self, optimizer, args, kwargs):

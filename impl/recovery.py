@@ -666,7 +666,8 @@ class Pact(_Engine):
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
         self.sites: list = []
         self._sites_settled = False  # re-discovered once after the first step (wrappers cache lazily)
-        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point, sync_timeout_s=deadline_s)
+        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point, sync_timeout_s=deadline_s,
+                                   before_commit=self._before_commit)
         self.sites = self._discover()  # at attach: rebinding reuses them (and the first boundary settles them)
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc,
                                  step_records=lambda: list(self.group_records().values()), wide_records=wide_records)
@@ -758,6 +759,40 @@ class Pact(_Engine):
         self.reports.append(report)
         self.watchdog.disarm()
         return report
+
+    def _before_commit(self) -> None:
+        """Issue 26 item 1 (NCCL): as ``optimizer.step()`` starts, a step whose collectives ran on a
+        group this rank's revoke aborted in this generation (a hot swap's watcher, a peer's revoke), or
+        on a group whose backend recorded an error, is not committed: :class:`AbortedCommunicator`, a
+        failure of the step in ``backward`` (the death it follows is then swapped and the step
+        discarded, P16.4; a communicator failure discarded in place, P17; else the contract's L2).  An
+        aborted NCCL communicator's works report completion without their error, so the wrapper's
+        own waits (the stream only) pass.  On gloo a revoked group's ops raise and this finds nothing."""
+        from .runtime.backends import AbortedCommunicator, recorded_errors
+
+        records = self.group_records()
+        aborted = sorted({name for name, rec in records.items() if rec is not None and _revoke.aborted(rec)})
+        errors = recorded_errors(records)
+        if aborted or errors:
+            raise AbortedCommunicator(f"the step's collectives ran on group(s) {aborted or errors} aborted or failed in "
+                                      f"generation {self.gen} (NCCL): its gradients are not committed")
+        if self.discard:
+            self._fence()
+
+    def _fence(self) -> None:
+        """The commit fence (P17.2), in a job that discards in place: an all-reduce over all of W on the
+        control group as ``optimizer.step()`` starts.  No rank completes it unless every rank entered it,
+        and a rank enters only once its forward and backward completed: so when a failure in forward or
+        backward makes any rank abandon its step, no rank commits it (its peers' fences fail, or their
+        watchers close the control group on the abandoning rank's step revoke), and the discard can
+        keep every rank at F.  Only a failure that strikes inside the fence itself can leave a partial
+        commit, which the agreement's frontier comparison then ends (L2).  Cost: one small all-reduce
+        over W per step (``accelpact bench guard --fence``)."""
+        import torch
+
+        from .flag import or_allreduce
+
+        or_allreduce(self.groups.control, torch.zeros(1, dtype=torch.int64))
 
     def _fail_on_backend_errors(self, observed: bool) -> None:
         """Issue 26: with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a group whose work

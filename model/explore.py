@@ -461,10 +461,14 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     "1x2-hang-f3": (Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3, faults=frozenset({"group_fail", "hang"})), True),
     # physical links (issue 25, P18): a cut fails every group across it; every episode rebuilds the
     # groups over all of W (S15; mutant replace-r-only); a failed flag revokes every group of R's kind
-    "2x2-links-f1": (Config(max_faults=1, failing="any", links=True, faults=frozenset({"link"}),
+    "2x2-links-f1": (Config(max_faults=1, failing="any", links=True, fence=True, faults=frozenset({"link"}),
                             points=("boundary", "backward")), True),
     "2x1-ddp-links-f2": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, failing="any",
-                                links=True, faults=frozenset({"link", "group_fail", "crash"})), True),
+                                links=True, fence=True, faults=frozenset({"link", "group_fail", "crash"})), True),
+    # the commit fence of a job that discards in place (issue 27, P17.2): a failure in forward or backward
+    # stops every rank before its commit; with two faults, a death during the discard's episode too
+    "2x2-fence-f1": (Config(max_faults=1, fence=True), True),
+    "2x2-fence-f2": (Config(max_faults=2, fence=True, faults=frozenset({"group_fail", "crash"}), points=("backward",)), True),
     "2x2-spare2-crash-f2": (Config(max_faults=2, spares=2, faults=frozenset({"crash"}), points=("boundary",)), False),
     "3x1-ddp-spare2-crash-f2": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=2,
                                        faults=frozenset({"crash"}), points=("backward",)), False),
@@ -499,6 +503,7 @@ def config_summary(cfg: Config) -> dict[str, Any]:
         "checkpoint_every": cfg.checkpoint_every, "mutant": cfg.mutant,
         **({"spares": cfg.spares} if cfg.spares else {}),
         **({"links": True} if cfg.links else {}),
+        **({"fence": True} if cfg.fence else {}),
     }
 
 

@@ -143,17 +143,23 @@ def _rebuilds(cfg: Config, s: State, r: int) -> bool:
     """Rank r rebuilds its communicators in its generation's episode (phases 4-6): a member of R;
     any rank in a crash episode (hot swap): the world, default and control groups contain the
     dead rank, so every group of every rank is rebuilt with the spare in it (``FaultCrash(rank,
-    point)`` records every group in history ``failures``); and any rank in an episode that struck in
-    forward or backward (issue 27, P17): the step was abandoned with collectives in flight on every
-    group, none of which can be used again (``FaultGroupFail`` there records every group too)."""
-    return _member(cfg, s, r) or (_in_episode(s, r) and (_crash_episode(s, s.ranks[r].gen)
-                                                         or _struck_in_flight(s, s.ranks[r].gen)))
+    point)`` records every group in history ``failures``); and any rank in an episode whose step was
+    discarded in flight (issue 27, P17): the step was abandoned with collectives in flight on every
+    group, none of which can be used again.  (By phase 4 every rank has arrived: every discard of the
+    episode is in; a rank that observed in flight and could not discard rejected, and no rank is in
+    phase 4.)"""
+    if _member(cfg, s, r):
+        return True
+    if not _in_episode(s, r):
+        return False
+    g = s.ranks[r].gen
+    return _crash_episode(s, g) or any(gd == g for gd, _q in s.discarded)
 
 
 def _struck_in_flight(s: State, gen: int) -> bool:
     """Generation ``gen``'s failure struck inside forward or backward on a group of R's kind (a step
-    abandoned mid-pass).  A link cut that crosses only the groups over all of W (P18.2) fails no
-    collective of the step: the step commits and the failure is met at the boundary."""
+    abandoned mid-pass): every group is broken (history ``failures``, P17.1).  A link cut that crosses
+    only the groups over all of W (P18.2) fails no training collective of the step."""
     f = s.store.failed
     return f is not None and f[0] == gen and f[1] in DISCARD_PHASES and bool(f[2])
 
@@ -323,7 +329,16 @@ def _seen_failing(cfg: Config, s: State, r: int) -> bool:
 def _observable(cfg: Config, f: tuple[int, str, frozenset[int]]) -> tuple[str, ...]:
     """Where an episode's failure ``f`` can be observed: where a rank next uses R after it struck
     (``Config.observable``); a failure that broke no group of R's kind (a link cut across none, P18.2)
-    fails no collective of the step: it is met at the boundary, by the failure flag or a save."""
+    fails no training collective of the step: it is met at the boundary, by the failure flag or a
+    save.  With the commit fence (``Config.fence``, P17.2: an all-reduce over all of W as
+    ``optimizer.step()`` starts, in ``backward``), a failure in forward or backward stops every rank
+    before its commit: a group of R's kind is observed in flight, never at the boundary past a
+    commit; one over W at the fence (``backward``), or, when the fence's exchanges do not cross the
+    broken link, at the boundary after every rank committed."""
+    if cfg.fence and f[1] in DISCARD_PHASES:
+        if f[2]:
+            return tuple(p for p in cfg.observable(f[1]) if p != "boundary")
+        return ("backward", "boundary")
     return cfg.observable(f[1]) if f[2] else ("boundary",)
 
 
@@ -356,8 +371,9 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
         return False
     if _member(cfg, s, r) or rk.gen in s.store.revoked:
         return True
-    # P18.4: its failure flag fails, or a checkpoint save after a boundary that found nothing
-    return point == "boundary" and _flag_fails(cfg, s, rk.gen)
+    # P18.4: its failure flag fails, or a checkpoint save after a boundary that found nothing; or the
+    # commit fence (P17.2), an all-reduce over all of W too, in backward
+    return (point == "boundary" or (cfg.fence and point in DISCARD_PHASES)) and _flag_fails(cfg, s, rk.gen)
 
 
 def _st_observe(cfg: Config, s: State, r, point) -> State:
@@ -373,7 +389,7 @@ def _st_observe(cfg: Config, s: State, r, point) -> State:
                     grads=inflight, ahead=1 if inflight else 0)
     # members publish revoke(R, g) so every rank observes within ms; at the boundary a rank whose flag
     # failed publishes the wide revoke (P18.4: every watcher closes its groups over W)
-    if _member(cfg, s, r) or (point == "boundary" and rk.gen not in s.store.revoked):
+    if _member(cfg, s, r) or rk.gen not in s.store.revoked:
         s = s.with_store(revoked=s.store.revoked | {rk.gen})
     return s
 
@@ -995,7 +1011,8 @@ def _st_discard(cfg, s, r, arg) -> State:
     and the step will be rerun with the same batch after the release."""
     rk = s.ranks[r]
     s = s.with_rank(r, grads=False, ahead=0, point="boundary")
-    return s.with_(discarded=s.discarded | {(rk.gen, r)})
+    # the abandoned step left collectives in flight on every group: every one is rebuilt (P17.1)
+    return s.with_(discarded=s.discarded | {(rk.gen, r)}, failures=s.failures | {(rk.gen, gi) for gi in range(len(cfg._members))})
 
 
 # --------------------------------------------------------------------------------------

@@ -135,6 +135,9 @@ class Config:
     #: physical links (issue 25, P18): ``FaultLinkCut(a, b, point)`` is instantiated for every pair of ranks
     #: on different nodes, and ``RankRevokeWide``; needs ``failing="any"`` (a cut fails whichever groups cross it)
     links: bool = False
+    #: the commit fence (issue 27, P17.2): a job that discards in place passes an all-reduce over all of W
+    #: as ``optimizer.step()`` starts; a failure in forward or backward then stops every rank before its commit
+    fence: bool = False
     # Derived, cached at construction because the search asks for them millions of times.
     _world: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _affected: frozenset[int] = field(init=False, repr=False, compare=False, hash=False)

@@ -22,66 +22,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.impl.launch.launch import ProcessSet, free_port, worker_env  # noqa: E402 - after the torch skip
 from accelpact.impl.launch.rundir import RunDir  # noqa: E402 - after the torch skip
+from accelpact.testing.examples import (TIMEOUT_S, assert_bit_identical, assert_trace_accepted,  # noqa: E402 - after the torch skip
+                                        torchrun, worker_pid)
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-TIMEOUT_S = 240.0
-
-
-def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 1, max_restarts: int = 0,
-             spares: int = 0) -> str:
-    """Run ``examples/<script>`` under ``nnodes`` torchrun agents of ``nproc`` workers each; the
-    agents' combined output.  Fails the test on a non-zero agent exit or on the timeout."""
-    out.mkdir(parents=True, exist_ok=True)
-    if nnodes == 1:
-        rdzv = ["--standalone"]
-    else:
-        rdzv = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-                "--rdzv-id", out.name, "--local-addr", "127.0.0.1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(nproc),
-           "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
-           *(["-m", "accelpact.impl.launch.keeper", "--", sys.executable] if spares else []), str(EXAMPLES / script),
-           "--out", str(out), *extra]
-    env = {k: v for k, v in worker_env().items() if not k.startswith("ACCELPACT_")}
-    if spares:
-        env["ACCELPACT_SPARES"] = str(spares)
-    # these tests are about the repair and bit-identity, not detection: on 2 shared cores with up to 8
-    # workers a rank can be descheduled past the detector's 0.8 s default (spec/detection.md)
-    env["ACCELPACT_DEAD_AFTER_S"] = "5"
-    logs = [out / f"agent{i}.log" for i in range(nnodes)]
-    with ProcessSet() as ps:
-        files = [open(log, "wb") for log in logs]
-        try:
-            for f in files:
-                ps.start(cmd, env=env, stdout=f)
-            timed_out = ps.wait(TIMEOUT_S)
-        finally:
-            for f in files:
-                f.close()
-        codes = ps.codes
-    text = "\n".join(log.read_text(errors="replace") for log in logs)
-    assert not timed_out, f"{script} {extra}: still running after {TIMEOUT_S}s\n{text[-4000:]}"
-    assert codes == [0] * nnodes, f"{script} {extra}: agents exited {codes}\n{text[-4000:]}"
-    return text
-
-
-def assert_bit_identical(reference: Path, run: Path, world: int) -> None:
-    for r in range(world):
-        a = torch.load(RunDir(reference).final(r))  # the examples save where the worker does
-        b = torch.load(RunDir(run).final(r))
-        assert a.keys() == b.keys(), f"rank {r}: different state keys"
-        differ = [k for k in a if not torch.equal(a[k], b[k])]
-        assert not differ, f"rank {r}: {len(differ)} tensors differ from the uninterrupted run, e.g. {differ[:3]}"
-
-
-def assert_trace_accepted(run: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "accelpact.cli", "check-trace", str(run)], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, f"the trace checker rejects {run}:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
-
 
 def repaired(text: str, world: int) -> int:
     return sum(f"rank {r}: step 3:" in text for r in range(world))
@@ -133,22 +78,6 @@ def test_fsdp2_two_agents_restart_from_checkpoint(tmp_path, fsdp2_reference):
     assert_trace_accepted(out)  # both attempts; workers torchrun killed end without an end record
 
 
-def _spare_worker(script: str, rank: int) -> int | None:
-    """The pid of the worker (not the keeper) running ``examples/<script>`` with ``RANK=rank``, if any."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-            env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(script.encode() in c for c in cmd) and b"accelpact.impl.launch.keeper" not in cmd \
-                and f"RANK={rank}".encode() in env:
-            return int(d.name)
-    return None
-
-
 def test_an_idle_spares_death_costs_nothing(tmp_path, fsdp2_reference):
     """Issue 25: SIGKILL of the idle spare's worker from outside while the job trains: its keeper posts
     it gone and waits; the job finishes with zero restarts (the agent exits 0), bit-identical."""
@@ -162,7 +91,7 @@ def test_an_idle_spares_death_costs_nothing(tmp_path, fsdp2_reference):
     def kill_the_spare() -> None:
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline and not killed:
-            pid = _spare_worker("fsdp2_hsdp.py", 4)
+            pid = worker_pid("fsdp2_hsdp.py", 4)
             if pid is not None and RunDir(out).trace(0, 0).exists():  # the job is training
                 inject.crash(pid)
                 killed.append(pid)

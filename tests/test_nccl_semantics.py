@@ -411,10 +411,10 @@ def test_qualify_real_timeout_runs_the_extra_trials_or_says_why_not(tmp_path, mo
     text = capsys.readouterr().out
     entries = {e.key.phase: e for e in load_envelope(out).entries}
     if registered:
-        assert ran == ["2x2-ddp-repair", "2x2-ddp-repair-nccl_timeout", "2x2-ddp-reject-backward"]
+        assert ran == ["2x2-ddp-repair", "2x2-ddp-repair-nccl_timeout", "2x2-ddp-inflight-backward"]
         assert entries["boundary"].evidence["real_timeout"] is True and entries["boundary"].evidence["trials"] == 2
     else:
         assert "--real-timeout skipped" in text and "not registered" in text
-        assert ran == ["2x2-ddp-repair", "2x2-ddp-reject-backward"]
+        assert ran == ["2x2-ddp-repair", "2x2-ddp-inflight-backward"]
         assert entries["boundary"].evidence["real_timeout"] is False
     assert "real_timeout" not in entries["backward"].evidence

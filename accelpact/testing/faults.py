@@ -139,6 +139,14 @@ def _link_cut(fault: "Fault", ctx: "FaultContext") -> None:
         raise FaultError(f"link_cut: rank {a} found no connection to rank {b} (pid {peer}) to cut")
 
 
+def _nccl_timeout(fault: "Fault", ctx: "FaultContext") -> None:
+    """NCCL only: the group's boundary collective queued behind a device spin longer than its timeout
+    (a genuine NCCL timeout, :mod:`accelpact.testing.nccl_timeout`; elsewhere a FaultError naming why)."""
+    from .nccl_timeout import nccl_timeout
+
+    nccl_timeout(fault, ctx)
+
+
 def _crash(fault: "Fault", ctx: "FaultContext") -> None:
     os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)  # not reached
@@ -214,6 +222,8 @@ _RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("collective_timeout", "FaultGroupFail", TRIGGER_POINTS, _group_fail, failure=True, breaks_group=True,
               doc="the group's connections are shut down: its collectives fail"),
+    FaultKind("nccl_timeout", "FaultGroupFail", ("boundary",), _nccl_timeout, failure=True, breaks_group=True,
+              doc="NCCL only: the group's boundary collective queued behind a device spin longer than its timeout"),
     # a physical fault (issue 25, P18.2): its model action is its own, not the group failure it causes
     FaultKind("link_cut", "FaultLinkCut", TRIGGER_POINTS, _link_cut, pair=True,
               doc="every connection between two ranks on two nodes is shut down: every group across the link fails"),
@@ -246,7 +256,7 @@ FAULT_ACTION: dict[str, str] = {k.name: k.action for k in KINDS.values()}
 MODEL_KIND: dict[str, str] = {
     "collective_timeout": "group_fail", "crash": "crash", "hang": "hang", "stop": "crash", "gil_hang": "crash",
     "exception": "raise", "frontier_mismatch": "mismatch", "dirty_guard": "dirty_guard", "corrupt_state": "corrupt",
-    "store_loss": "store_loss", "link_cut": "link",
+    "store_loss": "store_loss", "link_cut": "link", "nccl_timeout": "group_fail",
 }
 #: the model's fault kinds with no implementation kind (network-level message faults of the model)
 MODEL_ONLY_KINDS: frozenset[str] = frozenset({"delay", "drop"})

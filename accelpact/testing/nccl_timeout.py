@@ -15,16 +15,9 @@ little after the timeout (:data:`SPIN_MARGIN_S`), inside the guard's bounded dra
 NCCL only: on any other backend, or a torch without ``torch.cuda._sleep``, the effect raises
 :class:`~accelpact.testing.faults.FaultError` with the reason (:func:`unavailable`), and callers skip.
 
-Not yet a fault kind: a kind is one entry of ``accelpact/testing/faults.py`` ``KINDS`` (spec/implementation.md,
-"Where things go"), which this change did not own.  The entry it needs (spec/nccl.md, "A genuine NCCL
-timeout")::
-
-    FaultKind("nccl_timeout", "FaultGroupFail", ("boundary",), _nccl_timeout, failure=True, breaks_group=True,
-              doc="NCCL only: the group's boundary collective queued behind a device spin longer than its timeout")
-
-with ``_nccl_timeout`` importing and calling :func:`nccl_timeout`, and ``MODEL_KIND["nccl_timeout"] =
-"group_fail"``.  Until then ``python -m accelpact.bench.gpu_check`` (sub-check ``real_timeout_repair``)
-runs it through its own injector, and ``accelpact qualify --real-timeout`` says it cannot.
+The fault kind ``nccl_timeout`` (``accelpact/testing/faults.py`` ``KINDS``; to the model R failing at the
+boundary, ``FaultGroupFail``, as ``collective_timeout`` is) runs it; so do ``python -m
+accelpact.bench.gpu_check`` (sub-check ``real_timeout_repair``) and ``accelpact qualify --real-timeout``.
 No torch import at module level.
 """
 
@@ -34,7 +27,7 @@ from typing import Any
 
 __all__ = ["KIND", "SPIN_MARGIN_S", "cycles_per_second", "nccl_timeout", "stall", "unavailable"]
 
-#: The fault kind's name, once registered in ``accelpact/testing/faults.py`` ``KINDS``.
+#: The fault kind's name in ``accelpact/testing/faults.py`` ``KINDS``.
 KIND = "nccl_timeout"
 #: How much longer than the group's collective timeout the device spins (s): more than NCCL's watchdog
 #: poll (100 ms) and the engine's margin (``NCCL_WATCHDOG_MARGIN_S``, 0.25 s), far less than the guard's

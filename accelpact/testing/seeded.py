@@ -78,6 +78,11 @@ def _ignore_backend_errors(self: Any, observed: bool) -> None:
     whose collective NCCL's watchdog aborted silently (``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``) stands."""
 
 
+def _commit_whatever(self: Any) -> None:
+    """ignore-backend-errors: ``optimizer.step()`` commits whatever the step's groups recorded or whether
+    they were aborted (``Pact._before_commit`` does nothing)."""
+
+
 # ---- replacements of the control plane's -----------------------------------------------------------
 def _key_unfenced(self: Any, g: int, name: str) -> str:
     """no-fence: keys not namespaced by the generation."""
@@ -116,9 +121,10 @@ SEEDED_BUGS: dict[str, SeededBug] = {
                                                   "_validate_replicas": _nothing}, control={}),
     "wrong-members": SeededBug("phase 4 builds R's new communicator with the wrong membership (phase 6 must catch it)",
                                engine={"_new_members": _members_along_wrong_axis}, control={}),
-    "ignore-backend-errors": SeededBug("the boundary ignores the backends' recorded errors (get_error()): a step on a "
-                                       "silently aborted NCCL communicator stands",
-                                       engine={"_fail_on_backend_errors": _ignore_backend_errors}, control={}),
+    "ignore-backend-errors": SeededBug("the engine ignores the backends' recorded errors (get_error()) and aborts, before "
+                                       "the commit and at the boundary: a step on a silently aborted NCCL communicator stands",
+                                       engine={"_fail_on_backend_errors": _ignore_backend_errors,
+                                               "_before_commit": _commit_whatever}, control={}),
 }
 
 

@@ -899,6 +899,8 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
         world_group = dist.new_group(list(range(world)), backend=be.name,
                                      timeout=timedelta(seconds=s.collective_timeout_s), **be.init_kwargs(device))
         mine = {"shard": mesh.get_group("shard"), "replicate": mesh.get_group("replicate"), "world": world_group}
+        for g in (mine["shard"], mine["replicate"]):  # the mesh's own timeout is not collective_timeout_s (spec/nccl.md row 21)
+            be.set_timeout(g, s.collective_timeout_s)
         records = {k: revoke.record_group(g, be.name) for k, g in mine.items()}
     return TrainingJob(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                        device=device, store=store, attempt_store=astore, control_group=control_group,

@@ -1,6 +1,6 @@
 """``accelpact demo``: the whole job end to end under torchrun, on Gloo CPU by default.
 
-Three launches of the same small HSDP transformer (2 nodes x 2 ranks by default):
+Five launches of the same small HSDP transformer (2 nodes x 2 ranks by default):
 
 (a) the uninterrupted reference;
 (b) L1: a committed-boundary failure of a replicate group (its sockets are shut down at the
@@ -12,13 +12,18 @@ Three launches of the same small HSDP transformer (2 nodes x 2 ranks by default)
 (d) crash, hot-swapped: the same job with one spare process; the same rank is SIGKILLed in
     ``--fault-at`` of the same step; its keeper posts the death, a spare takes its identity and
     receives its shard from a live replica, the survivors discard the uncommitted step and everyone
-    reruns it: no restart, zero lost steps; final state compared with (a).
+    reruns it: no restart, zero lost steps; final state compared with (a);
+(e) a broken link in flight, discarded in place: every connection between that rank and its replica
+    on the next node is cut in ``--fault-at`` of the same step (every group across the link fails:
+    its replicate group, the world, default, control and checkpoint groups); every rank abandons
+    the step, every group is rebuilt, the model moved into a fresh wrapper, the step rerun with the
+    same batch: no restart, one step rerun, nothing committed replayed; final state compared with (a).
 
 Progress is printed while the runs go (steps, loss, the phase of any recovery, read from the
 result and trace files the workers write).  The report gives per-phase repair times, replayed steps
 per path, fault-to-frontier of L1 versus L2, and where the traces and the timeline plot are.
-Exit status 0 only if every path ends bit-identical to the reference (and L1 and the swap needed no
-restart).
+Exit status 0 only if every path ends bit-identical to the reference (and L1, the swap and the
+discard needed no restart).
 
 No torch import at module level (``accelpact --help`` must not pay for it).
 """
@@ -230,6 +235,18 @@ def run(args: argparse.Namespace) -> int:
         {"step": args.fault_step, "at": args.fault_at, "kind": "crash", "ranks": [victim]}], spares=1)
     sw = _launch("swap", sw_job, nproc, 1, args, console)
 
+    # (e) a broken link in flight: the step discarded in place and rerun (P17, P18)
+    peer = victim + args.ranks_per_node if victim + args.ranks_per_node < nproc else victim - args.ranks_per_node
+    if args.nodes >= 2:
+        cut = {"step": args.fault_step, "at": args.fault_at, "kind": "link_cut", "ranks": sorted((victim, peer))}
+        what = f"link between rank {min(victim, peer)} and rank {max(victim, peer)} cut"
+    else:  # one node: no network link; the group's connections are cut instead
+        cut = {"step": args.fault_step, "at": args.fault_at, "kind": "collective_timeout", "ranks": [victim], "group": group}
+        what = f"{group} group of rank {victim} cut"
+    console.print(f"[bold](e)[/bold] discard in place: {what} in {args.fault_at} of step {args.fault_step}")
+    dc_job = _base_job(args, out / "discard", "demo-discard", [cut])
+    dc = _launch("discard", dc_job, nproc, 1, args, console)
+
     l1_ok, l1_why = compare_runs(ref_dir, l1.out, nproc)
     l1_ok = l1_ok and l1.ok() and l1.restarts == 0
     l2_ok, l2_why = compare_runs(ref_dir, l2.out, nproc)
@@ -237,6 +254,9 @@ def run(args: argparse.Namespace) -> int:
     sw_ok, sw_why = compare_runs(ref_dir, sw.out, nproc)
     ep3 = swap_episodes(sw)
     sw_ok = sw_ok and sw.ok() and sw.restarts == 0 and len(ep3) == 1
+    dc_ok, dc_why = compare_runs(ref_dir, dc.out, nproc)
+    ep4 = swap_episodes(dc)
+    dc_ok = dc_ok and dc.ok() and dc.restarts == 0 and len(ep4) == 1
     ep1 = l1_episodes(l1)
     ep2 = l2_episodes(l2)
 
@@ -265,6 +285,10 @@ def run(args: argparse.Namespace) -> int:
     t3 = e3.get("fault_to_frontier_s")
     summary.add_row("swap", "finished" if sw.ok() else "FAILED", "[]", str(sw.restarts),
                     "0 (step discarded, rerun)" if e3 else "-", _ms(t3), "yes" if sw_ok else "NO")
+    e4 = ep4[0] if ep4 else {}
+    t4 = e4.get("fault_to_frontier_s")
+    summary.add_row("discard", "finished" if dc.ok() else "FAILED", "[]", str(dc.restarts),
+                    "0 (step discarded, rerun)" if e4 else "-", _ms(t4), "yes" if dc_ok else "NO")
     console.print(summary)
     if e3:
         console.print(f"swap: rank(s) {e3['dead']} died in {e3.get('point') or args.fault_at}; spare(s) {e3['spares']} took "
@@ -274,9 +298,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"fault-to-frontier: L1 {_ms(t1)} vs L2 {_ms(t2)} ({t2 / t1:.0f}x) in this run")
     if t3 and t2:
         console.print(f"fault-to-frontier of a crash: swap {_ms(t3)} vs L2 {_ms(t2)} ({t2 / t3:.1f}x) in this run")
+    if t4 and t2:
+        console.print(f"fault-to-frontier in flight: discard {_ms(t4)} vs L2 {_ms(t2)} ({t2 / t4:.1f}x) in this run")
     console.print(f"L1 final state: {l1_why}")
     console.print(f"L2 final state: {l2_why}")
     console.print(f"swap final state: {sw_why}")
+    console.print(f"discard final state: {dc_why}")
 
     plot = None
     try:
@@ -294,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
     summary_json = {"l1": {"ok": l1_ok, "why": l1_why, "episodes": ep1, "restarts": l1.restarts},
                     "l2": {"ok": l2_ok, "why": l2_why, "episodes": ep2, "restarts": l2.restarts},
                     "swap": {"ok": sw_ok, "why": sw_why, "episodes": ep3, "restarts": sw.restarts},
+                    "discard": {"ok": dc_ok, "why": dc_why, "episodes": ep4, "restarts": dc.restarts},
                     "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                     "wall_s": time.monotonic() - t_all}
     (out / "summary.json").write_text(json.dumps(summary_json, indent=1, default=str))
@@ -301,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     if plot:
         console.print(f"timeline: {plot}")
     console.print(f"summary: {out / 'summary.json'} ({summary_json['wall_s']:.0f} s)")
-    if not (l1_ok and l2_ok and sw_ok):
+    if not (l1_ok and l2_ok and sw_ok and dc_ok):
         if not l1.ok():
             console.print(f"[red]L1 run did not finish in place[/red] (rc={l1.returncode}); log tail:\n{l1.log_tail(1500)}")
         if not l2.ok():
@@ -309,6 +337,9 @@ def run(args: argparse.Namespace) -> int:
         if not sw_ok:
             console.print(f"[red]hot swap did not finish in place[/red] (rc={sw.returncode}, restarts {sw.restarts}); "
                           f"log tail:\n{sw.log_tail(1500)}")
+        if not dc_ok:
+            console.print(f"[red]in-flight discard did not finish in place[/red] (rc={dc.returncode}, restarts "
+                          f"{dc.restarts}); log tail:\n{dc.log_tail(1500)}")
         return 1
     return 0
 

@@ -356,6 +356,13 @@ def one_gpu_env(local_rank: int, environ=None) -> dict[str, str]:
 _COMM_MARKS = ("gloo", "c10d", "nccl", "processgroup", "connection closed by peer", "connection reset by peer")
 
 
+class AbortedCommunicator(RuntimeError):
+    """A step's collectives ran on a communicator that was aborted (a revoke, NCCL's watchdog) or whose
+    backend recorded an error: an aborted NCCL communicator's works report completion without their
+    error (spec/nccl.md rows 7, 17, 18), so the step's gradients are not trusted.  Raised before
+    ``optimizer.step()`` commits (``Pact._before_commit``); a communicator's failure of the step."""
+
+
 def is_comm_failure(exc: BaseException) -> bool:
     """``exc`` (or an exception it was raised from) is a communicator's failure: a
     ``torch.distributed.DistError`` (NCCL's ``DistBackendError``, a store error) or a RuntimeError
@@ -368,7 +375,7 @@ def is_comm_failure(exc: BaseException) -> bool:
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, dist.DistError):
+        if isinstance(e, (dist.DistError, AbortedCommunicator)):
             return True
         if isinstance(e, RuntimeError) and any(m in str(e).lower() for m in _COMM_MARKS):
             return True
