@@ -171,6 +171,11 @@ def candidates() -> list[tuple[tuple, Scenario]]:
                 [Fault(STEP, at, "link_cut", (a, b), WRAPPERS[wrapper].recovers)])
     add(("2x2", "fsdp1-hybrid", "boundary", "link_cut", "r0-r3", 1), "2x2-fsdp1-link-r0-r3-boundary", t22, "fsdp1-hybrid",
         [Fault(STEP, "boundary", "link_cut", (0, 3), "replicate")])
+    # issue 27: two failures in one step: a communicator failure in backward, and a death (no spare) or
+    # an exception during the episode that discards it (the model allows L2 only)
+    for at, kind in (("agree", "crash"), ("rebind", "exception")):
+        add(("2x2", "fsdp1-hybrid", at, f"inflight-{kind}", "r3", 2), f"2x2-fsdp1-inflight-backward-{at}-{kind}-r3", t22,
+            "fsdp1-hybrid", [_trigger(t22, "fsdp1-hybrid", "backward"), Fault(STEP, at, kind, (3,), "replicate")])
     # a few 4x2 cases (symmetric scripts only: the model search is larger there)
     for at in ("boundary", "forward"):
         name = f"4x2-fsdp1-{_classic_name(at)}"
