@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .schedule import KINDS, LAUNCHERS, SoakConfig, SoakError, draw, load, unavailable_kinds
+from .schedule import SOAK_KINDS, LAUNCHERS, SoakConfig, SoakError, draw, load, unavailable_kinds
 
 __all__ = ["add_arguments", "config_from_args", "run", "soak"]
 
@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="training steps (default: from a measured step time)")
     p.add_argument("--fault-every", type=float, default=None, help=f"mean seconds between faults (default {d.fault_every_s:g})")
     p.add_argument("--recovery-share", type=float, default=None, help="share of faults struck during an episode (default 0.2)")
-    p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
+    p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(SOAK_KINDS)})")
     p.add_argument("--deadline", type=float, default=None, help="each recovery phase's wait on peers, seconds (default 20)")
     p.add_argument("--seeded-bug", default=None, help="run a deliberately broken engine (tests: the judge must fail)")
     p.add_argument("--replay", default=None, help="a saved schedule.json to run again (its seed, configuration and faults)")
@@ -73,11 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="judge a finished soak's folder again (its soak.json) without running anything")
 
 
-#: flag -> SoakConfig field
-_FLAGS = {"minutes": "minutes", "seed": "seed", "wrapper": "wrapper", "nodes": "nodes", "ranks_per_node": "ranks_per_node",
-          "spares": "spares", "launcher": "launcher", "layers": "layers", "checkpoint_every": "checkpoint_every",
-          "steps": "steps", "fault_every": "fault_every_s", "recovery_share": "recovery_share", "kinds": "kinds",
-          "deadline": "deadline_s", "seeded_bug": "seeded_bug"}
+#: flag (its argparse dest) -> SoakConfig field: the same name, but for two that carry their unit
+_FLAGS = {**{f: f for f in SoakConfig.__dataclass_fields__ if f not in ("fault_every_s", "deadline_s")},
+          "fault_every": "fault_every_s", "deadline": "deadline_s"}
 
 
 def config_from_args(args: argparse.Namespace) -> SoakConfig:

@@ -216,6 +216,17 @@ class Injector:
             raise _NotNow(f"rank {ident} has no live worker now ({self.live.unsteady() or 'steady'})")
         return pid
 
+    def _target(self, f: SoakFault) -> int:
+        """The identity a fault strikes: its own; during an episode, when that one has no live worker
+        (the episode's own victim, typically), the next identity that has one."""
+        pids = self.live.pids()
+        if f.rank in pids or f.trigger != "recovery":
+            return f.rank
+        for d in range(1, self.cfg.world):
+            if (f.rank + d) % self.cfg.world in pids:
+                return (f.rank + d) % self.cfg.world
+        return f.rank
+
     def _mark(self, s: SoakFault | Strike, ident: int | None, pid: int, target: str) -> None:
         assert isinstance(s, Strike)
         s.identity, s.pid, s.target = ident, pid, target
@@ -228,8 +239,9 @@ class Injector:
         self._timers.append(t)
 
     def _do_crash(self, f: SoakFault, s: Strike) -> None:
-        pid = self._pid(f.rank)
-        self._mark(s, f.rank, pid, f"rank {f.rank} (pid {pid})")
+        ident = self._target(f)
+        pid = self._pid(ident)
+        self._mark(s, ident, pid, f"rank {ident} (pid {pid})")
         inject.crash(pid)
         s.met, s.t_done_ns = True, time.monotonic_ns()
 
@@ -244,8 +256,9 @@ class Injector:
         s.met, s.t_done_ns = True, time.monotonic_ns()
 
     def _do_stop(self, f: SoakFault, s: Strike) -> None:
-        pid = self._pid(f.rank)
-        self._mark(s, f.rank, pid, f"rank {f.rank} (pid {pid})")
+        ident = self._target(f)
+        pid = self._pid(ident)
+        self._mark(s, ident, pid, f"rank {ident} (pid {pid})")
         inject.stop(pid)
         s.met, s.t_done_ns = True, time.monotonic_ns()
 
@@ -260,8 +273,9 @@ class Injector:
         self._later(float(f.duration_s or 2.0), resume)
 
     def _do_gil_hang(self, f: SoakFault, s: Strike) -> None:
-        pid = self._pid(f.rank)
-        self._mark(s, f.rank, pid, f"rank {f.rank} (pid {pid})")
+        ident = self._target(f)
+        pid = self._pid(ident)
+        self._mark(s, ident, pid, f"rank {ident} (pid {pid})")
         inject.gil_hang(pid, float(f.duration_s or 2.0))
         s.met, s.t_done_ns = True, time.monotonic_ns()
         s.t_end_ns = s.t_ns + int(float(f.duration_s or 2.0) * 1e9)
@@ -275,12 +289,13 @@ class Injector:
 
     def _do_cut_group(self, f: SoakFault, s: Strike) -> None:
         label = self.cfg.recovers if f.group in (None, "R") else f.group
-        groups = [g for g in self.live.groups(self.topology) if g.label == label and f.rank in g.members]
+        ident = self._target(f)
+        groups = [g for g in self.live.groups(self.topology) if g.label == label and ident in g.members]
         if not groups:
-            raise _NotNow(f"rank {f.rank} has no live {label} group in the store now")
+            raise _NotNow(f"rank {ident} has no live {label} group in the store now")
         g = max(groups, key=lambda x: (x.generation, x.prefix))
-        pid = self._pid(f.rank)
-        self._mark(s, f.rank, pid, f"rank {f.rank}'s {label} group {sorted(g.members)} (pid {pid})")
+        pid = self._pid(ident)
+        self._mark(s, ident, pid, f"rank {ident}'s {label} group {sorted(g.members)} (pid {pid})")
         cut = inject.cut_links(pid, any_ports=g.ports)
         s.t_done_ns = time.monotonic_ns()
         s.detail.update(group=label, r=label == self.cfg.recovers, members=sorted(g.members), prefix=g.prefix,
@@ -291,10 +306,12 @@ class Injector:
 
     def _do_cut_link(self, f: SoakFault, s: Strike) -> None:
         assert f.peer is not None
-        a, b = self._pid(f.rank), self._pid(f.peer)
+        ident = self._target(f)
+        peer = f.peer if f.peer != ident else f.rank
+        a, b = self._pid(ident), self._pid(peer)
         store = [p for p in (self.live.store_port(),) if p]
         ports = links_between(a, b, store)
-        self._mark(s, f.rank, a, f"every connection between ranks {f.rank} and {f.peer} (pids {a}, {b})")
+        self._mark(s, ident, a, f"every connection between ranks {ident} and {peer} (pids {a}, {b})")
         cut = inject.cut_links(a, remote_ports=ports, except_ports=store) if ports else []
         s.t_done_ns = time.monotonic_ns()
         s.detail.update(peer=f.peer, connections=len(cut))

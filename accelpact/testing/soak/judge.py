@@ -54,6 +54,9 @@ ABORT_CODES = (70, 71, 72, 73)
 SUPERVISOR_STOP = (143,)
 #: growth tolerated from the first sample after an episode to the last (threads, fds, listening sockets)
 LEAK_TOLERANCE = {"threads": 0, "fds": 0, "listeners": 0}
+#: the gloo groups a rank holds (accelpact.init: default, control, checkpoint, shard, replicate, world),
+#: each with one listening socket: what a hot swap rebuilds
+GROUPS_PER_RANK = 6
 #: a straggler's window: from the sleep's start to its end plus this
 STRAGGLER_SLACK_S = 2.0
 #: a strike is the cause of the first episode that begins within this after it
@@ -70,6 +73,9 @@ CHECKER_GAPS = (
     "checker_precheck._walk does not allow an unlogged FaultCrash before a SpareJoin (an external SIGKILL, "
     "then a hot swap): rejected before the search; without the prechecks the search of a whole attempt "
     "exhausts its node budget",
+    "the model of one episode (this judge's) starts with the job's pool of spares fresh: an episode after the "
+    "spares were spent (the engine rejects a death then: L2) has no start state there; such episodes are listed, "
+    "not judged, by the trace check",
 )
 
 
@@ -87,6 +93,8 @@ KNOWN_BUGS: dict[str, KnownBug] = {b.id: b for b in (
     KnownBug("K1", "exits", "an error in the checkpoint save at the boundary (Training.boundary -> checkpoint.save: a "
              "peer's death during the DCP save, or a cut of the default group FSDP1's optim_state_dict gathers on) "
              "escapes the pact: every rank exits 1 with no trace record and no hot swap; torchrun restarts (L2)"),
+    KnownBug("K3", "no_leaks", "a hot swap keeps every group it replaces (impl/runtime/hotswap.py _GRAVEYARD: 'never "
+             "destroyed'): each survivor grows by its 6 gloo groups (6 listening sockets, ~18 threads, ~30 fds) per swap"),
     KnownBug("K2", "traces", "a hot swap whose survivors straddle the step (one replicate group committed it, the dead "
              "rank's did not): the agreement aborts with mismatch (71, L2) and the trace checker rejects the episode"),
 )}
@@ -96,7 +104,7 @@ def _known(ep: "Episode", check: str, *, checkpoint_every: int, frontiers: list[
     """The known bug ``ep`` shows for ``check``, if any (see :data:`KNOWN_BUGS`)."""
     if check == "exits" and ep.outcome == "L2" and ep.point == "(unrecorded)":
         codes = {c for c in ep.exit_codes.values() if c is not None}
-        if codes == {1} and frontiers and checkpoint_every and min(frontiers) % checkpoint_every == 0:
+        if codes == {1} and frontiers and checkpoint_every and all(f % checkpoint_every == 0 for f in frontiers):
             return "K1"
     if check == "traces" and ep.outcome == "L2" and ep.reasons == ["mismatch"] and ep.swapping and frontiers \
             and max(frontiers) - min(frontiers) == 1:
@@ -122,6 +130,7 @@ class Episode:
     outcome: str                     # L1 | swap | discard | L2 | failed | split
     t_start_ns: int
     t_end_ns: int | None = None      # the last RankResume (L1/swap/discard); back at the frontier (L2)
+    t_last_ns: int | None = None     # its last record (or the attempt's last exit): the end of the episode itself
     point: str = ""                  # where it was observed (RankObserve's point), or "detector"
     frontier: int | None = None
     reasons: list[str] = field(default_factory=list)
@@ -199,15 +208,8 @@ def _steps(run: RunDir, attempt: int, world: int) -> dict[int, dict[int, float]]
 
 
 def _results(run: RunDir) -> dict[tuple[int, int], dict]:
-    out = {}
-    for p in sorted(run.path.glob("result-a*-r*.json")) if run.path.is_dir() else ():
-        m = re.match(r"^result-a(\d+)-r(\d+)\.json$", p.name)
-        if m:
-            try:
-                out[(int(m.group(1)), int(m.group(2)))] = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-    return out
+    """(attempt, rank) -> the rank's result file (:meth:`RunDir.results`)."""
+    return run.results()
 
 
 def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, RankTrace]] | None = None) -> list[Episode]:
@@ -230,7 +232,7 @@ def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, R
             obs = sorted((rec for rec in recs if rec.action in ("RankObserve", "RankDiscardStep")), key=lambda x: x.t_ns)
             fronts = [rec.state.get("frontier") for rec in obs if isinstance(rec.state.get("frontier"), int)]
             ep = Episode(a, g, "", min(rec.t_ns for rec in recs), frontier=min(fronts) if fronts else None,
-                         resumed=resumed)
+                         resumed=resumed, t_last_ns=max(rec.t_ns for rec in recs))
             first = min(recs, key=lambda x: x.t_ns)
             ep.point = (obs[0].state.get("point") or "") if obs and obs[0].action == "RankObserve" else (
                 "detector" if first.action == "RankSuspect" else first.action)
@@ -255,7 +257,7 @@ def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, R
         if ended_unrecorded:
             t_exits = [int(v["t_exit"] * 1e9) for (x, _), v in results.items() if x == a and v.get("t_exit")]
             g = (last_gen + 1) if last_gen is not None else 0
-            ep = Episode(a, g, "L2", min(t_exits) if t_exits else 0, point="(unrecorded)",
+            ep = Episode(a, g, "L2", min(t_exits) if t_exits else 0, point="(unrecorded)", t_last_ns=max(t_exits, default=0),
                          note="the attempt ended in a restart with no recovery record of its end")
             eps.append(ep)
     # exit codes, and the time back at the frontier for each L2
@@ -275,17 +277,19 @@ def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, R
 
 
 def _attribute(eps: list[Episode], strikes: list[dict]) -> None:
-    """Each struck fault to the episode it caused: struck during an episode (``trigger: recovery``,
-    or by chance), that one; else the first to begin within :data:`ATTRIBUTE_S` after it.  An
-    episode's time lost runs from the latest fault attributed to it that struck before it began
-    (its cause; an earlier one went unnoticed until then, e.g. a cut of a group nobody used) to its
-    end."""
-    for s in strikes:
-        if not s.get("met") or s.get("t_ns") is None:
-            continue
+    """Each struck fault to the episode it caused: struck during an episode (from its first record to
+    its last), that one; else the first episode to begin within :data:`ATTRIBUTE_S` after it, unless
+    another fault struck in between (the later one is then its cause: this one went unnoticed, e.g.
+    a cut of a group nobody used, an idle spare's death, a straggler).  An episode's time lost runs
+    from the latest fault attributed to it that struck before it began (else its first record) to
+    its end."""
+    met = sorted((s for s in strikes if s.get("met") and s.get("t_ns") is not None), key=lambda s: s["t_ns"])
+    for i, s in enumerate(met):
         t = s["t_ns"]
-        inside = [e for e in eps if e.t_start_ns <= t <= (e.t_end_ns or e.t_start_ns)]
-        after = sorted((e for e in eps if t - 50_000_000 <= e.t_start_ns <= t + ATTRIBUTE_S * 1e9), key=lambda e: e.t_start_ns)
+        inside = [e for e in eps if e.t_start_ns - 50_000_000 <= t <= (e.t_last_ns or e.t_start_ns)]
+        nxt = met[i + 1]["t_ns"] if i + 1 < len(met) else None
+        after = sorted((e for e in eps if t - 50_000_000 <= e.t_start_ns <= t + ATTRIBUTE_S * 1e9
+                        and (nxt is None or e.t_start_ns < nxt)), key=lambda e: e.t_start_ns)
         pick = inside[:1] or after[:1]
         for e in pick:
             e.faults.append(int(s["index"]))
@@ -421,6 +425,7 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
     bad: list[str] = []
     msgs: list[str] = []
     scope: list[str] = []
+    spent: list[str] = []
     accepted = 0
     idle_deaths = sorted((s["t_ns"], s.get("attempt")) for s in strikes if s.get("kind") == "crash_spare" and s.get("met"))
     for ep in eps:
@@ -428,11 +433,17 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
         if not trs or ep.point == "(unrecorded)":
             continue
         before = sum(1 for t, a in idle_deaths if a == ep.attempt and t < ep.t_start_ns)
-        ok, msg = check_episode(trs, ep.gen, _spares_left(trs, ep.gen, spares, before))
+        left = _spares_left(trs, ep.gen, spares, before)
+        ok, msg = check_episode(trs, ep.gen, left)
         kinds = [s for s in strikes if s.get("episode") == ep.name]
         if not ok and ep.outcome == "L2" and kinds and all(_out_of_model(s) for s in kinds):
             ep.note = (ep.note + "; " if ep.note else "") + "trace outside the model's scope (a failure of a group other than R)"
             scope.append(ep.name)
+        elif not ok and ep.outcome == "L2" and spares and not left and not ep.swapping:
+            # the model of one episode starts with a fresh pool: a job whose spares are spent (the
+            # engine's 'no spare left' rejection) has no such start state (CHECKER_GAPS)
+            ep.note = (ep.note + "; " if ep.note else "") + "not judged by the trace checker: the job's spares were spent"
+            spent.append(ep.name)
         elif not ok and not strict and (k := _known(ep, "traces", checkpoint_every=checkpoint_every,
                                                    frontiers=ep.frontiers)):
             ep.known = k
@@ -445,7 +456,9 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
     checks.append(Check("traces", not bad, "\n".join(msgs) if msgs else
                         f"{accepted} episodes accepted by the trace checker"
                         + (f"; {len(scope)} L2 episode(s) of faults outside the model's scope (spec/fault-model.md, "
-                           f"'Out of scope': a failure of a group other than R) not judged by it: {scope}" if scope else ""),
+                           f"'Out of scope': a failure of a group other than R) not judged by it: {scope}" if scope else "")
+                        + (f"; {len(spent)} L2 episode(s) after the spares were spent not judged by it: {spent}"
+                           if spent else ""),
                         bad))
     try:
         v.told_nothing = told_nothing(out, told_nothing_budget)
@@ -465,7 +478,9 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
             continue
         causes = [s["t_ns"] for s in strikes if s.get("episode") == e.name and s.get("t_ns") is not None]
         t0 = min([e.t_start_ns, *causes]) if e.t_start_ns else (min(causes) if causes else None)
-        fronts = [int(x["frontier"]) for (a, _r), x in results.items() if a == e.attempt and isinstance(x.get("frontier"), int)]
+        # the frontier of each rank that exited 1: where its last boundary (and its checkpoint) was
+        fronts = [int(x["frontier"]) for (a, _r), x in results.items() if a == e.attempt and x.get("exit_code") == 1
+                  and isinstance(x.get("frontier"), int)]
         k = None if strict else _known(e, "exits", checkpoint_every=checkpoint_every, frontiers=fronts)
         if k:
             e.known = k
@@ -498,12 +513,23 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
             continue
         measured += 1
         first, lastrow = rows[0], rows[-1]
-        for k, tol in LEAK_TOLERANCE.items():
-            if lastrow[k] - first[k] > tol:
-                grown.append(f"rank {first['identity']} (pid {pid}, attempt {first['attempt']}): {k} {first[k]} -> "
-                             f"{lastrow[k]} over episodes {first['episodes_before']}..{lastrow['episodes_before']}")
+        what = [f"{k} {first[k]} -> {lastrow[k]}" for k, tol in LEAK_TOLERANCE.items() if lastrow[k] - first[k] > tol]
+        if not what:
+            continue
+        line = (f"rank {first['identity']} (pid {pid}, attempt {first['attempt']}): {', '.join(what)} over closed "
+                f"episodes {first['episodes_before']}..{lastrow['episodes_before']}")
+        # the episodes closed between the two samples (each closed one is a generation, in order)
+        between = [e for e in eps if e.attempt == first["attempt"] and e.outcome in ("L1", "swap", "discard")
+                   and first["episodes_before"] <= e.gen < lastrow["episodes_before"]]
+        swaps = sum(1 for e in between if e.outcome in ("swap", "discard"))
+        if not strict and swaps and 0 < lastrow["listeners"] - first["listeners"] <= GROUPS_PER_RANK * swaps:
+            v.known.append(f"K3 at a{first['attempt']} rank {first['identity']} ({', '.join(what)} over {swaps} swap(s))")
+            continue
+        grown.append(line)
+    k3 = sum(1 for k in v.known if k.startswith("K3"))
     checks.append(Check("no_leaks", not grown, "; ".join(grown) or (
-        f"{measured} worker(s) sampled after 2+ episodes: no growth of threads, fds or listening sockets"
+        (f"{measured} worker(s) sampled after 2+ episodes: no growth of threads, fds or listening sockets"
+         + (f" but K3's (a hot swap's retired groups, listed as known) in {k3}" if k3 else ""))
         if measured else "no worker lived through 2 episodes (nothing to compare)")))
 
     # the straggler

@@ -25,14 +25,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-__all__ = ["FORMAT", "KINDS", "LAUNCHERS", "SoakConfig", "SoakError", "SoakFault", "Schedule", "draw", "load",
+__all__ = ["FORMAT", "SOAK_KINDS", "LAUNCHERS", "SoakConfig", "SoakError", "SoakFault", "Schedule", "draw", "load",
            "unavailable_kinds"]
 
 FORMAT = "accelpact-soak-schedule/1"
 
 #: the fault kinds a soak draws, with what each does (the injector's primitives: accelpact/testing/inject.py,
 #: accelpact/testing/netns.py; the launcher's store process)
-KINDS: dict[str, str] = {
+SOAK_KINDS: dict[str, str] = {
     "crash": "SIGKILL of a training rank's worker (a spare takes over while one is idle, else torchrun restarts)",
     "crash_spare": "SIGKILL of an idle spare (the job goes on with one spare fewer)",
     "stop": "SIGSTOP of a training rank past the detector's bound, then SIGCONT",
@@ -47,7 +47,6 @@ TRIGGERS = ("time", "recovery")
 #: launchers: torchrun (its agent hosts the store), or launch.run_restarting (a store process per
 #: attempt, whose pid the workers' environment names: the store can be killed from outside)
 LAUNCHERS = ("torchrun", "restarting")
-WRAPPERS = ("fsdp1-hybrid", "fsdp2-hybrid", "ddp")
 #: the groups a ``cut_group`` may name (the job's: accelpact.init builds them in this order)
 GROUPS = ("R", "shard", "world", "control", "checkpoint", "default")
 
@@ -83,7 +82,7 @@ class SoakConfig:
     steps: int | None = None          # None: chosen from a measured step time
     fault_every_s: float = 25.0       # mean time between two drawn faults
     recovery_share: float = 0.2       # the share of faults drawn to strike during an episode
-    kinds: tuple[str, ...] = tuple(KINDS)
+    kinds: tuple[str, ...] = tuple(SOAK_KINDS)
     seeded_bug: str | None = None
     deadline_s: float = 20.0
 
@@ -93,8 +92,10 @@ class SoakConfig:
             raise SoakError(f"--minutes must be a number of minutes in (0, 1440], got {self.minutes!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SoakError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        if self.wrapper not in WRAPPERS:
-            raise SoakError(f"--wrapper must be one of {list(WRAPPERS)}, got {self.wrapper!r}")
+        from ...impl.runtime.wrappers import WRAPPER_NAMES
+
+        if self.wrapper not in WRAPPER_NAMES:
+            raise SoakError(f"--wrapper must be one of {list(WRAPPER_NAMES)}, got {self.wrapper!r}")
         for flag, v in (("--nodes", self.nodes), ("--ranks-per-node", self.ranks_per_node)):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 8:
                 raise SoakError(f"{flag} must be an integer in [1, 8], got {v!r}")
@@ -120,9 +121,9 @@ class SoakConfig:
             raise SoakError(f"--fault-every must be a number of seconds >= 5, got {self.fault_every_s!r}")
         if not isinstance(self.recovery_share, (int, float)) or not 0 <= self.recovery_share <= 0.5:
             raise SoakError(f"--recovery-share must be a fraction in [0, 0.5], got {self.recovery_share!r}")
-        bad = [k for k in self.kinds if k not in KINDS]
+        bad = [k for k in self.kinds if k not in SOAK_KINDS]
         if bad or not self.kinds:
-            raise SoakError(f"--kinds: {bad or 'none given'}; choose from {list(KINDS)}")
+            raise SoakError(f"--kinds: {bad or 'none given'}; choose from {list(SOAK_KINDS)}")
         if self.seeded_bug is not None:
             from ..seeded import SEEDED_BUGS
 
@@ -194,8 +195,8 @@ class SoakFault:
             if k not in raw:
                 raise SoakError(f"{where}: missing field {k!r}")
         f = cls(**dict(raw))
-        if f.kind not in KINDS:
-            raise SoakError(f"{where}.kind: {f.kind!r} is not one of {list(KINDS)}")
+        if f.kind not in SOAK_KINDS:
+            raise SoakError(f"{where}.kind: {f.kind!r} is not one of {list(SOAK_KINDS)}")
         if f.trigger not in TRIGGERS:
             raise SoakError(f"{where}.trigger: {f.trigger!r} is not one of {list(TRIGGERS)}")
         if f.group is not None and f.group not in GROUPS:
