@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 2
 # seconds per nightly configuration (0: explore each to the end)
 NIGHTLY_BUDGET ?= 600
 
-.PHONY: demo test test-fast lint explore nightly bench clean
+.PHONY: demo test test-fast lint explore nightly bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,14 @@ nightly: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/accelpact bench explore
+
+# A long chaos soak (issue 28; README, "Chaos soak"): SOAK_MINUTES of seeded external faults on one
+# job (two spares; a store process per attempt, so the store can be lost too), then the judge over the
+# whole history; exit 1 if it is red.  Replay a soak: accelpact soak --replay runs/soak/schedule.json
+SOAK_MINUTES ?= 30
+SOAK_SEED ?= 1
+soak: $(STAMP)
+	$(BIN)/accelpact soak --minutes $(SOAK_MINUTES) --seed $(SOAK_SEED) --spares 2 --launcher restarting --out runs/soak
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -30,6 +30,8 @@ __all__ = ["Injector", "Sample", "Strike"]
 SETTLE_S = 1.5
 #: how often the injector looks at the run while it waits for a time-triggered fault / for an episode
 POLL_S = 0.05
+#: at least this long between two time-triggered faults (a late one does not follow the one before at once)
+MIN_GAP_S = 3.0
 POLL_RECOVERY_S = 0.005
 
 
@@ -170,9 +172,10 @@ class Injector:
     def _time(self, f: SoakFault, until: float, done: Callable[[], bool]) -> Strike:
         assert self.t0 is not None
         at = self.t0 + f.at_s
+        last = max((x.t_ns for x in self.strikes if x.t_ns is not None), default=0) / 1e9
         while not done() and time.monotonic() < until:
             settled = self._tick()
-            if time.monotonic() >= at and settled:
+            if time.monotonic() >= max(at, last + MIN_GAP_S) and settled:
                 s = self._strike(f)
                 s.delay_s = round(max(0.0, time.monotonic() - at), 3)
                 return s

@@ -61,6 +61,7 @@ GROUPS_PER_RANK = 6
 STRAGGLER_SLACK_S = 2.0
 #: a strike is the cause of the first episode that begins within this after it
 ATTRIBUTE_S = 75.0
+SIMULTANEOUS_S = 0.5
 
 #: Why ``accelpact check-trace``'s own verdict on a whole soak attempt is reported, not judged
 #: (found by the soak; each needs a change in conformance/checker*.py, described in bench/README.md
@@ -287,7 +288,8 @@ def _attribute(eps: list[Episode], strikes: list[dict]) -> None:
     for i, s in enumerate(met):
         t = s["t_ns"]
         inside = [e for e in eps if e.t_start_ns - 50_000_000 <= t <= (e.t_last_ns or e.t_start_ns)]
-        nxt = met[i + 1]["t_ns"] if i + 1 < len(met) else None
+        # the next fault struck apart from this one (two struck within SIMULTANEOUS_S are one cause)
+        nxt = next((o["t_ns"] for o in met[i + 1:] if o["t_ns"] > t + SIMULTANEOUS_S * 1e9), None)
         after = sorted((e for e in eps if t - 50_000_000 <= e.t_start_ns <= t + ATTRIBUTE_S * 1e9
                         and (nxt is None or e.t_start_ns < nxt)), key=lambda e: e.t_start_ns)
         pick = inside[:1] or after[:1]
@@ -346,9 +348,11 @@ def _out_of_model(strike: Mapping[str, Any]) -> bool:
     """A fault the model does not have (spec/fault-model.md, "Out of scope": failures of the shard
     groups or the control group other than through R): a cut of a group that is not R
     (``detail.r``, set by the injector), or of every connection between two ranks (the control
-    group's among them)."""
+    group's among them); a store loss in steady training (the model's strikes during an episode)."""
     if strike.get("kind") == "cut_link":
         return True
+    if strike.get("kind") == "store_loss":  # the model's FaultStoreLoss strikes during an episode only
+        return not strike.get("during")
     return strike.get("kind") == "cut_group" and not (strike.get("detail") or {}).get("r")
 
 

@@ -54,7 +54,10 @@ GROUPS = ("R", "shard", "world", "control", "checkpoint", "default")
 WEIGHTS: dict[str, float] = {"cut_group": 3.0, "crash": 2.0, "stop": 1.5, "gil_hang": 1.5, "slow": 1.5, "cut_link": 1.0,
                              "crash_spare": 1.0, "partition": 1.0, "store_loss": 0.7}
 #: kinds that strike during an episode (``trigger: "recovery"``)
-DURING_RECOVERY = ("crash", "stop", "gil_hang", "cut_group", "cut_link")
+DURING_RECOVERY = ("crash", "stop", "gil_hang", "cut_group", "cut_link", "store_loss")
+#: kinds drawn only to strike during an episode: the model's store loss (FaultStoreLoss) strikes
+#: during one (spec/fault-model.md); in steady training it has no model to judge it against
+ONLY_DURING_RECOVERY = ("store_loss",)
 #: the failure detector's bound: a rank silent this long is dead (impl/detector.py defaults: 0.8 s
 #: dead_after + 2 x 0.1 s interval); a stop or held GIL lasts longer, a straggler's sleep stays far
 #: below the hang threshold (max(5 s, 10 x median step): HANG_FLOOR_S)
@@ -293,7 +296,8 @@ def draw(cfg: SoakConfig, skipped: Mapping[str, str] | None = None) -> Schedule:
     """The schedule of ``cfg`` (its seed): faults every ``fault_every_s`` on average from 20 s after
     training starts until 30 s before ``minutes`` end, each of a kind drawn (by :data:`WEIGHTS`) from
     the configuration's kinds that are not ``skipped``; after a fault that starts an episode, with
-    probability ``recovery_share``, one more that strikes during it."""
+    probability ``recovery_share``, one more that strikes during it.  A store loss is drawn only to
+    strike during an episode (:data:`ONLY_DURING_RECOVERY`), after a crash or a stop that starts one."""
     cfg.check()
     skip = dict(skipped if skipped is not None else unavailable_kinds(cfg))
     kinds = [k for k in cfg.kinds if k not in skip]
@@ -304,13 +308,20 @@ def draw(cfg: SoakConfig, skipped: Mapping[str, str] | None = None) -> Schedule:
     horizon = cfg.minutes * 60.0 - 30.0
     t = 20.0
     faults: list[SoakFault] = []
+    primaries = [k for k in kinds if k not in ONLY_DURING_RECOVERY] or ["crash"]
+    during = [k for k in DURING_RECOVERY if k in kinds]
     while t < horizon or not faults:
-        kind = _weighted(rng, kinds)
-        faults.append(_one(rng, len(faults), kind, "time", round(t, 1), cfg))
-        primary = kind not in ("slow", "crash_spare")
-        during = [k for k in DURING_RECOVERY if k in kinds]
-        if primary and during and rng.random() < cfg.recovery_share:
-            faults.append(_one(rng, len(faults), rng.choice(during), "recovery", 0.0, cfg))
+        kind = _weighted(rng, primaries)
+        late = [k for k in ONLY_DURING_RECOVERY if k in kinds]
+        if late and rng.random() < WEIGHTS[late[0]] / sum(WEIGHTS.get(k, 1.0) for k in kinds):
+            kind = rng.choice(["crash", "stop"]) if {"crash", "stop"} & set(kinds) else kind  # its episode's cause
+            faults.append(_one(rng, len(faults), kind, "time", round(t, 1), cfg))
+            faults.append(_one(rng, len(faults), rng.choice(late), "recovery", 0.0, cfg))
+        else:
+            faults.append(_one(rng, len(faults), kind, "time", round(t, 1), cfg))
+            primary = kind not in ("slow", "crash_spare")
+            if primary and during and rng.random() < cfg.recovery_share:
+                faults.append(_one(rng, len(faults), rng.choice(during), "recovery", 0.0, cfg))
         t += cfg.fault_every_s * rng.uniform(0.6, 1.4)
         if t >= horizon and faults:
             break
