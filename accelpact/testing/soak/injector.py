@@ -281,14 +281,14 @@ class Injector:
         self._mark(s, ident, pid, f"rank {ident} (pid {pid})")
         inject.gil_hang(pid, float(f.duration_s or 2.0))
         s.met, s.t_done_ns = True, time.monotonic_ns()
-        s.t_end_ns = s.t_ns + int(float(f.duration_s or 2.0) * 1e9)
+        s.t_end_ns = (s.t_ns or 0) + int(float(f.duration_s or 2.0) * 1e9)
 
     def _do_slow(self, f: SoakFault, s: Strike) -> None:
         pid = self._pid(f.rank)
         self._mark(s, f.rank, pid, f"rank {f.rank} (pid {pid})")
         inject.slow(pid, float(f.duration_s or 1.0), how="sleep")
         s.met, s.t_done_ns = True, time.monotonic_ns()
-        s.t_end_ns = s.t_ns + int(float(f.duration_s or 1.0) * 1e9)
+        s.t_end_ns = (s.t_ns or 0) + int(float(f.duration_s or 1.0) * 1e9)
 
     def _do_cut_group(self, f: SoakFault, s: Strike) -> None:
         label = self.cfg.recovers if f.group in (None, "R") else f.group

@@ -231,7 +231,7 @@ def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, R
             acts = {rec.action for rec in recs}
             resumed = sorted(r for r, tr in trs.items() if any(rec.gen == g and rec.action == "RankResume" for rec in tr.records))
             obs = sorted((rec for rec in recs if rec.action in ("RankObserve", "RankDiscardStep")), key=lambda x: x.t_ns)
-            fronts = [rec.state.get("frontier") for rec in obs if isinstance(rec.state.get("frontier"), int)]
+            fronts = [int(x) for rec in obs for x in (rec.state.get("frontier"),) if isinstance(x, int)]
             ep = Episode(a, g, "", min(rec.t_ns for rec in recs), frontier=min(fronts) if fronts else None,
                          resumed=resumed, t_last_ns=max(rec.t_ns for rec in recs))
             first = min(recs, key=lambda x: x.t_ns)
