@@ -275,7 +275,7 @@ def test_short_soak_is_green(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
     summary = json.loads((tmp_path / "soak" / "soak.json").read_text())
     verdict = summary["verdict"]
     assert rc == 0 and verdict["green"], "\n".join(verdict["failures"]) + "\n" + out[-6000:]
-    assert summary["counts"]["faults_met"] >= 3
+    assert summary["counts"]["faults_met"] >= 2
     assert verdict["episodes"], "the soak met no episode"
     assert (tmp_path / "soak" / "timeline.png").exists()
     assert Schedule is not None and load(tmp_path / "soak" / "schedule.json").config.steps == 900

@@ -231,7 +231,8 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
 
 
 def rejudge(out: Path, console: Any = None, strict: bool = False) -> Any:
-    """The judge again on a finished soak's folder (``soak.json``: its strikes, samples, reference)."""
+    """The judge again on a finished soak's folder (``soak.json``: its strikes, samples, reference);
+    the new verdict replaces the old one there (``rejudged``), with the timeline."""
     from rich.console import Console
 
     from .judge import judge
@@ -248,8 +249,12 @@ def rejudge(out: Path, console: Any = None, strict: bool = False) -> Any:
                     saved["verdict"]["strikes"], samples=saved.get("samples") or (), reference=saved.get("reference"),
                     launch=saved.get("launch"), deadline_s=cfg.deadline_s, checkpoint_every=cfg.checkpoint_every,
                     strict=strict)
+    from .report import summary_counts
+
     print_summary(console, verdict, sched, float(saved.get("wall_s") or 0))
     timeline(out / "timeline.png", out / "run", verdict, cfg.world, int(saved.get("t0_ns") or 0))
+    saved.update(verdict=verdict.to_json(), counts=summary_counts(verdict), strikes=verdict.strikes, rejudged=True)
+    (out / "soak.json").write_text(json.dumps(saved, indent=1, default=str) + "\n")
     return verdict
 
 
