@@ -298,3 +298,35 @@ def test_a_seeded_engine_bug_fails_a_short_soak_naming_the_seed_and_the_episode(
     assert not traces["ok"] and set(traces["episodes"]) & set(swaps), (traces, swaps)
     assert any(line.startswith("seed 4: traces FAILED (episode a") for line in verdict["failures"])
     assert "seed 4" in out and "JUDGE RED" in out
+
+
+# ------------------------------------------------------------------------------ partition scenarios
+
+
+def test_partition_is_a_scenario_kind_seen_by_the_model_as_a_crash() -> None:
+    from accelpact.conformance.mapping import PARTITION_ACTION, script_for
+    from accelpact.conformance.scenario import load_scenario
+    from accelpact.conformance.generate import SCENARIO_DIR
+
+    assert PARTITION_ACTION == "FaultCrash"
+    for name in ("2x2-fsdp1-boundary-partition-r3", "2x2-fsdp1-spare1-boundary-partition-r1"):
+        sc = load_scenario(SCENARIO_DIR / f"{name}.json")
+        crashes = [f for f in script_for(sc).faults if f.action == "FaultCrash"]
+        assert [f.rank for f in crashes] == [next(f for f in sc.faults if f.kind == "partition").ranks[0]]
+
+
+@pytest.mark.parametrize("ranks, at, error", [
+    ([0, 1, 2, 3], "boundary", "must leave some rank on the network"),
+    ([], "boundary", "must leave some rank on the network"),
+    ([3], "replace", "cannot be injected at 'replace'"),
+])
+def test_a_bad_partition_scenario_names_the_fault(ranks: list[int], at: str, error: str) -> None:
+    from accelpact.conformance.scenario import ScenarioError, scenario_from_mapping
+
+    raw = {"name": "p", "topology": {"nodes": 2, "ranks_per_node": 2},
+           "workload": {"wrapper": "fsdp1-hybrid", "layers": 2, "steps": 8, "seed": 0, "checkpoint_every": 3},
+           "faults": [{"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [1, 3]},
+                      {"step": 5, "at": at, "kind": "partition", "ranks": ranks}]}
+    with pytest.raises(ScenarioError, match=r"faults\[1\]") as exc:
+        scenario_from_mapping(raw)
+    assert error in str(exc.value)
