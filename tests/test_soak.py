@@ -330,3 +330,38 @@ def test_a_bad_partition_scenario_names_the_fault(ranks: list[int], at: str, err
     with pytest.raises(ScenarioError, match=r"faults\[1\]") as exc:
         scenario_from_mapping(raw)
     assert error in str(exc.value)
+
+
+def test_a_job_without_progress_is_declared_stalled() -> None:
+    """A hang (here: nothing moves at all) ends the soak red instead of waiting out the launch bound."""
+    from accelpact.testing.soak import injector as I
+
+    class FakeTail:
+        files: dict = {}
+
+    class FakeLive:
+        attempt = 2
+        tail = FakeTail()
+
+        def results(self) -> dict:
+            return {0: {"outcome": "exited", "exit_code": 1, "pid": None}}
+
+        def frontier(self) -> int:
+            return 650
+
+        def finished(self) -> bool:
+            return False
+
+        def unsteady(self) -> str:
+            return "attempt 2: rank 0 is exited"
+
+        def idle_spares(self) -> dict:
+            return {0: 4242}
+
+    inj = I.Injector(draw(SoakConfig(minutes=1)), FakeLive(), None, stall_s=60)  # type: ignore[arg-type]
+    inj._check_progress(0.0)
+    inj._check_progress(59.0)
+    assert inj.stalled is None
+    with pytest.raises(I._Stalled):
+        inj._check_progress(61.0)
+    assert inj.stalled is not None and "idle spares still waiting: {0: 4242}" in inj.stalled

@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref-cache", default=None, help="where fault-free references are cached (default ~/.cache/accelpact/refs)")
     p.add_argument("--timeout", type=float, default=None, help="bound on the job, seconds (default 3 x minutes + 15 min)")
     p.add_argument("--quiet", action="store_true", help="no per-fault lines while it runs")
+    p.add_argument("--stall", type=float, default=300.0, help="seconds without a committed step, a record or an exit "
+                                                                "after which the job is stalled: ended, judged red (default 300)")
     p.add_argument("--strict", action="store_true", help="a known engine bug the soak meets fails the judge too "
                                                          "(default: listed, not counted)")
     p.add_argument("--rejudge", default=None, metavar="DIR",
@@ -134,7 +136,7 @@ def _kill_launch() -> None:
 
 
 def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | None = None, timeout_s: float | None = None,
-         console: Any = None, quiet: bool = False, strict: bool = False) -> tuple[Any, dict[str, Any]]:
+         console: Any = None, quiet: bool = False, strict: bool = False, stall_s: float = 300.0) -> tuple[Any, dict[str, Any]]:
     """Run one soak (module doc); returns (verdict, the summary written to ``out/soak.json``)."""
     from rich.console import Console
 
@@ -188,7 +190,8 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
             box["error"] = exc
 
     live = Live(run_dir, cfg.world, cfg.spares)
-    inj = Injector(sched, live, job.topology, log=(lambda s: None) if quiet else (lambda s: console.print(s, highlight=False)))
+    inj = Injector(sched, live, job.topology, log=(lambda s: None) if quiet else (lambda s: console.print(s, highlight=False)),
+                   stall_s=stall_s)
     th = threading.Thread(target=launch, name="accelpact-soak-launch")
     console.print(f"job: {cfg.launcher}, {cfg.world} ranks + {cfg.spares} spare(s), up to {restarts} restarts, "
                   f"bounded by {bound:.0f}s; output in {run_dir}", highlight=False)
@@ -198,6 +201,9 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
         if inj.wait_training(min(bound, 600.0), done):
             console.print(f"training started; striking for {cfg.minutes:g} min", highlight=False)
             inj.run(inj.t0 + cfg.minutes * 60.0, done)  # type: ignore[operator]  # t0 set by wait_training
+        if inj.stalled:  # the judge says so; the processes the launcher would wait for are ended here
+            console.print(f"[red]the job stalled[/red]: {inj.stalled}; ending it", highlight=False)
+            _kill_launch()
         th.join(timeout=bound + 60)
     except BaseException:
         inj.close()
@@ -212,7 +218,7 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
     res = box.get("res")
     launch_info = {"returncode": getattr(res, "returncode", None), "timed_out": bool(getattr(res, "timed_out", True)),
                    "restarts": getattr(res, "restarts", None), "wall_s": getattr(res, "wall_s", None),
-                   "error": repr(box["error"]) if "error" in box else None}
+                   "error": repr(box["error"]) if "error" in box else None, "stalled": inj.stalled}
     strikes = [s.to_json() for s in inj.strikes]
     verdict = judge(run_dir, seed=cfg.seed, world=cfg.world, spares=cfg.spares, strikes=strikes,
                     samples=[x.to_json() for x in inj.samples], reference=ref, launch=launch_info, deadline_s=cfg.deadline_s,
@@ -270,11 +276,13 @@ def run(args: argparse.Namespace) -> int:
         schedule = load(args.replay) if args.replay else None
         if args.timeout is not None and not args.timeout > 0:
             raise SoakError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+        if not args.stall >= 30:
+            raise SoakError(f"--stall must be a number of seconds >= 30, got {args.stall}")
     except SoakError as exc:
         print(f"accelpact soak: error: {exc}", file=sys.stderr)
         return 2
     verdict, _ = soak(cfg, Path(args.out), schedule=schedule, ref_cache=args.ref_cache, timeout_s=args.timeout,
-                      quiet=args.quiet, strict=args.strict)
+                      quiet=args.quiet, strict=args.strict, stall_s=args.stall)
     return 0 if verdict.green else 1
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from .. import inject
-from .live import Live, links_between, proc_counts
+from .live import Live, links_between, pid_alive, proc_counts
 from .schedule import Schedule, SoakFault
 
 __all__ = ["Injector", "Sample", "Strike"]
@@ -80,7 +80,8 @@ class Sample:
 class Injector:
     """Strikes ``schedule``'s faults on the job ``live`` watches (module doc)."""
 
-    def __init__(self, schedule: Schedule, live: Live, topology: Any, *, log: Callable[[str], None] = print) -> None:
+    def __init__(self, schedule: Schedule, live: Live, topology: Any, *, log: Callable[[str], None] = print,
+                 stall_s: float = 300.0) -> None:
         self.schedule = schedule
         self.cfg = schedule.config
         self.live = live
@@ -92,12 +93,37 @@ class Injector:
         self._timers: list[threading.Timer] = []
         self._sampled_at: tuple[int, int] = (-1, -1)   # (attempt, closed episodes) of the last sample
         self._steady_since: float | None = None
+        #: no committed step, no record, no attempt for this long: the job is stalled (:attr:`stalled`)
+        self.stall_s = stall_s
+        self.stalled: str | None = None
+        self._progress: tuple = ()
+        self._progress_at = time.monotonic()
 
     # ---- waiting ------------------------------------------------------------------------------
+    def _check_progress(self, now: float) -> None:
+        """Raise :class:`_Stalled` when the job made no progress (a committed step, a record, an exit,
+        an attempt) for :attr:`stall_s`; :attr:`stalled` then says what every process was doing."""
+        res = self.live.results()
+        key = (self.live.attempt, self.live.frontier(), sum(len(f.records) for f in self.live.tail.files.values()),
+               tuple(sorted((r, str(v.get("outcome"))) for r, v in res.items())))
+        if key != self._progress:
+            self._progress, self._progress_at = key, now
+            return
+        if now - self._progress_at < self.stall_s or self.live.finished():
+            return
+        alive = {r: (v.get("outcome"), v.get("exit_code"), v.get("pid") if pid_alive(v.get("pid")) else "gone")
+                 for r, v in sorted(res.items())}
+        spares = {k: pid for k, pid in sorted(self.live.idle_spares().items())}
+        self.stalled = (f"no committed step, record or exit for {now - self._progress_at:.0f}s in attempt "
+                        f"{self.live.attempt} ({self.live.unsteady() or 'steady'}); ranks (outcome, exit code, pid): "
+                        f"{alive}; idle spares still waiting: {spares}")
+        raise _Stalled(self.stalled)
+
     def _tick(self) -> bool:
         """Poll the run; sample leaks when due; True when the job trains steadily (for SETTLE_S)."""
         self.live.poll()
         now = time.monotonic()
+        self._check_progress(now)
         if self.live.steady():
             if self._steady_since is None:
                 self._steady_since = now
@@ -142,17 +168,23 @@ class Injector:
         recorded as not met, with why."""
         assert self.t0 is not None, "wait_training first"
         faults = list(self.schedule.faults)
-        for i, f in enumerate(faults):
-            if done() or time.monotonic() >= until:
-                why = "the job ended before it" if done() else "the soak's time ran out before it"
-                self.strikes.extend(Strike(g.index, g.kind, g.trigger, why_not=why) for g in faults[i:])
-                break
-            s = self._time(f, until, done) if f.trigger == "time" else self._recovery(f, until, done)
-            self.strikes.append(s)
-            self.log(self._line(s))
-        while not done():
-            self._tick()
-            time.sleep(POLL_S)
+        try:
+            for i, f in enumerate(faults):
+                if done() or time.monotonic() >= until:
+                    why = "the job ended before it" if done() else "the soak's time ran out before it"
+                    self.strikes.extend(Strike(g.index, g.kind, g.trigger, why_not=why) for g in faults[i:])
+                    break
+                s = self._time(f, until, done) if f.trigger == "time" else self._recovery(f, until, done)
+                self.strikes.append(s)
+                self.log(self._line(s))
+            while not done():
+                self._tick()
+                time.sleep(POLL_S)
+        except _Stalled:
+            self.log(f"  the job is stalled: {self.stalled}")
+            done_idx = {x.index for x in self.strikes}
+            self.strikes.extend(Strike(g.index, g.kind, g.trigger, why_not="the job stalled before it")
+                                for g in faults if g.index not in done_idx)
         self.close()
         return self.strikes
 
@@ -340,6 +372,10 @@ class Injector:
         where = f"during an episode ({s.during})" if s.during else "in steady training"
         late = f", {s.delay_s:.1f}s late" if s.delay_s >= 1 else ""
         return f"  fault #{s.index} {s.kind}: {s.target}, attempt {s.attempt}, {where}{late}"
+
+
+class _Stalled(Exception):
+    """The job made no progress for the injector's stall bound (:attr:`Injector.stalled` says how)."""
 
 
 class _NotNow(Exception):

@@ -412,9 +412,13 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
     fin = bool(last) and len(last) == world and all(x.get("outcome") == "finished" for x in last.values())
     launch = dict(launch or {})
     rc_ok = launch.get("returncode", 0) == 0 and not launch.get("timed_out")
-    checks.append(Check("finished", fin and rc_ok, (
+    stalled = launch.get("stalled")
+    last_ep = [e.name for e in eps if attempts and e.attempt == attempts[-1]][-1:] or ([f"a{attempts[-1]}"] if attempts else [])
+    checks.append(Check("finished", fin and rc_ok and not stalled, (
+        f"the job stalled and was ended: {stalled}" if stalled else
         f"attempt {attempts[-1] if attempts else '-'}: outcomes {sorted({str(x.get('outcome')) for x in last.values()})}, "
-        f"launcher rc {launch.get('returncode')}, timed out {bool(launch.get('timed_out'))}")))
+        f"launcher rc {launch.get('returncode')}, timed out {bool(launch.get('timed_out'))}"),
+        last_ep if (stalled or not fin) else []))
 
     # bit identity
     if check_snapshots and reference is not None:
