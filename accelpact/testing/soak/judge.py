@@ -96,6 +96,9 @@ KNOWN_BUGS: dict[str, KnownBug] = {b.id: b for b in (
              "escapes the pact: every rank exits 1 with no trace record and no hot swap; torchrun restarts (L2)"),
     KnownBug("K3", "no_leaks", "a hot swap keeps every group it replaces (impl/runtime/hotswap.py _GRAVEYARD: 'never "
              "destroyed'): each survivor grows by its 6 gloo groups (6 listening sockets, ~18 threads, ~30 fds) per swap"),
+    KnownBug("K4", "exits", "a rank that dies during a hot swap's group rebuild after publishing its address: the "
+             "survivors wait in gloo's connectFullMesh about 5 x the phase deadline (100 s at 20 s) before RankTimeout "
+             "(72): past the exit bound"),
     KnownBug("K2", "traces", "a hot swap whose survivors straddle the step (one replicate group committed it, the dead "
              "rank's did not): the agreement aborts with mismatch (71, L2) and the trace checker rejects the episode"),
 )}
@@ -107,6 +110,8 @@ def _known(ep: "Episode", check: str, *, checkpoint_every: int, frontiers: list[
         codes = {c for c in ep.exit_codes.values() if c is not None}
         if codes == {1} and frontiers and checkpoint_every and all(f % checkpoint_every == 0 for f in frontiers):
             return "K1"
+    if check == "exits" and ep.outcome == "L2" and ep.swapping and ep.connect_timeout:
+        return "K4"
     if check == "traces" and ep.outcome == "L2" and ep.reasons == ["mismatch"] and ep.swapping and frontiers \
             and max(frontiers) - min(frontiers) == 1:
         return "K2"
@@ -143,6 +148,7 @@ class Episode:
     swapping: bool = False           # a hot swap was under way (claims, a spare joined, a discard)
     frontiers: list[int] = field(default_factory=list)   # every frontier observed in it
     known: str | None = None         # a known bug it shows (KNOWN_BUGS)
+    connect_timeout: bool = False    # a record's error is gloo's connectFullMesh timing out (K4)
 
     @property
     def name(self) -> str:
@@ -239,6 +245,7 @@ def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, R
                 "detector" if first.action == "RankSuspect" else first.action)
             ep.reasons = sorted({str(rec.state.get("reason")) for rec in recs if rec.action in EXITS and rec.state.get("reason")})
             ep.swapping = bool(acts & {*SWAP_ACTIONS, "RankDiscardStep"})
+            ep.connect_timeout = any("connectFullMesh" in str(rec.detail.get("error", "")) for rec in recs)
             ep.frontiers = sorted({int(x) for rec in recs for x in (rec.state.get("frontier"),) if isinstance(x, int)})
             if len(resumed) == len(trs) and trs:
                 ep.outcome = "discard" if "RankDiscardStep" in acts else ("swap" if acts & set(SWAP_ACTIONS) else "L1")
@@ -501,6 +508,12 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
                 undocumented.append(f"{e.name}: rank {r} exited {code}")
             t_exit = res.get("t_exit")
             if t0 and t_exit and t_exit - t0 / 1e9 > bound:
+                k4 = None if strict else _known(e, "exits", checkpoint_every=checkpoint_every, frontiers=[])
+                if k4:
+                    e.known = k4
+                    if f"{k4} at {e.name}" not in v.known:
+                        v.known.append(f"{k4} at {e.name}")
+                    continue
                 late.append(f"{e.name}: rank {r} exited {t_exit - t0 / 1e9:.1f}s after the fault (bound {bound:.0f}s)")
     worst = max(((res.get("t_exit") or 0) - e.t_start_ns / 1e9 for e in eps if e.outcome == "L2" and e.t_start_ns
                  for (a, r), res in results.items() if a == e.attempt and res.get("t_exit")), default=None)
