@@ -322,9 +322,10 @@ def test_partition_is_a_scenario_kind_seen_by_the_model_as_a_crash() -> None:
 ])
 def test_a_bad_partition_scenario_names_the_fault(ranks: list[int], at: str, error: str) -> None:
     from accelpact.conformance.scenario import ScenarioError, scenario_from_mapping
+    from accelpact.impl.launch.job import Workload
 
     raw = {"name": "p", "topology": {"nodes": 2, "ranks_per_node": 2},
-           "workload": {"wrapper": "fsdp1-hybrid", "layers": 2, "steps": 8, "seed": 0, "checkpoint_every": 3},
+           "workload": Workload("fsdp1-hybrid", 2, 8, 0, 3).to_json(),
            "faults": [{"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [1, 3]},
                       {"step": 5, "at": at, "kind": "partition", "ranks": ranks}]}
     with pytest.raises(ScenarioError, match=r"faults\[1\]") as exc:
@@ -358,7 +359,7 @@ def test_a_job_without_progress_is_declared_stalled() -> None:
         def idle_spares(self) -> dict:
             return {0: 4242}
 
-    inj = I.Injector(draw(SoakConfig(minutes=1)), FakeLive(), None, stall_s=60)  # type: ignore[arg-type]
+    inj = I.Injector(draw(SoakConfig(minutes=1)), FakeLive(), None, stall_s=60)  # type: ignore[arg-type]  # a stand-in for Live
     inj._check_progress(0.0)
     inj._check_progress(59.0)
     assert inj.stalled is None
