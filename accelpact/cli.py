@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-scenario": ("accelpact.conformance.cli_run", "run one conformance scenario file against the implementation"),
     "check-trace": ("accelpact.conformance.cli_check", "check recorded traces against the model"),
     "qualify": ("accelpact.conformance.cli_qualify", "run conformance trials per observation key and write an envelope"),
+    "soak": ("accelpact.testing.soak.cli", "a long training job under a seeded storm of external faults, judged whole"),
     "bench": ("accelpact.bench.cli", "benchmarks: exploration speed, recovery phase timings, L1 vs L2"),
 }
 

@@ -193,3 +193,15 @@ def script_for(sc: Scenario) -> Script:
             else:
                 out.append(ScriptedFault(f.action, r, point, g, pcs))
     return Script(tuple(out))
+
+
+#: How the model sees a silent partition of a rank (scenario kind ``partition``, issue 28): as a crash
+#: of the partitioned rank (``FaultCrash``), in stop's pc windows.  Its peers meet silence on every
+#: connection, the store's included, with no reset; its heartbeats stop reaching the store and they
+#: see it take no further protocol step: their failure detectors declare it dead (``RankSuspect``) as
+#: they would a stopped or crashed process, and with a spare idle it is deposed and swapped.  What the
+#: model leaves out: the partitioned process still runs; once healed it would wake into a generation
+#: that went on without it and be fenced (the hot swap's ``RankFenced``), which a scenario's partition
+#: (never healed: the run ends first) does not reach.  The mapping itself is the kind table's entry
+#: (``KINDS["partition"].action``), read by :func:`script_for` like every kind's; this names it.
+PARTITION_ACTION = KINDS["partition"].action

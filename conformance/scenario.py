@@ -18,6 +18,7 @@ Scenario-level rules (everything else is the fault's, the topology's or the work
 * faults strike the first attempt (``attempt`` 0): the model says what the restart does;
 * ``checkpoint_every >= 1``: the model's checkpoint C is the last multiple at or before F;
 * a fault's ``group`` defaults to, and must be, the wrapper's R (``Workload.recovers``);
+* a ``partition`` leaves some rank on the network (it names its ranks, not every one);
 * model limitation: the ranks whose collective fails lie in one group R (one replicate group for
   the hybrid wrappers).  The model recovers a single group R; the implementation can repair
   several replicate groups at once, but such a scenario has no model to judge it against.
@@ -204,6 +205,10 @@ def _check_consistency(sc: Scenario, source: str) -> None:
         points = {f.at for f in sc.faults if f.step == s and f.is_trigger}
         if len(points) > 1:
             raise ScenarioError(f"{source}.faults: step {s} has trigger faults at several points {sorted(points)}; R fails once per step, pick one")
+    for i, f in enumerate(sc.faults):
+        if f.kind == "partition" and set(f.targets(sc.topology.world)) == set(range(sc.topology.world)):
+            raise ScenarioError(f"{source}.faults[{i}]: a partition must leave some rank on the network: with every "
+                                f"rank cut off nobody could notice it (name the partitioned ranks in 'ranks')")
     for i, f in enumerate(sc.faults):
         members = sc.episode_members(f.step) if f.step in steps else frozenset()
         outside = [r for r in f.targets(sc.topology.world) if r not in members]

@@ -216,6 +216,28 @@ def _store_loss(fault: "Fault", ctx: "FaultContext") -> None:
     os.kill(int(pid), signal.SIGKILL)
 
 
+#: Set by a launcher that runs each rank in a network namespace of its own (accelpact/testing/netns.py
+#: ``Fabric``): the hub namespace holding the bridge, and this rank's veth end on it.
+NETNS_HUB_ENV = "ACCELPACT_NETNS_HUB"
+NETNS_LINK_ENV = "ACCELPACT_NETNS_LINK"
+
+
+def _partition(fault: "Fault", ctx: "FaultContext") -> None:
+    """A silent partition of the rank: every frame to and from it dropped, no reset, its store
+    connection included.  On a network fabric (the launcher names the rank's link: NETNS_HUB_ENV,
+    NETNS_LINK_ENV) the rank's veth is set down in the hub (netns.Fabric.partition).  Without one
+    (the conformance runner starts every rank in one namespace) it is what the peers see of it:
+    silence on every connection with the sockets left open, so the rank stops itself (SIGSTOP), as
+    ``stop`` does; to the protocol both are a rank that takes no further step (spec/scenario-format.md)."""
+    import subprocess
+
+    hub, link = os.environ.get(NETNS_HUB_ENV), os.environ.get(NETNS_LINK_ENV)
+    if hub and link:
+        subprocess.run(["ip", "-n", hub, "link", "set", link, "down"], check=True, timeout=30, capture_output=True)
+        return
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 _RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
 
 #: kind -> FaultKind: the one table of fault kinds.
@@ -245,6 +267,10 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
               members_only=True, doc="one bit of the rank's local parameter shard flipped after the commit: replicas disagree"),
     FaultKind("store_loss", "FaultStoreLoss", RECOVERY_POINTS, _store_loss, job_wide=True,
               doc="the process serving the control-plane store is killed (SIGKILL): every store operation fails"),
+    # a silent partition: to its peers a rank that takes no further step and sends nothing, its sockets
+    # open (no reset): the model's FaultCrash, as stop (spec/scenario-format.md, "partition")
+    FaultKind("partition", "FaultCrash", ("boundary", "agree", "validate"), _partition,
+              doc="a silent network partition of the rank: its link down, every frame dropped, no reset"),
 )}
 FAULT_KINDS: tuple[str, ...] = tuple(KINDS)
 #: the model action each kind is recorded as (outside a trigger point)
@@ -256,7 +282,7 @@ FAULT_ACTION: dict[str, str] = {k.name: k.action for k in KINDS.values()}
 MODEL_KIND: dict[str, str] = {
     "collective_timeout": "group_fail", "crash": "crash", "hang": "hang", "stop": "crash", "gil_hang": "crash",
     "exception": "raise", "frontier_mismatch": "mismatch", "dirty_guard": "dirty_guard", "corrupt_state": "corrupt",
-    "store_loss": "store_loss", "link_cut": "link", "nccl_timeout": "group_fail",
+    "store_loss": "store_loss", "link_cut": "link", "nccl_timeout": "group_fail", "partition": "crash",
 }
 #: the model's fault kinds with no implementation kind (network-level message faults of the model)
 MODEL_ONLY_KINDS: frozenset[str] = frozenset({"delay", "drop"})

@@ -1,0 +1,572 @@
+"""The soak's judge: the whole history of one soak, read back from its run folder.
+
+What the judge reads: every attempt's traces (:func:`accelpact.impl.trace.load_traces`, a swapped
+identity's incarnations joined), the result and steps files (exit codes, exit times, the step each
+attempt committed and when), the injector's strikes and samples, and the fault-free reference's
+final snapshots.  What it decides (each a :class:`Check`; the soak is green when every one passes):
+
+``finished``      the job finished: the last attempt's ranks all ``finished``, the launcher's exit
+                  status 0, no timeout.
+``bit_identical`` every rank's final snapshot ``torch.equal`` to the fault-free run of the same
+                  steps (:func:`accelpact.impl.launch.workload.compare_runs`: parameters, optimizer
+                  state, RNG, step, data cursor).
+``traces``        every episode's records are a behaviour of the model: each generation with
+                  recovery records is checked on its own by the trace checker
+                  (:class:`accelpact.conformance.checker.TraceChecker`) as ``accelpact
+                  check-trace`` checks a run it was told nothing about (the configuration from the
+                  headers, any model fault may have struck unlogged within the budget inferred from
+                  the records), with what the soak knows about its own faults: any group may fail
+                  (``failing="any"``: the soak cuts any rank's group), the spares left when the
+                  episode began, and the generation numbered from 0 (:func:`episode_traces`).
+                  ``check-trace``'s own verdict on each whole attempt is reported beside it
+                  (``told_nothing``), not judged: see :data:`CHECKER_GAPS`.
+``all_or_none``   in every generation every identity resumed, or none did.
+``exits``         in every attempt that ended in a restart, every rank that exited by itself did so
+                  with a documented code (70-73; 143: stopped by torchrun) within its bound after
+                  the episode began (3 x the phase deadline + 10 s, the conformance runner's O3).
+``no_leaks``      no worker's threads, fds or listening sockets (one per gloo group) grew from its
+                  first sample after an episode to its last.
+``straggler``     no straggler (``slow``) started an episode or was suspected.
+
+Failures name the soak's seed and the episode (attempt and generation).  Torch is imported only
+to compare the snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from ...impl.launch.rundir import RunDir
+from ...impl.trace import RankTrace, Record, TraceError, load_traces
+
+__all__ = ["CHECKER_GAPS", "Check", "Episode", "Verdict", "episode_traces", "episodes_of", "judge"]
+
+#: actions that end a rank's part in an attempt (the job is going to a restart: L2)
+EXITS = ("RankReject", "RankTimeout", "RankExpire", "RankSuspect", "RankFail", "RankExit", "RankLoseStore")
+SWAP_ACTIONS = ("RankClaimSpare", "SpareJoin", "RankTransferState")
+#: exit codes a survivor of an L2 episode may end with: the documented fail-stop codes, and 143
+#: (SIGTERM's 128 + 15: torchrun stopping the others once one exited; the worker's handler exits so)
+ABORT_CODES = (70, 71, 72, 73)
+SUPERVISOR_STOP = (143,)
+#: growth tolerated from the first sample after an episode to the last (threads, fds, listening sockets)
+LEAK_TOLERANCE = {"threads": 0, "fds": 0, "listeners": 0}
+#: the gloo groups a rank holds (accelpact.init: default, control, checkpoint, shard, replicate, world),
+#: each with one listening socket: what a hot swap rebuilds
+GROUPS_PER_RANK = 6
+#: a straggler's window: from the sleep's start to its end plus this
+STRAGGLER_SLACK_S = 2.0
+#: a strike is the cause of the first episode that begins within this after it
+ATTRIBUTE_S = 75.0
+SIMULTANEOUS_S = 0.5
+
+#: Why ``accelpact check-trace``'s own verdict on a whole soak attempt is reported, not judged
+#: (found by the soak; each needs a change in conformance/checker*.py, described in bench/README.md
+#: "Chaos soak"):
+CHECKER_GAPS = (
+    "config_from_headers takes R from the first trace's header (the worker writes each rank's own group "
+    "there): a failure of another replicate group is rejected; the soak's cuts fail any group (failing='any')",
+    "config_from_headers maps every generation's frontier to one F (frontier=min of the observations, advance=1): "
+    "a second episode at another step is rejected on its frontier",
+    "checker_precheck._walk does not allow an unlogged FaultCrash before a SpareJoin (an external SIGKILL, "
+    "then a hot swap): rejected before the search; without the prechecks the search of a whole attempt "
+    "exhausts its node budget",
+    "the model of one episode (this judge's) starts with the job's pool of spares fresh: an episode after the "
+    "spares were spent (the engine rejects a death then: L2) has no start state there; such episodes are listed, "
+    "not judged, by the trace check",
+)
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """An engine bug the soak found and reported (bench/README.md, "Chaos soak"), recognised by its
+    signature so that a soak that meets it again says so instead of failing on it (``strict``: fail)."""
+
+    id: str
+    check: str
+    what: str
+
+
+KNOWN_BUGS: dict[str, KnownBug] = {b.id: b for b in (
+    KnownBug("K1", "exits", "an error in the checkpoint save at the boundary (Training.boundary -> checkpoint.save: a "
+             "peer's death during the DCP save, or a cut of the default group FSDP1's optim_state_dict gathers on) "
+             "escapes the pact: every rank exits 1 with no trace record and no hot swap; torchrun restarts (L2)"),
+    KnownBug("K3", "no_leaks", "a hot swap keeps every group it replaces (impl/runtime/hotswap.py _GRAVEYARD: 'never "
+             "destroyed'): each survivor grows by its 6 gloo groups (6 listening sockets, ~18 threads, ~30 fds) per swap"),
+    KnownBug("K4", "exits", "a rank that dies during a hot swap's group rebuild after publishing its address: the "
+             "survivors wait in gloo's connectFullMesh about 5 x the phase deadline (100 s at 20 s) before RankTimeout "
+             "(72): past the exit bound"),
+    KnownBug("K2", "traces", "a hot swap whose survivors straddle the step (one replicate group committed it, the dead "
+             "rank's did not): the agreement aborts with mismatch (71, L2) and the trace checker rejects the episode"),
+)}
+
+
+def _known(ep: "Episode", check: str, *, checkpoint_every: int, frontiers: list[int]) -> str | None:
+    """The known bug ``ep`` shows for ``check``, if any (see :data:`KNOWN_BUGS`)."""
+    if check == "exits" and ep.outcome == "L2" and ep.point == "(unrecorded)":
+        codes = {c for c in ep.exit_codes.values() if c is not None}
+        if codes == {1} and frontiers and checkpoint_every and all(f % checkpoint_every == 0 for f in frontiers):
+            return "K1"
+    if check == "exits" and ep.outcome == "L2" and ep.swapping and ep.connect_timeout:
+        return "K4"
+    if check == "traces" and ep.outcome == "L2" and ep.reasons == ["mismatch"] and ep.swapping and frontiers \
+            and max(frontiers) - min(frontiers) == 1:
+        return "K2"
+    return None
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+    episodes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Episode:
+    """One recovery episode: a generation of an attempt with recovery records, or an attempt that
+    ended in a restart without any."""
+
+    attempt: int
+    gen: int
+    outcome: str                     # L1 | swap | discard | L2 | failed | split
+    t_start_ns: int
+    t_end_ns: int | None = None      # the last RankResume (L1/swap/discard); back at the frontier (L2)
+    t_last_ns: int | None = None     # its last record (or the attempt's last exit): the end of the episode itself
+    point: str = ""                  # where it was observed (RankObserve's point), or "detector"
+    frontier: int | None = None
+    reasons: list[str] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+    exit_codes: dict[int, Any] = field(default_factory=dict)
+    faults: list[int] = field(default_factory=list)   # strikes attributed to it
+    lost_s: float | None = None
+    note: str = ""
+    swapping: bool = False           # a hot swap was under way (claims, a spare joined, a discard)
+    frontiers: list[int] = field(default_factory=list)   # every frontier observed in it
+    known: str | None = None         # a known bug it shows (KNOWN_BUGS)
+    connect_timeout: bool = False    # a record's error is gloo's connectFullMesh timing out (K4)
+
+    @property
+    def name(self) -> str:
+        return f"a{self.attempt}/g{self.gen}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["name"] = self.name
+        return d
+
+
+@dataclass
+class Verdict:
+    seed: int
+    checks: list[Check]
+    episodes: list[Episode]
+    strikes: list[dict]
+    told_nothing: dict[int, str] = field(default_factory=dict)
+    attempts: int = 0
+    known: list[str] = field(default_factory=list)   # "K1 at a2/g0": known bugs met (not counted unless strict)
+
+    @property
+    def green(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def failures(self) -> list[str]:
+        """One line per failed check, naming the seed and the episodes."""
+        out = []
+        for c in self.checks:
+            if not c.ok:
+                eps = f" (episode {', '.join(c.episodes)})" if c.episodes else ""
+                out.append(f"seed {self.seed}: {c.name} FAILED{eps}: {c.detail}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "green": self.green, "attempts": self.attempts,
+                "checks": [asdict(c) for c in self.checks], "episodes": [e.to_json() for e in self.episodes],
+                "strikes": self.strikes, "told_nothing": {str(k): v for k, v in self.told_nothing.items()},
+                "known": self.known,
+                "failures": self.failures()}
+
+
+# ----------------------------------------------------------------------------------- the history
+
+def _gens(tr: RankTrace) -> set[int]:
+    return {rec.gen for rec in tr.records}
+
+
+def _steps(run: RunDir, attempt: int, world: int) -> dict[int, dict[int, float]]:
+    """rank -> step -> time (monotonic s) of each committed step of ``attempt``."""
+    out: dict[int, dict[int, float]] = {}
+    for r in range(world):
+        p = run.steps(attempt, r)
+        rows: dict[int, float] = {}
+        if p.exists():
+            for line in p.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                    rows[int(rec["step"])] = float(rec["t"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+        out[r] = rows
+    return out
+
+
+def _results(run: RunDir) -> dict[tuple[int, int], dict]:
+    """(attempt, rank) -> the rank's result file (:meth:`RunDir.results`)."""
+    return run.results()
+
+
+def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, RankTrace]] | None = None) -> list[Episode]:
+    """Every episode of the run folder ``out`` (see :class:`Episode`), in order."""
+    run = RunDir(out)
+    if traces is None:
+        traces = load_traces(out)
+    results = _results(run)
+    attempts = sorted({a for a, _ in results} | set(traces))
+    eps: list[Episode] = []
+    for a in attempts:
+        trs = traces.get(a, {})
+        has_next = any(x > a for x in attempts)
+        gens = sorted(set().union(*(_gens(tr) for tr in trs.values()))) if trs else []
+        last_gen = max(gens) if gens else None
+        for g in gens:
+            recs = [rec for tr in trs.values() for rec in tr.records if rec.gen == g]
+            acts = {rec.action for rec in recs}
+            resumed = sorted(r for r, tr in trs.items() if any(rec.gen == g and rec.action == "RankResume" for rec in tr.records))
+            obs = sorted((rec for rec in recs if rec.action in ("RankObserve", "RankDiscardStep")), key=lambda x: x.t_ns)
+            fronts = [int(x) for rec in obs for x in (rec.state.get("frontier"),) if isinstance(x, int)]
+            ep = Episode(a, g, "", min(rec.t_ns for rec in recs), frontier=min(fronts) if fronts else None,
+                         resumed=resumed, t_last_ns=max(rec.t_ns for rec in recs))
+            first = min(recs, key=lambda x: x.t_ns)
+            ep.point = (obs[0].state.get("point") or "") if obs and obs[0].action == "RankObserve" else (
+                "detector" if first.action == "RankSuspect" else first.action)
+            ep.reasons = sorted({str(rec.state.get("reason")) for rec in recs if rec.action in EXITS and rec.state.get("reason")})
+            ep.swapping = bool(acts & {*SWAP_ACTIONS, "RankDiscardStep"})
+            ep.connect_timeout = any("connectFullMesh" in str(rec.detail.get("error", "")) for rec in recs)
+            ep.frontiers = sorted({int(x) for rec in recs for x in (rec.state.get("frontier"),) if isinstance(x, int)})
+            if len(resumed) == len(trs) and trs:
+                ep.outcome = "discard" if "RankDiscardStep" in acts else ("swap" if acts & set(SWAP_ACTIONS) else "L1")
+                ep.t_end_ns = max(rec.t_ns for rec in recs if rec.action == "RankResume")
+            elif not resumed:
+                ep.outcome = "L2" if has_next and g == last_gen else "failed"
+                if g != last_gen:
+                    ep.note = "no rank resumed, yet the attempt has later generations"
+            else:
+                ep.outcome = "split"
+                ep.note = f"ranks {resumed} resumed, ranks {sorted(set(trs) - set(resumed))} did not"
+            eps.append(ep)
+        # an attempt that ended without any episode record (an uncaught error, a crash the job never
+        # recorded): still an L2 episode of the history
+        ended_unrecorded = has_next and (last_gen is None or any(e.attempt == a and e.gen == last_gen and e.outcome != "L2"
+                                                                 for e in eps))
+        if ended_unrecorded:
+            t_exits = [int(v["t_exit"] * 1e9) for (x, _), v in results.items() if x == a and v.get("t_exit")]
+            g = (last_gen + 1) if last_gen is not None else 0
+            ep = Episode(a, g, "L2", min(t_exits) if t_exits else 0, point="(unrecorded)", t_last_ns=max(t_exits, default=0),
+                         note="the attempt ended in a restart with no recovery record of its end")
+            eps.append(ep)
+    # exit codes, and the time back at the frontier for each L2
+    for ep in eps:
+        if ep.outcome != "L2":
+            continue
+        ep.exit_codes = {r: v.get("exit_code") for (x, r), v in sorted(results.items()) if x == ep.attempt and r < world}
+        prev, nxt = _steps(run, ep.attempt, world), _steps(run, ep.attempt + 1, world)
+        reached = [max(rows) for rows in prev.values() if rows]
+        if not reached:
+            continue
+        last = min(reached)  # every rank committed it in the attempt that failed
+        back = [rows.get(last) for rows in nxt.values()]
+        if back and all(t is not None for t in back):
+            ep.t_end_ns = int(max(t for t in back if t is not None) * 1e9)
+    return eps
+
+
+def _attribute(eps: list[Episode], strikes: list[dict]) -> None:
+    """Each struck fault to the episode it caused: struck during an episode (from its first record to
+    its last), that one; else the first episode to begin within :data:`ATTRIBUTE_S` after it, unless
+    another fault struck in between (the later one is then its cause: this one went unnoticed, e.g.
+    a cut of a group nobody used, an idle spare's death, a straggler).  An episode's time lost runs
+    from the latest fault attributed to it that struck before it began (else its first record) to
+    its end."""
+    met = sorted((s for s in strikes if s.get("met") and s.get("t_ns") is not None), key=lambda s: s["t_ns"])
+    for i, s in enumerate(met):
+        t = s["t_ns"]
+        inside = [e for e in eps if e.t_start_ns - 50_000_000 <= t <= (e.t_last_ns or e.t_start_ns)]
+        # the next fault struck apart from this one (two struck within SIMULTANEOUS_S are one cause)
+        nxt = next((o["t_ns"] for o in met[i + 1:] if o["t_ns"] > t + SIMULTANEOUS_S * 1e9), None)
+        after = sorted((e for e in eps if t - 50_000_000 <= e.t_start_ns <= t + ATTRIBUTE_S * 1e9
+                        and (nxt is None or e.t_start_ns < nxt)), key=lambda e: e.t_start_ns)
+        pick = inside[:1] or after[:1]
+        for e in pick:
+            e.faults.append(int(s["index"]))
+            s["episode"] = e.name
+    for e in eps:
+        causes = [s["t_ns"] for s in strikes if s.get("episode") == e.name and s.get("t_ns") is not None
+                  and s["t_ns"] <= e.t_start_ns + 50_000_000]
+        t0 = max(causes) if causes else e.t_start_ns
+        if e.t_end_ns is not None:
+            e.lost_s = round((e.t_end_ns - min(t0, e.t_start_ns)) / 1e9, 3)
+
+
+# ----------------------------------------------------------------------------------- the checker
+
+_COMM_GEN = re.compile(r"(^|/)g(\d+)/(pg|swap)/")
+
+
+def _shift_comm(v: Any, g: int) -> Any:
+    if not isinstance(v, str):
+        return v
+    return _COMM_GEN.sub(lambda m: f"{m.group(1)}g{int(m.group(2)) - g}/{m.group(3)}/", v)
+
+
+def _shift(rec: Record, g: int, seq: int) -> Record:
+    state = dict(rec.state)
+    if isinstance(state.get("gen"), int):
+        state["gen"] -= g
+    if "comm" in state:
+        state["comm"] = _shift_comm(state["comm"], g)
+    return replace(rec, seq=seq, gen=rec.gen - g, state=state)
+
+
+def episode_traces(traces: Mapping[int, RankTrace], g: int) -> dict[int, RankTrace]:
+    """Generation ``g`` of one attempt's traces as a trace of its own, numbered from generation 0:
+    each identity's records of generation ``g`` (renumbered, ``gen`` and the communicators'
+    generations shifted by ``g``), ending ``released`` where the identity resumed (it trains on in
+    ``g + 1``: its records there prove it), else with its own end record (an exit), or none (it
+    was killed).  The headers are the identities' own."""
+    out: dict[int, RankTrace] = {}
+    for r, tr in traces.items():
+        recs = [rec for rec in tr.records if rec.gen == g]
+        shifted = [_shift(rec, g, i) for i, rec in enumerate(recs)]
+        if recs and recs[-1].action == "RankResume":
+            end: dict | None = {"type": "end", "rank": r, "outcome": "released", "t_ns": recs[-1].t_ns}
+        elif any(rec.gen > g for rec in tr.records):
+            end = {"type": "end", "rank": r, "outcome": "released", "t_ns": recs[-1].t_ns if recs else 0}
+        else:
+            end = tr.end
+        out[r] = RankTrace(r, shifted, dict(tr.header), end)
+    return out
+
+
+def _out_of_model(strike: Mapping[str, Any]) -> bool:
+    """A fault the model does not have (spec/fault-model.md, "Out of scope": failures of the shard
+    groups or the control group other than through R): a cut of a group that is not R
+    (``detail.r``, set by the injector), or of every connection between two ranks (the control
+    group's among them); a store loss in steady training (the model's strikes during an episode)."""
+    if strike.get("kind") == "cut_link":
+        return True
+    if strike.get("kind") == "store_loss":  # the model's FaultStoreLoss strikes during an episode only
+        return not strike.get("during")
+    return strike.get("kind") == "cut_group" and not (strike.get("detail") or {}).get("r")
+
+
+def _spares_left(traces: Mapping[int, RankTrace], g: int, spares: int, idle_deaths_before: int) -> int:
+    joined = sum(1 for tr in traces.values() for rec in tr.records if rec.action == "SpareJoin" and rec.gen < g)
+    return max(0, spares - joined - idle_deaths_before)
+
+
+def check_episode(traces: Mapping[int, RankTrace], g: int, spares_left: int) -> tuple[bool, str]:
+    """The trace checker's verdict on generation ``g`` of one attempt (see the module doc)."""
+    from ...conformance.checker import TraceChecker, config_from_headers
+
+    seg = episode_traces(traces, g)
+    cfg = config_from_headers(seg).with_(failing="any", spares=spares_left)
+    # an unlogged death before a SpareJoin is refused by the prechecks (CHECKER_GAPS): the search alone then
+    joins = any(rec.action == "SpareJoin" for tr in seg.values() for rec in tr.records)
+    v = TraceChecker(cfg, seg, silent_faults=True, prechecks=not joins).check()
+    return v.accepted, v.message
+
+
+def told_nothing(out: str | Path, max_nodes: int = 100_000) -> dict[int, str]:
+    """``accelpact check-trace DIR``'s verdict on each attempt, as it runs it for a run it was told
+    nothing about (conformance/cli_check.py), with the search bounded by ``max_nodes``."""
+    from ...conformance.checker import TraceChecker, config_from_headers
+
+    verdicts = {}
+    for attempt, traces in sorted(load_traces(out).items()):
+        v = TraceChecker(config_from_headers(traces), traces, silent_faults=True, max_nodes=max_nodes).check()
+        verdicts[attempt] = v.message.splitlines()[0] if v.message else ("accepted" if v.accepted else "rejected")
+    return verdicts
+
+
+# ----------------------------------------------------------------------------------- the judge
+
+def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Iterable[dict], samples: Iterable[dict] = (),
+          reference: str | Path | None = None, launch: Mapping[str, Any] | None = None, deadline_s: float = 20.0,
+          told_nothing_budget: int = 100_000, check_snapshots: bool = True, checkpoint_every: int = 0,
+          strict: bool = False) -> Verdict:
+    """The verdict on the soak whose job ran in ``out`` (module doc).  A failure that shows a known
+    bug (:data:`KNOWN_BUGS`) is listed in ``Verdict.known`` and, unless ``strict``, not counted."""
+    strikes = [dict(s) for s in strikes]
+    samples = [dict(s) for s in samples]
+    run = RunDir(out)
+    checks: list[Check] = []
+    try:
+        traces = load_traces(out)
+    except TraceError as exc:
+        return Verdict(seed, [Check("traces", False, f"trace files unusable: {exc}")], [], strikes)
+    eps = episodes_of(out, world, traces)
+    _attribute(eps, strikes)
+    results = _results(run)
+    attempts = sorted({a for a, _ in results})
+    v = Verdict(seed, checks, eps, strikes, attempts=len(attempts))
+
+    # finished
+    last = {r: res for (a, r), res in results.items() if attempts and a == attempts[-1] and r < world}
+    fin = bool(last) and len(last) == world and all(x.get("outcome") == "finished" for x in last.values())
+    launch = dict(launch or {})
+    rc_ok = launch.get("returncode", 0) == 0 and not launch.get("timed_out")
+    stalled = launch.get("stalled")
+    last_ep = [e.name for e in eps if attempts and e.attempt == attempts[-1]][-1:] or ([f"a{attempts[-1]}"] if attempts else [])
+    checks.append(Check("finished", fin and rc_ok and not stalled, (
+        f"the job stalled and was ended: {stalled}" if stalled else
+        f"attempt {attempts[-1] if attempts else '-'}: outcomes {sorted({str(x.get('outcome')) for x in last.values()})}, "
+        f"launcher rc {launch.get('returncode')}, timed out {bool(launch.get('timed_out'))}"),
+        last_ep if (stalled or not fin) else []))
+
+    # bit identity
+    if check_snapshots and reference is not None:
+        from ...impl.launch.workload import compare_runs
+
+        eq, why = compare_runs(reference, out, world)
+        checks.append(Check("bit_identical", eq, why))
+    elif check_snapshots:
+        checks.append(Check("bit_identical", False, "no reference run to compare with"))
+
+    # traces, per episode
+    bad: list[str] = []
+    msgs: list[str] = []
+    scope: list[str] = []
+    spent: list[str] = []
+    accepted = 0
+    idle_deaths = sorted((s["t_ns"], s.get("attempt")) for s in strikes if s.get("kind") == "crash_spare" and s.get("met"))
+    for ep in eps:
+        trs = traces.get(ep.attempt)
+        if not trs or ep.point == "(unrecorded)":
+            continue
+        before = sum(1 for t, a in idle_deaths if a == ep.attempt and t < ep.t_start_ns)
+        left = _spares_left(trs, ep.gen, spares, before)
+        ok, msg = check_episode(trs, ep.gen, left)
+        kinds = [s for s in strikes if s.get("episode") == ep.name]
+        if not ok and ep.outcome == "L2" and kinds and all(_out_of_model(s) for s in kinds):
+            ep.note = (ep.note + "; " if ep.note else "") + "trace outside the model's scope (a failure of a group other than R)"
+            scope.append(ep.name)
+        elif not ok and ep.outcome == "L2" and spares and not left and not ep.swapping:
+            # the model of one episode starts with a fresh pool: a job whose spares are spent (the
+            # engine's 'no spare left' rejection) has no such start state (CHECKER_GAPS)
+            ep.note = (ep.note + "; " if ep.note else "") + "not judged by the trace checker: the job's spares were spent"
+            spent.append(ep.name)
+        elif not ok and not strict and (k := _known(ep, "traces", checkpoint_every=checkpoint_every,
+                                                   frontiers=ep.frontiers)):
+            ep.known = k
+            v.known.append(f"{k} at {ep.name}")
+        elif not ok:
+            bad.append(ep.name)
+            msgs.append(f"{ep.name}: {msg}")
+        else:
+            accepted += 1
+    checks.append(Check("traces", not bad, "\n".join(msgs) if msgs else
+                        f"{accepted} episodes accepted by the trace checker"
+                        + (f"; {len(scope)} L2 episode(s) of faults outside the model's scope (spec/fault-model.md, "
+                           f"'Out of scope': a failure of a group other than R) not judged by it: {scope}" if scope else "")
+                        + (f"; {len(spent)} L2 episode(s) after the spares were spent not judged by it: {spent}"
+                           if spent else ""),
+                        bad))
+    try:
+        v.told_nothing = told_nothing(out, told_nothing_budget)
+    except TraceError as exc:  # pragma: no cover - load_traces succeeded above
+        v.told_nothing = {-1: str(exc)}
+
+    # all or none
+    split = [e for e in eps if e.outcome in ("split",) or (e.outcome == "failed")]
+    checks.append(Check("all_or_none", not split, "; ".join(f"{e.name}: {e.outcome} ({e.note})" for e in split)
+                        or "every generation: all ranks resumed or none did", [e.name for e in split]))
+
+    # exits within bound, with documented codes
+    bound = 3 * deadline_s + 10.0
+    late, undocumented = [], []
+    for e in eps:
+        if e.outcome != "L2":
+            continue
+        causes = [s["t_ns"] for s in strikes if s.get("episode") == e.name and s.get("t_ns") is not None]
+        t0 = min([e.t_start_ns, *causes]) if e.t_start_ns else (min(causes) if causes else None)
+        # the frontier of each rank that exited 1: where its last boundary (and its checkpoint) was
+        fronts = [int(x["frontier"]) for (a, _r), x in results.items() if a == e.attempt and x.get("exit_code") == 1
+                  and isinstance(x.get("frontier"), int)]
+        k = None if strict else _known(e, "exits", checkpoint_every=checkpoint_every, frontiers=fronts)
+        if k:
+            e.known = k
+            v.known.append(f"{k} at {e.name}")
+        for r, code in e.exit_codes.items():
+            res = results.get((e.attempt, r), {})
+            if code is None:
+                continue  # killed (our SIGKILL, torchrun's, a keeper's): no exit of its own
+            if code not in ABORT_CODES and code not in SUPERVISOR_STOP and not k:
+                undocumented.append(f"{e.name}: rank {r} exited {code}")
+            t_exit = res.get("t_exit")
+            if t0 and t_exit and t_exit - t0 / 1e9 > bound:
+                k4 = None if strict else _known(e, "exits", checkpoint_every=checkpoint_every, frontiers=[])
+                if k4:
+                    e.known = k4
+                    if f"{k4} at {e.name}" not in v.known:
+                        v.known.append(f"{k4} at {e.name}")
+                    continue
+                late.append(f"{e.name}: rank {r} exited {t_exit - t0 / 1e9:.1f}s after the fault (bound {bound:.0f}s)")
+    worst = max(((res.get("t_exit") or 0) - e.t_start_ns / 1e9 for e in eps if e.outcome == "L2" and e.t_start_ns
+                 for (a, r), res in results.items() if a == e.attempt and res.get("t_exit")), default=None)
+    checks.append(Check("exits", not late and not undocumented, "; ".join(late + undocumented) or (
+        f"every survivor of {sum(1 for e in eps if e.outcome == 'L2')} restarts exited with 70-73 (or 143) within "
+        f"{bound:.0f}s" + (f" (slowest {worst:.1f}s)" if worst is not None else "")),
+        sorted({x.split(':')[0] for x in late + undocumented})))
+
+    # leaks
+    grown = []
+    by_pid: dict[int, list[dict]] = {}
+    for s in samples:
+        by_pid.setdefault(int(s["pid"]), []).append(s)
+    measured = 0
+    for pid, rows in by_pid.items():
+        rows = sorted((x for x in rows if x["episodes_before"] >= 1), key=lambda x: x["t_ns"])
+        if len(rows) < 2:
+            continue
+        measured += 1
+        first, lastrow = rows[0], rows[-1]
+        what = [f"{k} {first[k]} -> {lastrow[k]}" for k, tol in LEAK_TOLERANCE.items() if lastrow[k] - first[k] > tol]
+        if not what:
+            continue
+        line = (f"rank {first['identity']} (pid {pid}, attempt {first['attempt']}): {', '.join(what)} over closed "
+                f"episodes {first['episodes_before']}..{lastrow['episodes_before']}")
+        # the episodes closed between the two samples (each closed one is a generation, in order)
+        between = [e for e in eps if e.attempt == first["attempt"] and e.outcome in ("L1", "swap", "discard")
+                   and first["episodes_before"] <= e.gen < lastrow["episodes_before"]]
+        swaps = sum(1 for e in between if e.outcome in ("swap", "discard"))
+        if not strict and swaps and 0 < lastrow["listeners"] - first["listeners"] <= GROUPS_PER_RANK * swaps:
+            v.known.append(f"K3 at a{first['attempt']} rank {first['identity']} ({', '.join(what)} over {swaps} swap(s))")
+            continue
+        grown.append(line)
+    k3 = sum(1 for k in v.known if k.startswith("K3"))
+    checks.append(Check("no_leaks", not grown, "; ".join(grown) or (
+        (f"{measured} worker(s) sampled after 2+ episodes: no growth of threads, fds or listening sockets"
+         + (f" but K3's (a hot swap's retired groups, listed as known) in {k3}" if k3 else ""))
+        if measured else "no worker lived through 2 episodes (nothing to compare)")))
+
+    # the straggler
+    false = []
+    for s in strikes:
+        if s.get("kind") != "slow" or not s.get("met"):
+            continue
+        t0, t1 = s["t_ns"], s["t_ns"] + int(((s.get("duration_s") or 0) + STRAGGLER_SLACK_S) * 1e9)
+        others = [o for o in strikes if o is not s and o.get("met") and o.get("t_ns") and t0 - 5e9 <= o["t_ns"] <= t1]
+        hit = [e.name for e in eps if t0 <= e.t_start_ns <= t1]
+        suspected = [rec for a, trs in traces.items() for tr in trs.values() for rec in tr.records
+                     if rec.action == "RankSuspect" and t0 <= rec.t_ns <= t1
+                     and rec.detail.get("suspect") == s.get("identity")]
+        if (hit and not others) or suspected:
+            false.append(f"fault #{s['index']} (slow {s.get('duration_s')}s on rank {s.get('identity')}): "
+                         f"episode(s) {hit} began, {len(suspected)} RankSuspect of it")
+    n_slow = sum(1 for s in strikes if s.get("kind") == "slow" and s.get("met"))
+    checks.append(Check("straggler", not false, "; ".join(false) or f"{n_slow} straggler(s): no episode, no suspicion"))
+    return v

@@ -1,0 +1,171 @@
+"""The soak's summary (rich tables) and timeline (a matplotlib PNG).
+
+The summary: the schedule (printed before the run), faults by kind and by where they struck, each
+episode's outcome (L1 / swap / discard / L2) and the training time it cost, the outcome totals,
+and the judge's checks.  The timeline: committed steps against time for every attempt, every
+episode as a span coloured by its outcome, every fault as a marker on its own row.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping
+
+from ...impl.launch.rundir import RunDir
+from .judge import Verdict
+from .schedule import Schedule
+
+__all__ = ["print_schedule", "print_summary", "summary_counts", "timeline"]
+
+OUTCOMES = ("L1", "swap", "discard", "L2", "failed", "split")
+COLOURS = {"L1": "tab:green", "swap": "tab:blue", "discard": "tab:cyan", "L2": "tab:red", "failed": "black",
+           "split": "magenta"}
+
+
+def print_schedule(console: Any, sched: Schedule) -> None:
+    from rich.table import Table
+
+    cfg = sched.config
+    console.print(f"[bold]accelpact soak[/bold] seed {cfg.seed}: {cfg.minutes:g} min, {cfg.wrapper} {cfg.nodes}x"
+                  f"{cfg.ranks_per_node}, {cfg.spares} spare(s), launcher {cfg.launcher}, "
+                  f"{len(sched.faults)} faults scheduled" + (f", seeded bug {cfg.seeded_bug}" if cfg.seeded_bug else ""))
+    for k, why in sorted(sched.skipped.items()):
+        console.print(f"  skipped kind [yellow]{k}[/yellow]: {why}", highlight=False)
+    t = Table(title=f"schedule (seed {cfg.seed})")
+    for col in ("#", "kind", "trigger", "at", "target", "duration"):
+        t.add_column(col)
+    for f in sched.faults:
+        target = {"cut_group": f"rank {f.rank} / {f.group}", "cut_link": f"{f.rank}<->{f.peer}",
+                  "crash_spare": f"idle spare #{f.rank}", "store_loss": "store"}.get(f.kind, f"rank {f.rank}")
+        t.add_row(str(f.index), f.kind, f.trigger, f"t+{f.at_s:.0f}s" if f.trigger == "time" else "in episode",
+                  target, f"{f.duration_s:.1f}s" if f.duration_s else "")
+    console.print(t)
+
+
+def summary_counts(v: Verdict) -> dict[str, Any]:
+    """Faults met by kind and by where they struck; episodes by outcome, with the time they cost."""
+    met = [s for s in v.strikes if s.get("met")]
+    by_kind = Counter(s["kind"] for s in met)
+    where = Counter((s["kind"], "recovery" if s.get("during") else "training") for s in met)
+    by_outcome: dict[str, dict[str, float]] = {}
+    for e in v.episodes:
+        row = by_outcome.setdefault(e.outcome, {"episodes": 0, "lost_s": 0.0})
+        row["episodes"] += 1
+        row["lost_s"] = round(row["lost_s"] + (e.lost_s or 0.0), 3)
+    during = sum(1 for s in met if s.get("during"))
+    return {"faults_met": len(met), "faults_scheduled": len(v.strikes), "kinds_met": len(by_kind),
+            "by_kind": dict(by_kind), "where": {f"{k}@{w}": n for (k, w), n in sorted(where.items())},
+            "during_recovery": during, "by_outcome": by_outcome}
+
+
+def print_summary(console: Any, v: Verdict, sched: Schedule, wall_s: float, extra: Mapping[str, Any] | None = None) -> None:
+    from rich.table import Table
+
+    counts = summary_counts(v)
+    t = Table(title="faults by kind and where they struck")
+    for col in ("kind", "scheduled", "met", "in training", "during an episode", "not met (why)"):
+        t.add_column(col)
+    for kind in sorted({s["kind"] for s in v.strikes}):
+        rows = [s for s in v.strikes if s["kind"] == kind]
+        met = [s for s in rows if s.get("met")]
+        why = Counter(s.get("why_not", "") for s in rows if not s.get("met"))
+        t.add_row(kind, str(len(rows)), str(len(met)), str(sum(1 for s in met if not s.get("during"))),
+                  str(sum(1 for s in met if s.get("during"))), "; ".join(f"{n}x {w}" for w, n in why.items()))
+    console.print(t)
+
+    e_t = Table(title="episodes")
+    for col in ("episode", "outcome", "observed at", "F", "faults", "time lost", "note"):
+        e_t.add_column(col)
+    for e in v.episodes:
+        faults = ", ".join(f"#{i} {next((s['kind'] for s in v.strikes if s['index'] == i), '?')}" for i in e.faults)
+        e_t.add_row(e.name, e.outcome, e.point, "" if e.frontier is None else str(e.frontier), faults,
+                    "-" if e.lost_s is None else f"{e.lost_s:.2f}s",
+                    (e.note + (f" exit codes {sorted({str(c) for c in e.exit_codes.values()})}" if e.exit_codes else ""))[:90])
+    console.print(e_t)
+
+    o_t = Table(title="outcomes")
+    for col in ("outcome", "episodes", "training time lost", "mean"):
+        o_t.add_column(col)
+    for o in OUTCOMES:
+        row = counts["by_outcome"].get(o)
+        if row:
+            o_t.add_row(o, str(row["episodes"]), f"{row['lost_s']:.1f}s", f"{row['lost_s'] / row['episodes']:.2f}s")
+    console.print(o_t)
+
+    c_t = Table(title=f"judge (seed {v.seed})")
+    for col in ("check", "verdict", "detail"):
+        c_t.add_column(col)
+    for c in v.checks:
+        c_t.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]FAILED[/red]", c.detail[:400])
+    console.print(c_t)
+    if v.known:
+        from .judge import KNOWN_BUGS
+
+        console.print(f"[yellow]known engine bugs met (listed, not counted; --strict counts them)[/yellow]: "
+                      f"{', '.join(v.known)}", highlight=False)
+        for k in sorted({x.split()[0] for x in v.known}):
+            console.print(f"  {k}: {KNOWN_BUGS[k].what}", highlight=False)
+    tn = v.told_nothing
+    if tn:
+        acc = sum(1 for m in tn.values() if m.startswith("accepted"))
+        console.print(f"check-trace told nothing (reported, not judged): {acc} of {len(tn)} attempts accepted", highlight=False)
+    console.print(f"{counts['faults_met']} of {counts['faults_scheduled']} faults met, {counts['kinds_met']} kinds, "
+                  f"{counts['during_recovery']} during an episode; {len(v.episodes)} episodes over {v.attempts} attempt(s); "
+                  f"wall {wall_s / 60:.1f} min", highlight=False)
+    if v.green:
+        console.print(f"[bold green]JUDGE GREEN[/bold green] (seed {v.seed})")
+    else:
+        console.print(f"[bold red]JUDGE RED[/bold red] (seed {v.seed})")
+        for line in v.failures():
+            console.print(f"  {line}", highlight=False, markup=False)
+
+
+def timeline(path: str | Path, out: str | Path, v: Verdict, world: int, t0_ns: int, title: str = "") -> Path | None:
+    """The timeline PNG (module doc); None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from .judge import _steps
+
+    run = RunDir(out)
+    attempts = sorted({e.attempt for e in v.episodes} | {0})
+    fig, (ax, axf) = plt.subplots(2, 1, figsize=(13, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    a = 0
+    while True:
+        rows = _steps(run, a, world)
+        if not any(rows.values()) and a > max(attempts):
+            break
+        pts = sorted((t, s) for r in rows.values() for s, t in r.items())
+        if pts:
+            ax.plot([(t * 1e9 - t0_ns) / 1e9 for t, _ in pts], [s for _, s in pts], ".", ms=1.5, label=f"attempt {a}")
+        a += 1
+        if a > 1000:
+            break
+    for e in v.episodes:
+        x0 = (e.t_start_ns - t0_ns) / 1e9
+        x1 = ((e.t_end_ns or e.t_start_ns) - t0_ns) / 1e9
+        c = COLOURS.get(e.outcome, "grey")
+        for axis in (ax, axf):
+            axis.axvspan(x0, max(x1, x0 + 0.3), color=c, alpha=0.25, lw=0)
+    kinds = sorted({s["kind"] for s in v.strikes if s.get("met")})
+    for i, k in enumerate(kinds):
+        xs = [(s["t_ns"] - t0_ns) / 1e9 for s in v.strikes if s.get("met") and s["kind"] == k]
+        axf.plot(xs, [i] * len(xs), "v" if k != "slow" else "o", ms=6, label=k)
+    axf.set_yticks(range(len(kinds)), kinds, fontsize=7)
+    axf.set_xlabel("seconds since training started")
+    ax.set_ylabel("committed step")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=COLOURS[o], alpha=0.4, label=o) for o in OUTCOMES if any(e.outcome == o for e in v.episodes)]
+    ax.legend(handles=handles + ax.get_legend_handles_labels()[0][:6], fontsize=7, loc="upper left")
+    ax.set_title(title or f"soak seed {v.seed}: episodes (spans) and faults (markers)")
+    fig.tight_layout()
+    p = Path(path)
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
