@@ -84,8 +84,10 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     # a fault of each kind at the boundary itself and in each recovery phase, on each rank role
     for at in ("boundary",) + RECOVERY_POINTS:
         for kind in [k for k, fk in KINDS.items() if at in fk.points and not fk.job_wide and k not in PARTITION_ONLY_BELOW]:
-            if kind == "collective_timeout" or (at == "boundary" and kind == "exception"):
+            if at == "boundary" and KINDS[kind].failure:
                 continue  # these are the group failure itself (the repair scenarios)
+            if KINDS[kind].pair:
+                continue  # a link's two ends: the link scenarios below
             for rank in (3, 2):  # a member of R (not rank 0) and a rank outside R
                 role = _role(t22, wrapper, rank)
                 if KINDS[kind].members_only and role != "member":
@@ -188,6 +190,7 @@ def candidates() -> list[tuple[tuple, Scenario]]:
     add(("2x2", "fsdp1-hybrid", "boundary", "partition-swap", "-", 1), "2x2-fsdp1-spare1-boundary-partition-r1",
         Topology(2, 2, spares=1), "fsdp1-hybrid", [Fault(STEP, "boundary", "partition", (1,), "replicate")])
     # a few 4x2 cases (symmetric scripts only: the model search is larger there)
+    wrapper = "fsdp1-hybrid"
     for at in ("boundary", "forward"):
         name = f"4x2-fsdp1-{_classic_name(at)}"
         add(("4x2", wrapper, at, "collective_timeout", "-", 1), name, t42, wrapper, [_trigger(t42, wrapper, at)])
