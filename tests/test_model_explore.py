@@ -38,7 +38,7 @@ def test_correct_protocol_2x2_one_fault_holds_everything():
     r = explore(SMALL, symmetry=False)
     assert r.ok, [v.format() for v in r.violations]
     assert r.complete and r.liveness == {"L1": True, "L2": True, "L3": True}
-    assert (r.states, r.transitions, r.depth) == (12742, 37116, 43)
+    assert (r.states, r.transitions, r.depth) == (14086, 41436, 43)
     assert r.deadlocks == 0 and r.livelocks == 0 and r.sinks > 0
     assert r.invariants_checked == r.states * len(INVARIANTS) + r.transitions * len(EDGE_INVARIANTS)
     assert 0 < r.exit_bound <= r.exit_bound_limit == exit_bound_limit(SMALL)

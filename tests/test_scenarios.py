@@ -15,7 +15,7 @@ from accelpact.conformance.outcomes import model_outcomes
 from accelpact.conformance.scenario import ScenarioError, load_scenario, scenario_from_job, scenario_from_mapping
 from accelpact.testing.faults import FAULT_POINTS, KINDS, TRIGGER_POINTS, Fault, FaultError
 from accelpact.impl.launch.job import FieldError, Job, JobError
-from accelpact.model.state import PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_REBOUND, PC_TRAIN
+from accelpact.model.state import PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_REBOUND, PC_REPLACED, PC_TRAIN
 
 BASE = {
     "name": "t",
@@ -76,11 +76,12 @@ def test_kinds_allowed_per_point_come_from_the_fault_table(at, kind):
     """F1: where a kind may strike is the kind table's (accelpact/testing/faults.py), checked by Fault.parse,
     the one fault validator; the scenario adds only its own rules (a trigger at the fault's step)."""
     trigger_at = at if at in TRIGGER_POINTS else "boundary"
+    ranks = (1, 3) if KINDS[kind].pair else (3,)   # a link names its two ends
     d = mk(faults=[{"step": 5, "at": trigger_at, "kind": "collective_timeout", "ranks": [1, 3]},
-                   {"step": 5, "at": at, "kind": kind, "ranks": [3]}])
+                   {"step": 5, "at": at, "kind": kind, "ranks": list(ranks)}])
     if at in KINDS[kind].points:
         sc = scenario_from_mapping(d)
-        assert sc.faults[1] == Fault(5, at, kind, (3,), "replicate")
+        assert sc.faults[1] == Fault(5, at, kind, ranks, "replicate")
     else:
         with pytest.raises(ScenarioError, match=rf"faults\[1\]: kind '{kind}' cannot be injected at '{at}'"):
             scenario_from_mapping(d)
@@ -174,7 +175,7 @@ def test_script_windows():
     assert by[("FaultGroupFail", None)].arg == "boundary"
     assert by[("FaultCrash", 2)].pcs == (PC_GUARDED, PC_ARRIVED)
     assert by[("FaultHang", 3)].pcs == (PC_REBOUND,)        # member of R: before validation
-    assert by[("FaultHang", 0)].pcs == (PC_AGREED,)         # outside R: while the members rebuild
+    assert by[("FaultHang", 0)].pcs == (PC_REPLACED,)       # outside R: its groups over W rebuilt (P18.3), while the members rebind
     boundary_crash = script_for(scenario_from_mapping(with_fault([{"step": 5, "at": "boundary", "kind": "crash", "ranks": [3]}])))
     assert [(f.action, f.rank, f.arg, f.gen, f.pcs) for f in boundary_crash.faults] == [
         ("FaultGroupFail", None, "boundary", 0, ()), ("FaultCrash", 3, None, 0, (PC_TRAIN,))]
@@ -200,10 +201,11 @@ def test_outcome_classes(faults, outcome):
 
 
 def test_in_flight_discarded_or_mismatched_by_model():
-    """P17: a cut in backward is discarded in place (L1), or, where a partial collective let a rank
-    commit the step, aborted at phase 3 (L2 mismatch); inside optimizer.step() it is rejected."""
+    """P17: a cut in backward is discarded in place (L1): under the commit fence (P17.2) no rank commits
+    a step a peer abandoned, so the mismatch a partial collective once allowed is gone; inside
+    optimizer.step() it is rejected."""
     d = mk(faults=[{"step": 5, "at": "backward", "kind": "collective_timeout", "ranks": [1, 3]}])
-    assert model_outcomes(scenario_from_mapping(d)).outcome_class == "L1|L2:mismatch"
+    assert model_outcomes(scenario_from_mapping(d)).outcome_class == "L1"
     d = mk(faults=[{"step": 5, "at": "optimizer", "kind": "exception", "ranks": [1]}])
     assert model_outcomes(scenario_from_mapping(d)).outcome_class == "L2:rejected"
 

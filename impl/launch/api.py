@@ -410,9 +410,9 @@ class TrainingJob:
         training._engage(module, optimizer, generation=g + 1, frontier=frontier, trace=trace)
         if point == "boundary" and ckpt is not None and ckpt.due(frontier):
             # the death struck at the boundary of F: the survivors go on to that boundary's checkpoint
-            # (collective over W), which this spare's identity never reached
-            cursor = extra_state() if extra_state is not None else None
-            training.saved.append((frontier, ckpt.save(frontier, module, optimizer, cursor=cursor)))
+            # (collective over W), which this spare's identity never reached; tagged with the swap's
+            # generation like the survivors' saves (Training._save)
+            training._save(frontier, extra_state() if extra_state is not None else None)
         return training
 
     def previous_frontier(self) -> int | None:
