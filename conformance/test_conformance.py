@@ -60,8 +60,9 @@ FAST = (
 #: ``RankRebind`` with ``refs_stale > 0``, which no model run has (the model: 0 after a rebind);
 #: ``early-release``: the first release vote is taken as the last, so the first voter records
 #: ``RankReady`` with ``last=true`` at count 1 (the model's last voter counts |W|);
-#: ``no-fence``: the generation-0 revoke key is not namespaced and never retired, so every member's
-#: watchdog reads it as a revoke of generation 1 and shuts R's new communicator down: a failure of R
+#: ``no-fence``: the revoke log is not namespaced by the generation, so once generation 0's release
+#: retires it every member's watchdog reads its first entry (R's revoke of generation 0) as a revoke
+#: of generation 1 and shuts R's new communicator down: a failure of R
 #: in generation 1 that no scripted fault causes (which record shows it first depends on where the
 #: ranks are when the sockets close, so no record is named).
 #: ``skip-validation`` (run on the corrupt-replica scenario, BUG_SCENARIO): phase 6 records

@@ -89,10 +89,6 @@ def _key_unfenced(self: Any, g: int, name: str) -> str:
     return f"{self.prefix}{name}"
 
 
-def _retire_nothing(self: Any, g: int, group: str) -> None:
-    """no-fence: the revoke key is shared by every generation; left alone."""
-
-
 def _agrees_on_frontier_only(self: Any, row: tuple[int, int], ref: tuple[int, int], g: int) -> bool:
     """no-fence: a frontier report agrees whatever generation it names."""
     return row[0] == ref[0]
@@ -108,8 +104,7 @@ SEEDED_BUGS: dict[str, SeededBug] = {
                              engine={"_rebind_sites": _rebind_sites_unchecked}, control={}),
     "early-release": SeededBug("the first release vote decides", engine={}, control={"release_quorum": _quorum_of_one}),
     "no-fence": SeededBug("control-plane keys not namespaced by the generation", engine={},
-                          control={"key": _key_unfenced, "retire_revoke": _retire_nothing,
-                                   "agrees": _agrees_on_frontier_only}),
+                          control={"key": _key_unfenced, "agrees": _agrees_on_frontier_only}),
     "unheld-records": SeededBug("a control-plane write and its trace record are not one action",
                                 engine={"_hold": contextlib.nullcontext}, control={}),
     "skip-validation": SeededBug("phase 6 records its success without the collective or the digests",
