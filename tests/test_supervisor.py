@@ -65,26 +65,30 @@ def test_inflight_failure_rejected_restarted_and_replayed(tmp_path: Path) -> Non
 @pytest.mark.timeout(300)
 def test_hang_becomes_exit_and_restart(tmp_path: Path) -> None:
     """L2 (liveness): rank 1 hangs before the forward of step 2.  Its peer's forward collective (DDP's
-    buffer broadcast) times out (collective_timeout_s), the peer observes that in flight and rejects (writing the abort key), and
-    the hung rank's watchdog exits on it: every rank exits 70, torchrun restarts, the job finishes."""
+    buffer broadcast) times out (collective_timeout_s); the peer observes that in flight and, the job
+    discarding in place (P17), discards the step and arrives at the control barrier, where the hung
+    rank never arrives.  The wait's deadline ends the episode: every rank exits 72 (deadline; the hung
+    one by its watchdog), torchrun restarts, the job finishes."""
     fault = {"step": 2, "at": "forward", "kind": "hang", "ranks": [1], "group": "world"}  # (ddp: no replicate group)
     job = _job(tmp_path / "run", "ddp", 2, 1, 4, [fault], collective_timeout_s=8.0, deadline_s=10.0)
     res = run_torchrun(job, max_restarts=1, timeout_s=240)
     assert not res.timed_out, res.log_tail()
     assert res.returncode == 0, res.log_tail()
     first = res.attempt(0)
-    assert {r["exit_code"] for r in first.values()} == {int(ExitCode.REJECTED)}, first
+    assert {r["exit_code"] for r in first.values()} == {int(ExitCode.DEADLINE)}, first
     run = RunDir(res.out)
     acts = {r: [t for t in run.records(0, r) if t.get("type") == "action"] for r in (0, 1)}
-    # rank 0: the in-flight observation (its collective on the hung peer failed), then the rejection
-    assert [t["action"] for t in acts[0]][-2:] == ["RankObserve", "RankReject"], acts[0]
+    # rank 0: the in-flight observation (its collective on the hung peer failed), the discard, the
+    # arrival nobody joins, and the exit at the deadline
+    names0 = [t["action"] for t in acts[0]]
+    assert names0 == ["RankObserve", "RankDiscardStep", "RankGuard", "RankArrive", "RankExit"], names0
     # (DDP broadcasts its buffers -- the attention mask -- at every forward: the first collective of
     # step 2, which the hung rank never joins, is in the forward)
-    assert acts[0][-2]["state"]["point"] == "forward" and acts[0][-2]["detail"]["in_flight"], acts[0][-2]
-    # rank 1: hung, then ended by its watchdog on rank 0's abort (reason rejected), after the rejection
+    assert acts[0][0]["state"]["point"] == "forward" and acts[0][0]["detail"]["in_flight"], acts[0][0]
+    assert acts[0][-1]["state"]["reason"] == "deadline"
+    # rank 1: hung, then ended by its watchdog (reason deadline), never taking a protocol step
     names1 = [t["action"] for t in acts[1]]
-    assert names1[-2:] == ["FaultHang", "RankExit"], names1
-    assert acts[1][-1]["state"]["reason"] == "rejected"
-    assert acts[1][-1]["t_ns"] >= acts[0][-1]["t_ns"]
+    assert names1[0] == "FaultHang" and len(names1) == 2, names1
+    assert acts[1][-1]["state"]["reason"] == "deadline"
     assert res.restarts == 1
     assert all(r["outcome"] == "finished" and r["frontier"] == 4 for r in res.attempt(1).values())

@@ -21,7 +21,7 @@ What each call owns (and what :mod:`accelpact.impl.launch.worker` used to wire b
 * :func:`init` reads the launcher's environment, makes the backend's decisions before any group
   exists (:meth:`accelpact.impl.runtime.backends.Backend.prepare_process`: the device, NCCL's error
   handling), connects to the launcher's store under the restart's namespace
-  (``attempt{TORCHELASTIC_RESTART_COUNT}/``: torchrun's store keeps the previous attempt's keys),
+  (``attempt{n}/``, n the job's attempt (attempts.py); torchrun's store keeps the previous attempt's keys),
   initialises the default group (unless you did), and builds, collectively and in one fixed order,
   the control group, the checkpoint group and the training groups: ``shard_group`` (the ranks of one
   replica), ``replicate_group`` (the ranks holding the same shard in every replica), ``world_group``
@@ -820,7 +820,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     import torch
     import torch.distributed as dist
 
-    from . import workload
+    from . import attempts, workload
     from ...testing.faults import Fault, parse_faults
     from .job import Topology
 
@@ -839,7 +839,6 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
                            "training ranks and the spares together (torchrun --nproc-per-node ranks+spares)")
         world -= s.spares
         local_world = min(local_world, world)
-    attempt = _env_int(env, "TORCHELASTIC_RESTART_COUNT", 0)
     n = s.replicas if s.replicas is not None else max(1, world // max(1, local_world))
     if world % n:
         raise ApiError(f"replicas={n} does not divide WORLD_SIZE={world}: each replica must hold the same number of "
@@ -865,6 +864,8 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
 
     timeout = timedelta(seconds=s.pg_timeout_s)
     store = dist.TCPStore(_env(env, "MASTER_ADDR"), _env_int(env, "MASTER_PORT"), is_master=False, timeout=timeout)
+    # the job's attempt, the same on every agent's workers (attempts.py: torchrun's restart count is not)
+    attempt = attempts.start(store, {**env, "RANK": str(rank)})
     astore = dist.PrefixStore(f"attempt{attempt}", store)
     if rank >= world:  # a spare: no group until it takes a dead rank's identity (TrainingJob.attach)
         _exit_cleanly_on_uncaught()

@@ -22,7 +22,7 @@ between the agent and the training process: the agent sees the keeper, the keepe
     exactly as before.
   - The child is killed by a signal (a crash) and this is a training rank
     (``RANK < WORLD_SIZE - ACCELPACT_SPARES``): the keeper posts a *death notice* on the job's store
-    (:func:`post_death`, under ``attempt{TORCHELASTIC_RESTART_COUNT}/``) and stays alive, so the agent
+    (:func:`post_death`, under ``attempt{n}/``, n the job's attempt: :mod:`accelpact.impl.launch.attempts`) and stays alive, so the agent
     sees nothing.  The survivors and a spare take over (:mod:`accelpact.impl.runtime.hotswap`).  The keeper
     then waits for the job's end on :data:`ABORT_KEY`: the value :data:`CLOSED` (the job finished
     without this process) -> exit 0; any other value (an abort reason: ``deadline``, ``rejected``,
@@ -70,7 +70,7 @@ SPARES_ENV = "ACCELPACT_SPARES"
 WAIT_ENV = "ACCELPACT_KEEPER_WAIT_S"
 DEFAULT_WAIT_S = 86400.0
 
-#: Store keys, under the attempt's namespace (``attempt{TORCHELASTIC_RESTART_COUNT}/``): their one
+#: Store keys, under the attempt's namespace (``attempt{n}/``): their one
 #: home is :mod:`accelpact.impl.controlplane` (``DEATHS_KEY``: the count of death notices posted,
 #: notice n at ``death_key(n)``; ``ABORT_KEY``: the job-wide abort key).
 #: The abort key's value when the job ended normally (same value as
@@ -170,17 +170,28 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _attempt_store(env: Mapping[str, str]) -> Any:
-    """The job's store under this attempt's namespace (``attempt{TORCHELASTIC_RESTART_COUNT}/``);
-    KeyError/ValueError if MASTER_ADDR/MASTER_PORT are unusable, a store error if it cannot be reached."""
+def _job_store(env: Mapping[str, str]) -> Any:
+    """The job's store (no namespace); KeyError/ValueError if MASTER_ADDR/MASTER_PORT are unusable,
+    a store error if it cannot be reached."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    attempt = env.get("TORCHELASTIC_RESTART_COUNT") or "0"
     addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
-    return dist.PrefixStore(f"attempt{attempt}", store)
+    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+
+
+def _attempt_store(env: Mapping[str, str], store: Any = None) -> Any:
+    """The job's store (``store``, or a new client) under the namespace of this rank's latest attempt
+    (``attempt{n}/``, :func:`accelpact.impl.launch.attempts.current`: the attempt its worker counted,
+    the same on every agent, which torchrun's restart count is not).  Asked anew each time: before the
+    worker counted its start it names the previous attempt."""
+    import torch.distributed as dist
+
+    from . import attempts
+
+    store = store if store is not None else _job_store(env)
+    return dist.PrefixStore(f"attempt{attempts.current(store, env)}", store)
 
 
 def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callable[[Any], str],
@@ -191,7 +202,7 @@ def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callab
     watcher's), so the notice needs no new connection: survivors wait for it only so long."""
     code = 128 + sig
     try:
-        s = connected[0] if connected else _attempt_store(env)
+        s = _attempt_store(env, connected[0] if connected else None)
     except (KeyError, ValueError) as exc:
         _say(f"worker killed by {_signame(sig)}; nothing posted: MASTER_ADDR/MASTER_PORT unusable ({exc!r}); "
              f"exiting {code}")
@@ -255,11 +266,12 @@ def _watch_depose(env: Mapping[str, str], rank: int, proc: subprocess.Popen, don
     while not done.wait(poll_s):
         try:
             if store is None:
-                store = _attempt_store(env)
+                store = _job_store(env)
                 connected[:] = [store]
-            if not store.check([depose_key(rank)]):
+            mine = _attempt_store(env, store)
+            if not mine.check([depose_key(rank)]):
                 continue
-            by = _s(store.get(depose_key(rank)))
+            by = _s(mine.get(depose_key(rank)))
         except Exception:  # noqa: BLE001 - the store is not up yet, or was lost: the next poll retries
             store = None
             connected.clear()
