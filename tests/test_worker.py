@@ -10,6 +10,7 @@ S7 (exit codes are recorded).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -155,3 +156,44 @@ def test_harness_returns_values_reports_tracebacks_and_reaps_hung_ranks(ranks) -
     assert "rank 0 fails on purpose" in bad.explain() and "[1]" in bad.explain()
     with pytest.raises(AssertionError, match="fails on purpose"):
         bad.values()
+
+
+def test_process_set_kills_descendants_in_sessions_of_their_own() -> None:
+    """A child that starts its own child in a new session (as torchrun's agent starts each worker):
+    leaving the ProcessSet kills the grandchild too, no process outlives its launch."""
+    import time
+
+    from accelpact.impl.launch.launch import ProcessSet
+
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True); "
+            "print(p.pid, flush=True); time.sleep(120)")
+    with ProcessSet() as ps:
+        child = ps.start([sys.executable, "-c", code])
+        deadline = time.monotonic() + 30
+        grandchildren: list[int] = []
+        while time.monotonic() < deadline and not grandchildren:
+            grandchildren = [int(e) for e in os.listdir("/proc") if e.isdigit() and _parent(int(e)) == child.pid]
+            time.sleep(0.05)
+        assert grandchildren, "the child never started its own child"
+    time.sleep(0.2)
+    assert all(_state(pid) in (None, "Z") for pid in grandchildren), [(_state(p), p) for p in grandchildren]
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _parent(pid: int) -> int | None:
+    st = _stat(pid)
+    return int(st[1]) if st else None
+
+
+def _state(pid: int) -> str | None:
+    st = _stat(pid)
+    return st[0] if st else None

@@ -86,6 +86,34 @@ def worker_env(extra: Mapping[str, Any] | None = None, base: Mapping[str, str] |
     return env
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.getpgid(pid)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """Every live descendant of ``roots`` (Linux: each process's parent read from ``/proc/<pid>/stat``)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                stat = fh.read()
+            parent[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    out: set[int] = set()
+    frontier = set(roots)
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier and pid not in out}
+        out |= frontier
+    return out
+
+
 class ProcessSet:
     """Child processes started together, waited on under one deadline, and always reaped.
 
@@ -129,10 +157,15 @@ class ProcessSet:
 
     def kill(self) -> None:
         """SIGKILL every child's process group (also of a child that exited: what it spawned may
-        live on), then reap every child."""
-        for p in self.procs:
+        live on) and the process group of every descendant, then reap every child.  The descendants'
+        groups matter: torchrun's agent starts each worker in a session of its own
+        (``torch/distributed/elastic/multiprocessing/subprocess_handler``), so killing the agent's
+        group alone would orphan its workers."""
+        groups = {p.pid for p in self.procs}
+        groups |= {os.getpgid(pid) for pid in _descendants({p.pid for p in self.procs}) if _alive(pid)}
+        for pgid in groups:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         for p in self.procs:
