@@ -42,7 +42,7 @@ lint: $(STAMP)
 explore: $(STAMP)
 	$(BIN)/accelpact explore --nodes 2 --ranks-per-node 2 --max-faults 2
 
-# The nightly profile: 2x2 with three faults and 3x2 with two, each stopped at ten minutes
+# The nightly profile: 2x2 with three faults, 3x2 with two, 2x2 with two spares and two crashes, each stopped at ten minutes
 # (model/engine_nightly.py; not in CI), then the manifest's other slow configurations (minutes).
 nightly: $(STAMP)
 	$(BIN)/python -m accelpact.model.engine_nightly --budget $(NIGHTLY_BUDGET) --json build/nightly.json

@@ -469,7 +469,6 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     # stops every rank before its commit; with two faults, a death during the discard's episode too
     "2x2-fence-f1": (Config(max_faults=1, fence=True), True),
     "2x2-fence-f2": (Config(max_faults=2, fence=True, faults=frozenset({"group_fail", "crash"}), points=("backward",)), True),
-    "2x2-spare2-crash-f2": (Config(max_faults=2, spares=2, faults=frozenset({"crash"}), points=("boundary",)), False),
     "3x1-ddp-spare2-crash-f2": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=2,
                                        faults=frozenset({"crash"}), points=("backward",)), False),
 }
@@ -481,6 +480,9 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
 NIGHTLY_CONFIGS: dict[str, Config] = {
     "2x2-f3": Config(max_faults=3),
     "3x2-f2": Config(nodes=3, max_faults=2),
+    # 2x2, two spares, two crashes at the boundary: millions of states (3.5 million with symmetry when
+    # it was last pinned, before every episode rebuilt the groups over W, P18.3), so nightly
+    "2x2-spare2-crash-f2": Config(max_faults=2, spares=2, faults=frozenset({"crash"}), points=("boundary",)),
 }
 
 

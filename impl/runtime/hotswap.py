@@ -321,7 +321,6 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 
 # ------------------------------------------------------------------------------------- the episode
-_GRAVEYARD: list = []  # the survivors' old groups: never destroyed (a gloo group with a dead peer may block in teardown)
 
 
 def pool_covers(store: Any, g: int, dead: Sequence[int], spares: int) -> bool:
@@ -403,13 +402,22 @@ def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any]:
 
 
 def _retire_groups(old: list) -> None:
-    """Unregister the replaced groups and keep them (a gloo group with a dead peer may block in teardown)."""
+    """Unregister the replaced groups and destroy them off the critical path, on the engine's retiring
+    thread (:func:`accelpact.impl.recovery._retire_off_path`, as phase 5 retires a replaced R): a
+    teardown that blocks on a dead peer blocks that thread, not the episode.  Kept forever, as
+    before, every swap and every rebuild over W grew each survivor by its groups' listeners,
+    threads and fds (soak K3)."""
+    from ..recovery import _retire_off_path
     from .adapters.base import unregister_group
 
+    box = []
     for pg in old:
         if pg is not None:
             unregister_group(pg)
-            _GRAVEYARD.append(pg)
+            box.append(pg)
+    old.clear()  # the caller's list held them too: the box is their last reference here
+    if box:
+        _retire_off_path(box)
 
 
 def _install_wide(job: Any, built: tuple[Any, Any, Any, Any, Any]) -> None:
@@ -426,7 +434,7 @@ def rebuild_wide(job: Any, g_next: int) -> list[str]:
     checkpoint groups and, where the job holds it apart from R (HSDP), the world group, built in
     generation ``g_next`` under ``accelpact/g{g_next}/wide/<name>`` by every rank of W, in one fixed
     order; the new default group installed, ``job`` updated in place, the old groups unregistered and
-    kept.  Every rank calls it in every episode: a link inside R crosses every one of them, and the
+    retired off the critical path.  Every rank calls it in every episode: a link inside R crosses every one of them, and the
     engine cannot tell a broken link from a broken communicator of R alone.  Returns the names built."""
     import torch.distributed.distributed_c10d as c10d
 
@@ -441,8 +449,8 @@ def rebuild_wide(job: Any, g_next: int) -> list[str]:
         job.groups["world"], job.records["world"] = _make_group(job, backend(job.backend), pre, "world",
                                                                 list(range(job.world)), job.settings.collective_timeout_s)
         names.append("world")
-    _retire_groups(old)
     _install_wide(job, built)
+    _retire_groups(old)  # after the job let go of them: the retiring thread may hold their last reference
     return names
 
 
@@ -452,7 +460,7 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
     ``g_next`` by the members only, under ``accelpact/g{g_next}/swap/<name>`` (the generation fences
     every older member out), in one fixed order on every rank, registered with c10d; the new default
     group installed.  ``job`` (a :class:`~accelpact.impl.launch.api.TrainingJob`) is updated in place; its
-    old groups are unregistered and kept, never destroyed.  ``held``: further old groups of this rank
+    old groups are unregistered and retired off the critical path (:func:`_retire_groups`).  ``held``: further old groups of this rank
     (R, which the engine holds rather than the job)."""
     import torch.distributed.distributed_c10d as c10d
 
@@ -472,10 +480,11 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
             if rank in members:
                 groups[kind], records[kind] = _make_group(job, be, pre, f"{kind}{i}", list(members),
                                                           job.settings.collective_timeout_s)
-    _retire_groups(old)
     _install_wide(job, built)
     job.groups, job.records, job._mesh = groups, records, None
     job.generation = g_next
+    del training
+    _retire_groups(old)  # the engine (R) and the old model may still hold some: destroyed where those go
 
 
 def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:
