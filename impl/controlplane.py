@@ -37,6 +37,8 @@ __all__ = ["ABORT_KEY", "DEATHS_KEY", "NEXT_KEY", "PREFIX", "ControlPlane", "Con
 PREFIX = "accelpact/"
 #: The job-wide abort key (:attr:`ControlPlane.abort_key` with the default prefix).
 ABORT_KEY = f"{PREFIX}abort"
+#: the starts of one launcher RANK, outside every attempt's namespace (impl/launch/attempts.py)
+STARTS_KEY = f"{PREFIX}starts/{{rank}}"
 #: hot swap (spec/hotswap.md): the count of death notices posted (``add``); notice n is at :func:`death_key`
 DEATHS_KEY = f"{PREFIX}swap/deaths"
 #: hot swap: the count of spares taken (``add``)

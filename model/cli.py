@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="0 (default): the checkpoint C stays fixed; k: C is the last multiple of k at or before the frontier")
     parser.add_argument("--spares", type=int, default=0,
                         help="hot swap: spare processes idle on the control plane, which replace a crashed rank (default 0: none)")
+    parser.add_argument("--links", type=_yes_no, nargs="?", const=True, default=False,
+                        help="physical links (spec/protocol.md P18): FaultLink cuts the link between two nodes, failing every "
+                             "group across it; needs --failing any and two nodes (default off)")
+    parser.add_argument("--fence", type=_yes_no, nargs="?", const=True, default=False,
+                        help="the commit fence of a job that discards in place (P17.2): a failure in forward or backward is "
+                             "observed before any rank commits (default off)")
     parser.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
     parser.add_argument("--workers", type=int, default=1,
                         help="bfs: search processes (1, default; 2: model/engine_parallel.py, the same graph on two cores)")
@@ -59,6 +65,16 @@ def _csv(value: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
     if bad:
         raise FlagError(f"{flag}: unknown value(s) {', '.join(bad)}; allowed: {', '.join(allowed)}")
     return items
+
+
+def _yes_no(text: str) -> bool:
+    """A switch's optional value: ``--links`` alone, or ``--links true|false`` (as the manifest writes it)."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "on", "1"):
+        return True
+    if value in ("false", "no", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -90,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         nodes=args.nodes, ranks_per_node=args.ranks_per_node, affected_local=local, group=args.group,
         max_faults=args.max_faults, faults=frozenset(faults), points=points, mutant=args.mutant, failing=args.failing,
         uses_r=uses_r, advance=args.advance, checkpoint_every=args.checkpoint_every, spares=args.spares,
+        links=args.links, fence=args.fence,
     )
 
 
@@ -98,7 +115,8 @@ def _describe(cfg: Config) -> str:
     groups = f"R={list(cfg.affected)}" if cfg.failing == "one" else "R=any groups, per episode"
     return (f"{cfg.nodes}x{cfg.ranks_per_node} group={cfg.group} {groups} max_faults={cfg.max_faults} "
             f"faults={faults} points={','.join(cfg.points)} uses_r={','.join(cfg.uses_r)} advance={cfg.advance} "
-            f"checkpoint_every={cfg.checkpoint_every} spares={cfg.spares} mutant={cfg.mutant or 'none'}")
+            f"checkpoint_every={cfg.checkpoint_every} spares={cfg.spares}" + (" links" if cfg.links else "")
+            + (" fence" if cfg.fence else "") + f" mutant={cfg.mutant or 'none'}")
 
 
 def _run_bfs(cfg: Config, args: argparse.Namespace) -> int:

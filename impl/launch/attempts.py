@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 #: ``{rank}``: the launcher's RANK (spares included); outside every ``attempt{n}/`` namespace
-STARTS_KEY = "accelpact/starts/{rank}"
+from ..controlplane import STARTS_KEY
 
 
 def _restart_count(env: Mapping[str, str]) -> int:
