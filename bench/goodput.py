@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
                         for a, r in by_age.items()])
     print(f"goodput: a discard's per-step cost (the committed boundary's RNG state and extra state kept): median "
           f"{common.fmt(dc_res['keep_state_us']['median'])} us (p90 {common.fmt(dc_res['keep_state_us']['p90'])}); the commit "
-          "point itself adds nothing per step (phase 3's agreement, P17.2)", flush=True)
+          "fence's all-reduce over W (P17.2) is a further per-step cost: `accelpact bench guard --fence`", flush=True)
     if walls["baseline"]:
         print(f"goodput: fault-free run {walls['baseline']:.1f} s for {steps} steps", flush=True)
     if tft:
