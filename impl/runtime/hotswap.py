@@ -322,7 +322,6 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 # ------------------------------------------------------------------------------------- the episode
 
-
 def pool_covers(store: Any, g: int, dead: Sequence[int], spares: int) -> bool:
     """The decision's ``spare`` fact (model ``hotswap._facts``): the pool holds a spare for every
     dead rank of generation ``g`` whose claim has not begun.  The pool is read before the claims,
@@ -404,9 +403,9 @@ def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any]:
 def _retire_groups(old: list) -> None:
     """Unregister the replaced groups and destroy them off the critical path, on the engine's retiring
     thread (:func:`accelpact.impl.recovery._retire_off_path`, as phase 5 retires a replaced R): a
-    teardown that blocks on a dead peer blocks that thread, not the episode.  Kept forever, as
-    before, every swap and every rebuild over W grew each survivor by its groups' listeners,
-    threads and fds (soak K3)."""
+    teardown that blocks on a dead peer blocks that thread, not the episode.  Call it after the job
+    let go of them, so that the retiring thread holds their last reference where it can; a group
+    something else still holds (the old model, the engine's R) is destroyed where that reference goes."""
     from ..recovery import _retire_off_path
     from .adapters.base import unregister_group
 
@@ -450,7 +449,7 @@ def rebuild_wide(job: Any, g_next: int) -> list[str]:
                                                                 list(range(job.world)), job.settings.collective_timeout_s)
         names.append("world")
     _install_wide(job, built)
-    _retire_groups(old)  # after the job let go of them: the retiring thread may hold their last reference
+    _retire_groups(old)
     return names
 
 
@@ -484,7 +483,7 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
     job.groups, job.records, job._mesh = groups, records, None
     job.generation = g_next
     del training
-    _retire_groups(old)  # the engine (R) and the old model may still hold some: destroyed where those go
+    _retire_groups(old)
 
 
 def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:

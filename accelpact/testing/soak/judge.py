@@ -94,8 +94,9 @@ KNOWN_BUGS: dict[str, KnownBug] = {b.id: b for b in (
     KnownBug("K1", "exits", "an error in the checkpoint save at the boundary (Training.boundary -> checkpoint.save: a "
              "peer's death during the DCP save, or a cut of the default group FSDP1's optim_state_dict gathers on) "
              "escapes the pact: every rank exits 1 with no trace record and no hot swap; torchrun restarts (L2)"),
-    KnownBug("K3", "no_leaks", "a hot swap keeps every group it replaces (impl/runtime/hotswap.py _GRAVEYARD: 'never "
-             "destroyed'): each survivor grows by its 6 gloo groups (6 listening sockets, ~18 threads, ~30 fds) per swap"),
+    KnownBug("K3", "no_leaks", "a hot swap kept every group it replaced (its former graveyard; hotswap._retire_groups now "
+             "destroys them off the critical path, not yet confirmed by a long soak): each survivor grew by its 6 gloo "
+             "groups (6 listening sockets, ~18 threads, ~30 fds) per swap"),
     KnownBug("K4", "exits", "a rank that dies during a hot swap's group rebuild after publishing its address: the "
              "survivors wait in gloo's connectFullMesh about 5 x the phase deadline (100 s at 20 s) before RankTimeout "
              "(72): past the exit bound"),

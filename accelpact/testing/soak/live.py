@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -430,16 +429,6 @@ class Live:
     def store_port(self) -> int | None:
         addr = self.store_address()
         return None if addr is None else addr[1]
-
-
-def wait_until(pred: Any, timeout_s: float, every_s: float = 0.05) -> bool:
-    """Poll ``pred`` until true (True) or ``timeout_s`` passed (False)."""
-    end = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() >= end:
-            return False
-        time.sleep(every_s)
-    return True
 
 
 def ports_of(pid: int) -> set[int]:
