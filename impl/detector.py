@@ -81,7 +81,7 @@ from typing import Any, Callable, Iterable, Iterator
 from .controlplane import PREFIX, heartbeat_key
 
 __all__ = [
-    "DEAD", "HUNG", "Detector", "Suspect", "detector_defaults_for", "heartbeat_key", "resolve_hang_threshold",
+    "DEAD", "DONE", "EPISODE", "HUNG", "Detector", "Suspect", "detector_defaults_for", "heartbeat_key", "resolve_hang_threshold",
     "INTERVAL_S", "DEAD_AFTER_S", "HANG_FLOOR_S", "HANG_K", "HANG_UNTIL_OBSERVED_S", "MIN_STEP_SAMPLES",
     "STEP_WINDOW", "STARTUP_GRACE_S", "OP_TIMEOUT_S", "ENV_HANG_THRESHOLD", "ENV_INTERVAL", "ENV_DEAD_AFTER",
 ]
@@ -113,6 +113,12 @@ ENV_DEAD_AFTER = "ACCELPACT_DEAD_AFTER_S"
 
 #: the counter field of a last heartbeat published by a rank that ended normally (close(leave=True))
 DONE = "done"
+#: the counter field of a last heartbeat published by a rank whose engine entered an episode that
+#: rebuilds it (close(episode=True), ``Pact.suspend``): its peers stop judging it, as they do a rank
+#: that ended.  The episode's waits are bounded by the phase deadline, and a peer that has not yet
+#: observed the failure must not read the silence that follows as a death (the model enables
+#: ``RankSuspect`` only on a crashed, hung or delayed peer).
+EPISODE = "episode"
 
 
 def _positive(name: str, value: Any) -> float:
@@ -248,13 +254,17 @@ class Detector:
         self._started: float | None = None
         self._last_poll: float | None = None
         self.suspects: dict[int, Suspect] = {}
-        self.left: set[int] = set()  # peers that ended normally (their last heartbeat says "done")
+        self.left: set[int] = set()  # peers that ended normally or entered an episode (DONE, EPISODE)
         self.store_errors = 0
         self.last_store_error: str | None = None
         self.callback_errors: list[str] = []
         self.polls = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: held by a poll over its store calls, and by close's last heartbeat: no heartbeat of the
+        #: thread is published after the last one (the set is not acknowledged: two in flight could
+        #: reach the store in either order)
+        self._io = threading.Lock()
 
     def _own_store(self, store: Any) -> Any:
         own = store.clone() if hasattr(store, "clone") else store
@@ -311,18 +321,25 @@ class Detector:
         self._thread.start()
         return self
 
-    def close(self, timeout_s: float | None = None, *, leave: bool = False) -> bool:
+    def close(self, timeout_s: float | None = None, *, leave: bool = False, episode: bool = False) -> bool:
         """Stop the thread and join it (at most ``timeout_s``, default ``op_timeout_s + 2 x
         interval_s + 1``); True when it ended, False when it is still blocked in a store call to an
         unresponsive store (see the module doc).  ``leave=True`` (a normal end of the job) first
-        publishes a last heartbeat saying ``done``, so peers still finishing never suspect this
-        rank.  Idempotent."""
-        if leave and not self._stop.is_set():
+        publishes a last heartbeat saying :data:`DONE`, so peers still finishing never suspect this
+        rank; ``episode=True`` one saying :data:`EPISODE` (this engine is suspended for an episode that
+        rebuilds it), so peers still training never read its silence as a death.  The last heartbeat
+        waits at most ``op_timeout_s`` for a poll in progress and is skipped past that (the store is
+        unresponsive: nobody reads it either).  Idempotent."""
+        last = DONE if leave else EPISODE if episode else None
+        first = not self._stop.is_set()
+        self._stop.set()  # a poll that starts after this publishes nothing
+        if last is not None and first and self._io.acquire(timeout=self.op_timeout_s):
             try:
-                self.store.set(self.key, f"{self.incarnation}:{DONE}:{self._progress}")
+                self.store.set(self.key, f"{self.incarnation}:{last}:{self._progress}")
             except Exception:  # noqa: BLE001 - store gone at the end: nobody is left to suspect us
                 pass
-        self._stop.set()
+            finally:
+                self._io.release()
         t = self._thread
         if t is None:
             return True
@@ -356,9 +373,12 @@ class Detector:
         poll.  Called by the thread every interval (tests call it directly with a fake clock)."""
         if self._started is None:
             self._started = self.clock()
-        self._counter += 1
-        self.store.set(self.key, f"{self.incarnation}:{self._counter}:{self._progress}")
-        values = self._read()
+        with self._io:
+            if self._stop.is_set():
+                return []  # closed: its last heartbeat stands
+            self._counter += 1
+            self.store.set(self.key, f"{self.incarnation}:{self._counter}:{self._progress}")
+            values = self._read()
         now = self.clock() if now is None else now
         credit = 0.0 if self._last_poll is None else min(max(now - self._last_poll, 0.0), 2 * self.interval_s)
         self._last_poll = now
@@ -371,8 +391,8 @@ class Detector:
             if p in self.suspects or p in self.left:
                 continue
             st, raw = self._state[p], values.get(p)
-            if raw is not None and raw.split(b":")[1:2] == [DONE.encode()]:
-                self.left.add(p)  # ended normally
+            if raw is not None and raw.split(b":")[1:2] in ([DONE.encode()], [EPISODE.encode()]):
+                self.left.add(p)  # ended normally, or in an episode that rebuilds its engine
                 continue
             if raw is None:  # never published
                 if now - self._started >= self.startup_grace_s:

@@ -956,11 +956,14 @@ class Pact(_Engine):
         self.watchdog.suspect(peer, kind, detected_at_ns)
 
     def suspend(self) -> None:
-        """Before a hot swap: no step deadline and no failure detector (the swap's waits are bounded
-        by the phase deadline); the watchdog still exits this rank on a job abort."""
+        """Before a hot swap or a discard: no step deadline and no failure detector (the episode's
+        waits are bounded by the phase deadline); the watchdog still exits this rank on a job abort.
+        The detector's last heartbeat says so (:data:`~accelpact.impl.detector.EPISODE`): a peer
+        still in its step, whose observation comes later, must not declare this rank dead for its
+        silence (a false ``RankSuspect`` that ends the job; the model allows none)."""
         self.watchdog.disarm()
         if self.detector is not None:
-            self.detector.close(timeout_s=0)
+            self.detector.close(timeout_s=0, episode=True)
 
     def wait_retired(self, timeout_s: float = 10.0) -> bool:
         """Wait until the communicators that phase 5 replaced are destroyed (their threads and

@@ -148,6 +148,36 @@ def test_a_stopped_monitor_does_not_declare_its_peers_when_it_resumes() -> None:
     assert run(clock, [a, b], 3.0) == [] and log == []
 
 
+def test_a_peer_whose_engine_entered_an_episode_is_never_declared() -> None:
+    """CI's 2x2-fsdp1-inflight-forward: three ranks suspended their detectors for the discard
+    episode while the fourth, loaded, had not observed yet; it read their silence as deaths and
+    ended the job (a RankSuspect the model does not allow).  The last heartbeat says EPISODE."""
+    store, clock, (a, b), log = world()
+    run(clock, [a, b], 1.0)
+    b.close(episode=True)
+    assert store.kv[b.key].split(b":")[1] == D.EPISODE.encode()
+    assert run(clock, [a], 10.0) == [] and log == [] and a.left == {1}
+    # the contrast: a detector stopped without its last heartbeat is a death to its peers
+    store, clock, (a, b), log = world()
+    run(clock, [a, b], 1.0)
+    b.close()
+    assert [(s.rank, s.kind) for _, s in run(clock, [a], 10.0)] == [(1, D.DEAD)]
+
+
+def test_no_heartbeat_follows_the_last_one() -> None:
+    """The thread's heartbeats are not acknowledged: one still in flight must not land after close's
+    last heartbeat (a peer would then read the rank alive, then silent, then dead)."""
+    for _ in range(20):
+        store = FakeStore()
+        store.delay_s = 0.002
+        d = D.Detector(store, 0, 2, clone=False, interval_s=0.001).start()
+        time.sleep(0.01)
+        assert d.close(episode=True)
+        assert store.kv[d.key].split(b":")[1] == D.EPISODE.encode()
+        d.poll()  # a poll after close publishes nothing
+        assert store.kv[d.key].split(b":")[1] == D.EPISODE.encode()
+
+
 def test_a_peer_that_never_publishes_is_dead_after_the_startup_grace() -> None:
     store, clock, (a, b), log = world(startup_grace_s=2.0)
     found = run(clock, [a], 5.0)

@@ -20,7 +20,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "detector_defaults", "for_device", "prebuilt_env_problem", "one_gpu_env",
+__all__ = ["BACKENDS", "BACKEND_NAMES", "CONNECT_FLOOR_S", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "detector_defaults", "for_device", "prebuilt_env_problem", "one_gpu_env",
            "one_gpu_mode", "recorded_errors", "wait_bounded"]
 
 #: Groups aborted through :meth:`Backend.abort` (weakly held: a freed group leaves the set), so
@@ -32,6 +32,11 @@ _ABORTED_LOCK = threading.Lock()
 #: work's future completes when it is enqueued): first pause, doubled up to the last.
 _POLL_FIRST_S = 0.0002
 _POLL_MAX_S = 0.01
+
+#: The least connect timeout a group build gives each of its backend's connect attempts (s,
+#: :attr:`Backend.connect_attempts`): a live member that reaches the rendezvous late (a loaded
+#: machine) is still waited for this long, so a build's bound is ``max(budget, attempts x floor)``.
+CONNECT_FLOOR_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,12 @@ class Backend:
     #: The floor of the derived hang threshold (s): ``max(floor, HANG_K x median step time)``; the same on
     #: every backend for now (a GIL stall stops the heartbeat too, so it is DEAD's bound that must cover it).
     detector_hang_floor_s: float = 5.0
+    #: How many times its connect timeout a group build can wait on a member that died after publishing
+    #: its address (gloo: the pair connect is retried, and a side waiting to be dialled raises "Connect
+    #: timeout" after 5 x its timeout, measured, spec/torch-facts.md; soak K4: 100 s at a 20 s
+    #: deadline, while the constructor holds the GIL, so no watchdog thread can step in).
+    #: :meth:`build_group` divides its budget by it.
+    connect_attempts: int = 1
 
     # ---- torch-free ------------------------------------------------------------------------------
     @property
@@ -189,7 +200,8 @@ class Backend:
         one, but without a collective over the default group): ``(group, revoke record)``.
 
         ``store``: a store namespaced for this group (its generation's prefix fences it from every
-        older one).  ``connect_timeout_s`` bounds building it (gloo's full-mesh connect; NCCL's store
+        older one).  ``connect_timeout_s`` bounds building it (gloo's full-mesh connect, whose retries
+        get ``max(connect_timeout_s / connect_attempts, CONNECT_FLOOR_S)`` each; NCCL's store
         exchange); ``timeout_s`` is its collective timeout from then on (the training timeout).
         ``device``: NCCL's bound device (default :attr:`device`): the group is bound to it and its
         communicator connected eagerly (``eager_connect_single_device``), so a missing member makes
@@ -203,7 +215,7 @@ class Backend:
 
         from .. import revoke
 
-        connect = datetime.timedelta(seconds=connect_timeout_s)
+        connect = datetime.timedelta(seconds=max(connect_timeout_s / self.connect_attempts, min(CONNECT_FLOOR_S, connect_timeout_s)))
         bt = getattr(dist.ProcessGroup.BackendType, self.name.upper())
         raw: Any  # ProcessGroupGloo | ProcessGroupNCCL
         if self.device_type == "cpu":
@@ -465,7 +477,7 @@ def prebuilt_env_problem(be: Backend, env, *, prebuilt: bool, what: str = "your 
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("gloo", "cpu-gloo", "cpu", "sockets", sliced_wait=True),
+    Backend("gloo", "cpu-gloo", "cpu", "sockets", sliced_wait=True, connect_attempts=5),
     Backend("nccl", "cuda-nccl", "cuda", "abort", detector_dead_after_s=5.0),
 )}
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
