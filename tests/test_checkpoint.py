@@ -197,3 +197,23 @@ def test_resume_replays_exactly_f_minus_c_and_ends_bit_identical(ranks, tmp_path
         replayed = [s for s in second if s < f]
         assert len(replayed) == f - c
         _assert_identical(_load(run / f"final-a1-r{r}.pt"), _load(ref / f"final-a0-r{r}.pt"))
+
+
+def test_a_collective_failing_while_the_state_dict_is_gathered_is_a_failed_save(tmp_path: Path, monkeypatch) -> None:
+    """Soak K1 (30-minute soak, seed 1, a1/g2): FSDP1's optim_state_dict broadcasts on the default
+    group inside the save; a cut there raised a raw RuntimeError out of the boundary (every rank
+    exited 1, no record).  It is the save's failure (SaveFailed): the engine repairs and saves again."""
+    import torch
+    import torch.distributed.checkpoint.state_dict as sd
+
+    from accelpact.impl.runtime.checkpoint import CheckpointManager, SaveFailed
+
+    def gather_fails(*args, **kwargs):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:14057")
+
+    monkeypatch.setattr(sd, "get_state_dict", gather_fails)
+    model = torch.nn.Linear(2, 2)
+    mgr = CheckpointManager(tmp_path, every=1, rank=0, world=1)
+    with pytest.raises(SaveFailed, match="Connection closed by peer"):
+        mgr.save(1, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert latest_committed(tmp_path) is None

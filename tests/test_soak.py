@@ -250,12 +250,15 @@ def test_episode_traces_renumber_a_later_generation() -> None:
     recs = [Record(0, 0, "RankObserve", 0, "ok", 1, {"pc": "observed"}),
             Record(0, 1, "RankResume", 0, "ok", 2, {"pc": "train", "gen": 1}),
             Record(0, 2, "RankObserve", 1, "ok", 3, {"pc": "observed"}),
-            Record(0, 3, "RankReplace", 1, "ok", 4, {"pc": "replaced", "comm": "accelpact/g2/pg/replicate1"}),
+            Record(0, 3, "RankReplace", 1, "ok", 4, {"pc": "replaced", "comm": "accelpact/g2/pg/replicate1", "wide": 2}),
             Record(0, 4, "RankResume", 1, "ok", 5, {"pc": "train", "gen": 2})]
     seg = J.episode_traces({0: RankTrace(0, recs, {"rank": 0}, {"type": "end", "outcome": "released"})}, 1)
     got = seg[0]
     assert [(r.seq, r.gen, r.action) for r in got.records] == [(0, 0, "RankObserve"), (1, 0, "RankReplace"), (2, 0, "RankResume")]
     assert got.records[1].state["comm"] == "accelpact/g1/pg/replicate1" and got.records[2].state["gen"] == 1
+    # the generation of the groups over W (P18.3): the 30-minute soak's second episodes were all
+    # rejected on it ("wide=2 ... but the model has 1") until it was renumbered too
+    assert got.records[1].state["wide"] == 1
     assert got.end is not None and got.end["outcome"] == "released"
 
 

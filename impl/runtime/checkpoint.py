@@ -197,8 +197,10 @@ class CheckpointManager:
         t0 = time.perf_counter()
         folder = step_dir(self.root, step)
         folder.mkdir(parents=True, exist_ok=True)
-        model_sd, optim_sd = get_state_dict(module, optimizer)
         try:
+            # FSDP1's optim_state_dict runs collectives of its own (broadcast_object_list on the default
+            # group): a failure there is the save's failure too (soak K1)
+            model_sd, optim_sd = get_state_dict(module, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
         except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException
             raise SaveFailed(f"checkpoint step {step}: a collective of the save failed: {exc!r}"[:600]) from None

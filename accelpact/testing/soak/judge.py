@@ -97,9 +97,6 @@ KNOWN_BUGS: dict[str, KnownBug] = {b.id: b for b in (
     KnownBug("K3", "no_leaks", "a hot swap kept every group it replaced (its former graveyard; hotswap._retire_groups now "
              "destroys them off the critical path, not yet confirmed by a long soak): each survivor grew by its 6 gloo "
              "groups (6 listening sockets, ~18 threads, ~30 fds) per swap"),
-    KnownBug("K4", "exits", "a rank that dies during a hot swap's group rebuild after publishing its address: the "
-             "survivors wait in gloo's connectFullMesh about 5 x the phase deadline (100 s at 20 s) before RankTimeout "
-             "(72): past the exit bound"),
     KnownBug("K2", "traces", "a hot swap whose survivors straddle the step (one replicate group committed it, the dead "
              "rank's did not): the agreement aborts with mismatch (71, L2) and the trace checker rejects the episode"),
 )}
@@ -111,8 +108,6 @@ def _known(ep: "Episode", check: str, *, checkpoint_every: int, frontiers: list[
         codes = {c for c in ep.exit_codes.values() if c is not None}
         if codes == {1} and frontiers and checkpoint_every and all(f % checkpoint_every == 0 for f in frontiers):
             return "K1"
-    if check == "exits" and ep.outcome == "L2" and ep.swapping and ep.connect_timeout:
-        return "K4"
     if check == "traces" and ep.outcome == "L2" and ep.reasons == ["mismatch"] and ep.swapping and frontiers \
             and max(frontiers) - min(frontiers) == 1:
         return "K2"
@@ -149,7 +144,6 @@ class Episode:
     swapping: bool = False           # a hot swap was under way (claims, a spare joined, a discard)
     frontiers: list[int] = field(default_factory=list)   # every frontier observed in it
     known: str | None = None         # a known bug it shows (KNOWN_BUGS)
-    connect_timeout: bool = False    # a record's error is gloo's connectFullMesh timing out (K4)
 
     @property
     def name(self) -> str:
@@ -246,7 +240,6 @@ def episodes_of(out: str | Path, world: int, traces: Mapping[int, Mapping[int, R
                 "detector" if first.action == "RankSuspect" else first.action)
             ep.reasons = sorted({str(rec.state.get("reason")) for rec in recs if rec.action in EXITS and rec.state.get("reason")})
             ep.swapping = bool(acts & {*SWAP_ACTIONS, "RankDiscardStep"})
-            ep.connect_timeout = any("connectFullMesh" in str(rec.detail.get("error", "")) for rec in recs)
             ep.frontiers = sorted({int(x) for rec in recs for x in (rec.state.get("frontier"),) if isinstance(x, int)})
             if len(resumed) == len(trs) and trs:
                 ep.outcome = "discard" if "RankDiscardStep" in acts else ("swap" if acts & set(SWAP_ACTIONS) else "L1")
@@ -314,7 +307,7 @@ def _attribute(eps: list[Episode], strikes: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------------- the checker
 
-_COMM_GEN = re.compile(r"(^|/)g(\d+)/(pg|swap)/")
+_COMM_GEN = re.compile(r"(^|/)g(\d+)/(pg|swap|wide)/")
 
 
 def _shift_comm(v: Any, g: int) -> Any:
@@ -325,8 +318,9 @@ def _shift_comm(v: Any, g: int) -> Any:
 
 def _shift(rec: Record, g: int, seq: int) -> Record:
     state = dict(rec.state)
-    if isinstance(state.get("gen"), int):
-        state["gen"] -= g
+    for field_ in ("gen", "wide"):  # wide: the generation of the groups over W the rank holds (P18.3)
+        if isinstance(state.get(field_), int):
+            state[field_] -= g
     if "comm" in state:
         state["comm"] = _shift_comm(state["comm"], g)
     return replace(rec, seq=seq, gen=rec.gen - g, state=state)
