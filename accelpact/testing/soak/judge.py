@@ -97,8 +97,11 @@ KNOWN_BUGS: dict[str, KnownBug] = {b.id: b for b in (
     KnownBug("K3", "no_leaks", "a hot swap kept every group it replaced (its former graveyard; hotswap._retire_groups now "
              "destroys them off the critical path, not yet confirmed by a long soak): each survivor grew by its 6 gloo "
              "groups (6 listening sockets, ~18 threads, ~30 fds) per swap"),
-    KnownBug("K2", "traces", "a hot swap whose survivors straddle the step (one replicate group committed it, the dead "
-             "rank's did not): the agreement aborts with mismatch (71, L2) and the trace checker rejects the episode"),
+    KnownBug("K2", "traces", "a hot swap whose spare arrives one step behind the survivors: the dead rank committed "
+             "step F+1 and died before its boundary published F+1 for its spare (Training._publish), so the spare "
+             "posts F; the agreement aborts with mismatch (71, L2, safe) and the trace checker rejects the episode "
+             "(the model's spare takes the F its identity committed).  The partial commit fence, once K2 too, is in "
+             "the model since 2026-12-04"),
 )}
 
 
