@@ -471,10 +471,6 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     "2x2-fence-f2": (Config(max_faults=2, fence=True, faults=frozenset({"group_fail", "crash"}), points=("backward",)), True),
     "3x1-ddp-spare2-crash-f2": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=2,
                                        faults=frozenset({"crash"}), points=("backward",)), False),
-    # a death in backward behind the commit fence, with a spare: inside the fence itself some survivors
-    # can complete it and commit (a partial fence, soak K2): the agreement ends it (mismatch)
-    "2x2-spare1-fence-crash-f1": (Config(max_faults=1, spares=1, fence=True, faults=frozenset({"crash"}),
-                                         points=("backward",)), True),
 }
 
 #: The nightly profile (``make nightly``, :mod:`accelpact.model.engine_nightly`): millions of states

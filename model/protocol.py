@@ -360,19 +360,12 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
         return False
     f = s.store.failed
     assert f is not None
+    if point not in _observable(cfg, f):
+        return False
     if s.store.dead and _crash_episode(s, f[0]):
-        if cfg.fence and f[1] == "backward" and point == "boundary":
-            # a partial fence (P17.2): the death struck inside the commit fence, the last collective
-            # of backward, and this survivor's part of it completed: it committed, and meets the death
-            # at the boundary (soak K2); the agreement's frontier comparison ends the episode
-            return True
-        if point not in _observable(cfg, f):
-            return False
         # a rank died: every group it belonged to (its shard group, R, the control group) failed, and
         # every rank's step waits on them: each survivor observes where it first uses R, never later
         return point == cfg.observable(f[1])[0]
-    if point not in _observable(cfg, f):
-        return False
     if point != f[1] and f[1] in cfg.uses_r and _member(cfg, s, r) and not _seen_failing(cfg, s, r):
         # past a collective that failed: only if some peer saw it fail there (a partial collective)
         return False

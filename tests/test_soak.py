@@ -262,22 +262,6 @@ def test_episode_traces_renumber_a_later_generation() -> None:
     assert got.end is not None and got.end["outcome"] == "released"
 
 
-def test_a_partial_commit_fence_is_a_behaviour_of_the_model() -> None:
-    """Soak K2 (30-minute soak seed 1, 2026-12-04, a4/g1), its traces kept in tests/data: rank 2 died
-    inside the commit fence; ranks 0 and 3 completed it and committed step 7283 (they met the death at
-    the boundary), rank 1's fence failed and it discarded (7282), the spare arrived at 7282; the
-    agreement ended the job (mismatch, 71).  The model allows that partial fence (P17.2): the checker
-    accepts the episode (it rejected it before)."""
-    from accelpact.impl.trace import load_traces
-
-    trs = load_traces(Path(__file__).parent / "data" / "soak-k2-partial-fence")[4]
-    ok, msg = J.check_episode(trs, 1, J._spares_left(trs, 1, 2, 0))
-    assert ok, msg
-    frontiers = {r: [x.state.get("frontier") for x in t.records if x.gen == 1 and x.action == "RankArrive"]
-                 for r, t in trs.items()}
-    assert frontiers == {0: [7283], 1: [7282], 2: [7282], 3: [7283]}
-
-
 # ------------------------------------------------------------------------------------- real soaks
 
 #: a short soak's configuration: 2x2 FSDP1, one spare, fixed steps (the fault-free reference is cached)

@@ -79,9 +79,11 @@ def test_hang_becomes_exit_and_restart(tmp_path: Path) -> None:
     run = RunDir(res.out)
     acts = {r: [t for t in run.records(0, r) if t.get("type") == "action"] for r in (0, 1)}
     # rank 0: the in-flight observation (its collective on the hung peer failed), the discard, the
-    # arrival nobody joins, and the exit at the deadline
+    # arrival nobody joins, and the end at the deadline: its own barrier wait's (RankTimeout) or the
+    # hung rank's step deadline's abort (RankExit), whichever expires first (both are the model's)
     names0 = [t["action"] for t in acts[0]]
-    assert names0 == ["RankObserve", "RankDiscardStep", "RankGuard", "RankArrive", "RankExit"], names0
+    assert names0[:4] == ["RankObserve", "RankDiscardStep", "RankGuard", "RankArrive"], names0
+    assert names0[4:] in (["RankExit"], ["RankTimeout"]), names0
     # (DDP broadcasts its buffers -- the attention mask -- at every forward: the first collective of
     # step 2, which the hung rank never joins, is in the forward)
     assert acts[0][0]["state"]["point"] == "forward" and acts[0][0]["detail"]["in_flight"], acts[0][0]

@@ -100,8 +100,8 @@ KNOWN_BUGS: dict[str, KnownBug] = {b.id: b for b in (
     KnownBug("K2", "traces", "a hot swap whose spare arrives one step behind the survivors: the dead rank committed "
              "step F+1 and died before its boundary published F+1 for its spare (Training._publish), so the spare "
              "posts F; the agreement aborts with mismatch (71, L2, safe) and the trace checker rejects the episode "
-             "(the model's spare takes the F its identity committed).  The partial commit fence, once K2 too, is in "
-             "the model since 2026-12-04"),
+             "(the model's spare takes the F its identity committed); or a death inside the commit fence itself, "
+             "which some survivors complete and commit (a partial fence: mismatch, 71), not yet in the model"),
 )}
 
 
