@@ -278,6 +278,18 @@ def _retire_off_path(box: list) -> threading.Event:
     return done
 
 
+#: The watchdogs of engines retired by a swap or a discard: stopped, their threads leave at the end of
+#: their store waits' slices.  A job that ends within a slice of its last episode must wake them, or a
+#: thread still inside a C++ store wait at the interpreter's teardown aborts the process ("terminate
+#: called without an active exception", exit -6; Watchdog.wake_and_join).
+_RETIRED_WATCHDOGS: list = []
+
+
+def retired_watchdogs() -> list:
+    """The retired engines' watchdogs (see :data:`_RETIRED_WATCHDOGS`), for the job's end."""
+    return list(_RETIRED_WATCHDOGS)
+
+
 class _Engine:
     """What every engine of a rank shares, survivor's and spare's: the trace records of model
     actions (``_act``), the write/record hold (``_hold``), the control-plane actions of phase 3 and
@@ -981,6 +993,7 @@ class Pact(_Engine):
         its threads stop, its hooks go; the trace goes on."""
         self._closed = True
         self.watchdog.stop()
+        _RETIRED_WATCHDOGS.append(self.watchdog)  # woken and joined at the job's end (retired_watchdogs)
         self.guard.remove()
         self._pg = None
 

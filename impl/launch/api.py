@@ -186,9 +186,6 @@ class TrainingJob:
     control_record: Any = field(default=None, repr=False)
     #: the checkpoint group's socket record (a wide revoke closes it with the control group's, P18.4)
     checkpoint_record: Any = field(default=None, repr=False)
-    #: the default group's record (a wide revoke closes it too: FSDP1's optim_state_dict gathers on it
-    #: inside a save); None for a gloo default group the user initialised (its sockets were not seen)
-    default_record: Any = field(default=None, repr=False)
     #: spare processes in the job, and which one this process is (None: a training rank)
     spares: int = 0
     spare: int | None = None
@@ -257,7 +254,7 @@ class TrainingJob:
 
     def wide_records(self) -> list:
         """The socket records of the groups over all of W that a wide revoke closes (P18.4)."""
-        return [r for r in (self.control_record, self.checkpoint_record, self.default_record) if r is not None]
+        return [r for r in (self.control_record, self.checkpoint_record) if r is not None]
 
     def attach(self, model: Any = None, optimizer: Any = None, *, checkpoint_dir: str | os.PathLike | None = None,
                checkpoint_every: int = 0, extra_state: Callable[[], Any] | None = None,
@@ -445,6 +442,8 @@ class TrainingJob:
                            "optimizer step is not committed without it: not repaired, not checkpointed)")
         dist.barrier(group=self.checkpoint_group)
         if self.training is not None:
+            from ..recovery import retired_watchdogs
+
             pact = self.training.pact
             if self.training._watcher is not None:
                 self.training._watcher.stop()
@@ -452,6 +451,8 @@ class TrainingJob:
             # every rank's watchdog is stopped before any rank wakes the watchdogs' store waits
             dist.barrier(group=self.checkpoint_group)
             pact.watchdog.wake_and_join()
+            for old in retired_watchdogs():  # engines a swap or a discard retired: their threads may still wait
+                old.wake_and_join()
         dist.destroy_process_group()  # every group, in order, before the interpreter's teardown
 
 
@@ -592,8 +593,7 @@ class Training:
         if job.spares:
             pact = self.pact
             self._watcher = hotswap.SwapWatcher(
-                job.attempt_store, lambda: [*{id(r): r for r in pact.group_records().values()}.values(),
-                                            *job.wide_records()],
+                job.attempt_store, lambda: [*{id(r): r for r in pact.group_records().values()}.values(), job.control_record],
                 seen=self._notices.seen).start()
 
     @property
@@ -877,23 +877,19 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
                            device=device, store=store, attempt_store=astore, control_group=None,
                            checkpoint_group=None, topology=topo, faults=fault_list, spares=s.spares,
                            spare=rank - world)
-    from .. import revoke
-
-    default_record = None
     if not dist.is_initialized():
-        _, default_record = revoke.recorded(lambda: dist.init_process_group(
-            be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world, timeout=timeout,
-            **be.init_kwargs(device)), be.name)
+        dist.init_process_group(be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
+                                timeout=timeout, **be.init_kwargs(device))
     elif dist.get_world_size() != world or dist.get_rank() != rank:
         raise ApiError(f"the default process group (rank {dist.get_rank()} of {dist.get_world_size()}) does not match "
                        f"RANK={rank} WORLD_SIZE={world}")
-    if be.revoke == "abort":  # NCCL: aborted through the group itself
-        default_record = revoke.record_group(dist.distributed_c10d._get_default_group(), be.name)
     # after init_process_group, whose own hook (the "[rankN]:" prefix) prints into a buffer: ours must
     # wrap it, not be wrapped by it, or the traceback would be lost at the exit
     _exit_cleanly_on_uncaught()
     # out-of-band gloo groups over W, in the same order on every rank: the engine's control group
     # (failure flag, validation) and DCP's (never a communicator that may fail)
+    from .. import revoke
+
     control_group, control_record = revoke.recorded(
         lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0))), "gloo")
     checkpoint_group, checkpoint_record = revoke.recorded(lambda: dist.new_group(backend="gloo", timeout=timeout), "gloo")
@@ -915,7 +911,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
                        device=device, store=store, attempt_store=astore, control_group=control_group,
                        checkpoint_group=checkpoint_group, topology=topo, records=records, faults=fault_list,
                        groups=mine, _mesh=mesh, control_record=control_record, checkpoint_record=checkpoint_record,
-                       default_record=default_record, spares=s.spares)
+                       spares=s.spares)
 
 
 def _check_user_mesh(mesh: Any, be: Any, world: int) -> int:

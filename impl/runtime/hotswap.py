@@ -388,17 +388,16 @@ def _make_group(job: Any, b: Any, pre: str, name: str, members: list[int], timeo
     return pg, rec
 
 
-def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any, Any]:
+def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any]:
     """The groups over all of W, in one fixed order on every rank: default (the job's backend),
-    control and checkpoint (gloo): ``(default, default_record, control, control_record, checkpoint,
-    checkpoint_record)``."""
+    control and checkpoint (gloo): ``(default, control, control_record, checkpoint, checkpoint_record)``."""
     from .backends import backend
 
     s, world = job.settings, list(range(job.world))
-    default, default_rec = _make_group(job, backend(job.backend), pre, "default", world, s.pg_timeout_s)
+    default, _ = _make_group(job, backend(job.backend), pre, "default", world, s.pg_timeout_s)
     control, control_rec = _make_group(job, backend("gloo"), pre, "control", world, max(s.deadline_s, 1.0))
     checkpoint, checkpoint_rec = _make_group(job, backend("gloo"), pre, "checkpoint", world, s.pg_timeout_s)
-    return default, default_rec, control, control_rec, checkpoint, checkpoint_rec
+    return default, control, control_rec, checkpoint, checkpoint_rec
 
 
 def _retire_groups(old: list) -> None:
@@ -420,13 +419,13 @@ def _retire_groups(old: list) -> None:
         _retire_off_path(box)
 
 
-def _install_wide(job: Any, built: tuple[Any, Any, Any, Any, Any, Any]) -> None:
+def _install_wide(job: Any, built: tuple[Any, Any, Any, Any, Any]) -> None:
     import torch.distributed.distributed_c10d as c10d
 
-    default, default_rec, control, control_rec, checkpoint, checkpoint_rec = built
+    default, control, control_rec, checkpoint, checkpoint_rec = built
     c10d._update_default_pg(default)
     job.control_group, job.checkpoint_group = control, checkpoint
-    job.default_record, job.control_record, job.checkpoint_record = default_rec, control_rec, checkpoint_rec
+    job.control_record, job.checkpoint_record = control_rec, checkpoint_rec
 
 
 def rebuild_wide(job: Any, g_next: int) -> list[str]:
