@@ -306,9 +306,13 @@ class Detector:
             self._awaiting = prev
 
     def hang_threshold_s(self) -> float:
-        """The hang threshold in force now (see the module doc)."""
-        with self._lock:
-            times = list(self._step_times)
+        """The hang threshold in force now (see the module doc).
+
+        Takes no lock: the poll thread calls it, and it must never wait on a lock the main thread may
+        hold (a main thread stopped inside :meth:`set_progress` by a signal handler or a hang would
+        otherwise silence this rank's heartbeat, and its peers would declare it DEAD instead of HUNG).
+        Copying the deque is atomic under the GIL."""
+        times = _snapshot(self._step_times)
         return resolve_hang_threshold(times, override=self._hang_override, floor_s=self.hang_floor_s, k=self.hang_k,
                                       until_observed_s=self.hang_until_observed_s)
 
@@ -451,6 +455,16 @@ class Detector:
         """Per watched peer: last progress, observed silence and stall, and whether declared (debugging)."""
         return {p: {"progress": st.progress, "silent_s": round(st.silent_s, 3), "stalled_s": round(st.stalled_s, 3),
                     "suspect": self.suspects[p].kind if p in self.suspects else None} for p, st in self._state.items()}
+
+
+def _snapshot(times: "collections.deque[float]") -> list[float]:
+    """A copy of ``times`` without a lock; retried if a writer mutated it during the copy."""
+    for _ in range(100):
+        try:
+            return list(times)
+        except RuntimeError:  # "deque mutated during iteration"
+            continue
+    return []
 
 
 def _progress_of(raw: bytes) -> int | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import faulthandler
 import os
 import sys
 import threading
@@ -105,6 +106,10 @@ def exit_now(code: int, reason: str, trace=None, *, record: Callable[[], None] |
     try:
         print(f"accelpact: rank pid {os.getpid()} exiting with code {int(code)} ({reason}) at t={time.monotonic():.3f}",
               file=sys.stderr, flush=True)
+        if reason == REASON_DEADLINE:  # something waited past its bound: say where every thread was
+            print("accelpact: the threads of this rank as it exits (a deadline expired: where was it waiting?)",
+                  file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stdout.flush()
     finally:
         os._exit(int(code))

@@ -23,7 +23,7 @@ fixed per-round tags need no step number.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["RING_MAX_WORLD", "or_allreduce", "rounds"]
 
@@ -38,12 +38,16 @@ def rounds(world: int) -> int:
     return (p.bit_length() - 1) + (2 if world != p else 0)
 
 
-def _exchange(group: Any, mine: Any, into: Any, peer: int, tag: int) -> None:
+def _wait(work: Any) -> None:
+    work.wait()
+
+
+def _exchange(group: Any, mine: Any, into: Any, peer: int, tag: int, wait: Callable[[Any], None] = _wait) -> None:
     """Send ``mine`` to ``peer`` and receive its value into ``into`` (both posted before waiting)."""
     out = mine.clone()  # a send's buffer must stay untouched until the send completes
     works = [group.send([out], peer, tag), group.recv([into], peer, tag)]
     for w in works:
-        w.wait()
+        wait(w)
 
 
 #: Up to this many ranks the flag is gloo's own all-reduce: measured here (``accelpact bench
@@ -53,12 +57,14 @@ def _exchange(group: Any, mine: Any, into: Any, peer: int, tag: int) -> None:
 RING_MAX_WORLD = 16
 
 
-def or_allreduce(group: Any, flag: Any, method: str = "auto") -> None:
+def or_allreduce(group: Any, flag: Any, method: str = "auto", wait: Callable[[Any], None] = _wait) -> None:
     """In place: ``flag`` (an integer tensor of 0/1, the same shape on every rank) becomes the
     elementwise OR of every rank's ``flag`` in ``group``.  Collective over ``group`` (every rank
     must pass the same ``method``); raises the backend's ``RuntimeError`` when a peer is gone (see
     the module doc).  ``method``: ``ring`` (gloo's all-reduce with MAX), ``doubling`` (this
-    module's exchanges), ``auto`` (ring up to :data:`RING_MAX_WORLD` ranks, doubling above)."""
+    module's exchanges), ``auto`` (ring up to :data:`RING_MAX_WORLD` ranks, doubling above).
+    ``wait(work)`` waits for each op (default ``work.wait()``); a caller bounds it (the commit fence
+    gives up on an op still pending after the step's revoke) and may raise from it."""
     import torch
     import torch.distributed as dist
 
@@ -70,22 +76,22 @@ def or_allreduce(group: Any, flag: Any, method: str = "auto") -> None:
     if method == "ring" or (method == "auto" and n <= RING_MAX_WORLD):
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
-        group.allreduce([flag], opts).wait()
+        wait(group.allreduce([flag], opts))
         return
     p = 1 << (n.bit_length() - 1)
     buf = torch.empty_like(flag)
     if me >= p:  # fold into the partner below P, then take the result back from it
         out = flag.clone()
-        group.send([out], me - p, _TAG - 1).wait()
-        group.recv([flag], me - p, _TAG - 2).wait()
+        wait(group.send([out], me - p, _TAG - 1))
+        wait(group.recv([flag], me - p, _TAG - 2))
         return
     if me < n - p:
-        group.recv([buf], me + p, _TAG - 1).wait()
+        wait(group.recv([buf], me + p, _TAG - 1))
         torch.maximum(flag, buf, out=flag)
     mask, k = 1, 0
     while mask < p:
-        _exchange(group, flag, buf, me ^ mask, _TAG + k)
+        _exchange(group, flag, buf, me ^ mask, _TAG + k, wait)
         torch.maximum(flag, buf, out=flag)
         mask, k = mask << 1, k + 1
     if me < n - p:
-        group.send([flag.clone()], me + p, _TAG - 2).wait()
+        wait(group.send([flag.clone()], me + p, _TAG - 2))

@@ -290,6 +290,32 @@ def retired_watchdogs() -> list:
     return list(_RETIRED_WATCHDOGS)
 
 
+#: Threads of the engine that the job's end need not wait for: the retiring thread idles in a queue's
+#: get (it never returns into C++ code) once the queue is drained.
+_IDLE_AT_END = ("accelpact-retire",)
+
+
+def settle_threads(timeout_s: float = 10.0) -> list[str]:
+    """At the job's normal end, after every watchdog was stopped and woken: wait (at most
+    ``timeout_s`` in all) until the retiring thread dropped every replaced group and every other
+    ``accelpact-*`` thread of this process ended (a suspended engine's detector, a swap watcher, a
+    reaper holding an abandoned op); the names of those still running after that.
+
+    Why: a daemon thread still inside a C++ call when the interpreter finalizes (a group's destructor,
+    a store wait, an op's wait) is ended by ``pthread_exit`` once the call returns, and the forced
+    unwind through torch's C++ frames aborts the process ("terminate called without an active
+    exception", exit -6)."""
+    deadline = time.monotonic() + timeout_s
+    _retire_off_path([]).wait(timeout_s)  # a sentinel: set once every box queued before it was dropped
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and t.daemon and t.name.startswith("accelpact-") and t.name not in _IDLE_AT_END:
+            t.join(max(0.0, deadline - time.monotonic()))
+    return sorted(t.name for t in threading.enumerate()
+                  if t is not me and t.daemon and t.is_alive() and t.name.startswith("accelpact-")
+                  and t.name not in _IDLE_AT_END)
+
+
 class _Engine:
     """What every engine of a rank shares, survivor's and spare's: the trace records of model
     actions (``_act``), the write/record hold (``_hold``), the control-plane actions of phase 3 and
@@ -799,12 +825,21 @@ class Pact(_Engine):
         watchers close the control group on the abandoning rank's step revoke), and the discard can
         keep every rank at F.  Only a failure that strikes inside the fence itself can leave a partial
         commit, which the agreement's frontier comparison then ends (L2).  Cost: one small all-reduce
-        over W per step (``accelpact bench guard --fence``)."""
+        over W per step (``accelpact bench guard --fence``).
+
+        Its waits are bounded by the step's revoke (:meth:`_wait_unless_revoked`): a rank whose
+        backward completed while a peer's failed may find its control-group sockets shut down by
+        that peer's step revoke before it posts the fence, and a gloo op posted on sockets shut down
+        while no op was pending can stay blocked until the group's timeout (spec/torch-facts.md):
+        without the bound it missed the episode and the job ended at the arrival deadline (the
+        demo's path (e) under CI's load)."""
         import torch
 
         from .flag import or_allreduce
 
-        or_allreduce(self.groups.control, torch.zeros(1, dtype=torch.int64))
+        control = self.groups.control
+        or_allreduce(control, torch.zeros(1, dtype=torch.int64),
+                     wait=lambda work: self._wait_unless_revoked(work, "the commit fence", group=control))
 
     def _fail_on_backend_errors(self, observed: bool) -> None:
         """Issue 26: with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a group whose work
@@ -870,11 +905,12 @@ class Pact(_Engine):
             return None
         return [i for i, v in enumerate(flag.tolist()) if v]
 
-    def _wait_unless_revoked(self, work, what: str) -> None:
-        """Wait for an op on R; raise its error, or :class:`RevokedWhilePending` if R was revoked in
-        this generation and the op is still pending ``REVOKE_GRACE_S`` later (the op and its group
-        go to a reaper thread), or if it completed on a communicator the revoke aborted (NCCL: its
-        result is not trusted, :func:`revoke.aborted`).
+    def _wait_unless_revoked(self, work, what: str, group: Any = None) -> None:
+        """Wait for an op on R (or on ``group``, the control group for the commit fence); raise its
+        error, or :class:`RevokedWhilePending` if R was revoked in this generation (by a peer's step
+        revoke too: it is published under R's keys) and the op is still pending ``REVOKE_GRACE_S``
+        later (the op and its group go to a reaper thread), or if it completed on a communicator the
+        revoke aborted (NCCL: its result is not trusted, :func:`revoke.aborted`).
 
         :func:`backends.wait_bounded` polls the op's completion, not its future (an NCCL op's future
         completes when the op is enqueued); on gloo it blocks in ``work.wait`` slices of
@@ -896,8 +932,10 @@ class Pact(_Engine):
                 raise RevokedWhilePending(f"{what} on {self.groups.key} was still pending {REVOKE_GRACE_S} s after "
                                           f"generation {self.gen}'s revoke")
 
-        be = backend_of(self._pg)
-        timeout = be.timeout_of(self._pg)
+        pg = self._pg if group is None else group
+        record = self._record if group is None else None
+        be = backend_of(pg)
+        timeout = be.timeout_of(pg)
         budget = (timeout or self.deadline_s) + REVOKE_GRACE_S
         if be.revoke == "abort" and timeout:
             # issue 26: NCCL's watchdog (every 100 ms) aborts a timed-out group silently (mode 2) and the
@@ -911,15 +949,15 @@ class Pact(_Engine):
             except RevokedWhilePending:
                 reaped = threading.Event()
                 self._retiring.append(reaped)
-                threading.Thread(target=_reap, args=([work, self._pg], reaped), name="accelpact-reaper", daemon=True).start()
+                threading.Thread(target=_reap, args=([work, pg], reaped), name="accelpact-reaper", daemon=True).start()
                 raise
-            if _revoke.aborted(self._record):
+            if _revoke.aborted(record):
                 raise RevokedWhilePending(f"{what} on {self.groups.key} completed on a communicator that generation "
                                           f"{self.gen}'s revoke aborted: its result is not trusted")
         finally:
             # the raised error's traceback keeps this frame: it must not keep the op (and through
             # it the old group's sockets and threads) alive until the next garbage collection
-            del work
+            del work, pg
 
     # ---- hot swap (spec/hotswap.md) ---------------------------------------------------------------
     def _swap_if_died(self, point: str, exc: BaseException) -> None:

@@ -178,6 +178,25 @@ def test_no_heartbeat_follows_the_last_one() -> None:
         assert store.kv[d.key].split(b":")[1] == D.EPISODE.encode()
 
 
+def test_a_main_thread_stopped_inside_set_progress_does_not_silence_the_heartbeat() -> None:
+    """A signal handler (or a hang) can stop the main thread between two bytecodes of
+    :meth:`Detector.set_progress`, with its lock held: the heartbeat thread must go on publishing (CI
+    met this: a sleeping main thread read as DEAD instead of HUNG).  Here the test's thread holds that
+    lock while the detector polls."""
+    store = FakeStore()
+    d = D.Detector(store, 0, 2, clone=False, interval_s=0.01)
+    d.set_progress(1)
+    d.set_progress(2)  # one step-time sample: the threshold reads the samples
+    with d._lock:  # the main thread, stopped mid-set_progress
+        d.start()
+        deadline = time.monotonic() + 5.0
+        while d.polls < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        polls = d.polls
+    assert d.close()
+    assert polls >= 5, f"the heartbeat thread made {polls} polls in 5 s while the progress lock was held"
+
+
 def test_a_peer_that_never_publishes_is_dead_after_the_startup_grace() -> None:
     store, clock, (a, b), log = world(startup_grace_s=2.0)
     found = run(clock, [a], 5.0)

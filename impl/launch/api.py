@@ -442,7 +442,7 @@ class TrainingJob:
                            "optimizer step is not committed without it: not repaired, not checkpointed)")
         dist.barrier(group=self.checkpoint_group)
         if self.training is not None:
-            from ..recovery import retired_watchdogs
+            from ..recovery import retired_watchdogs, settle_threads
 
             pact = self.training.pact
             if self.training._watcher is not None:
@@ -453,6 +453,12 @@ class TrainingJob:
             pact.watchdog.wake_and_join()
             for old in retired_watchdogs():  # engines a swap or a discard retired: their threads may still wait
                 old.wake_and_join()
+            left = settle_threads()
+            if left:
+                import sys
+
+                print(f"accelpact: job.close(): engine thread(s) {left} still running after 10 s; the interpreter's "
+                      "teardown may abort the process (exit -6) if one is inside a C++ call then", file=sys.stderr, flush=True)
         dist.destroy_process_group()  # every group, in order, before the interpreter's teardown
 
 
