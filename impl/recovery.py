@@ -34,6 +34,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -278,11 +279,12 @@ def _retire_off_path(box: list) -> threading.Event:
     return done
 
 
-#: The watchdogs of engines retired by a swap or a discard: stopped, their threads leave at the end of
-#: their store waits' slices.  A job that ends within a slice of its last episode must wake them, or a
-#: thread still inside a C++ store wait at the interpreter's teardown aborts the process ("terminate
-#: called without an active exception", exit -6; Watchdog.wake_and_join).
-_RETIRED_WATCHDOGS: list = []
+#: The watchdogs of engines retired by a swap or a discard: stopped and detached, their threads leave at
+#: the end of their store waits' slices.  A job that ends within a slice of its last episode must wake
+#: them, or a thread still inside a C++ store wait at the interpreter's teardown aborts the process
+#: ("terminate called without an active exception", exit -6; Watchdog.wake_and_join).  Weak: a
+#: watchdog whose threads ended is gone (a strong list kept every retired engine and its groups).
+_RETIRED_WATCHDOGS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def retired_watchdogs() -> list:
@@ -594,6 +596,7 @@ class _Engine:
         if sw.old is not None:
             manifest, tensors = _swap.export_state(*sw.old)
             _swap.import_state(sw.module, sw.optimizer, manifest, tensors)
+            self.adapter.release(sw.old[0])  # what a failed backward left on autograd's side (soak K3)
             sw.old = None
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=0),
                   {"rebuilt": True, "duration_ns": time.monotonic_ns() - t})
@@ -1031,7 +1034,8 @@ class Pact(_Engine):
         its threads stop, its hooks go; the trace goes on."""
         self._closed = True
         self.watchdog.stop()
-        _RETIRED_WATCHDOGS.append(self.watchdog)  # woken and joined at the job's end (retired_watchdogs)
+        self.watchdog.detach()  # its threads keep it until their slices end; they must not keep this engine
+        _RETIRED_WATCHDOGS.add(self.watchdog)  # woken and joined at the job's end (retired_watchdogs)
         self.guard.remove()
         self._pg = None
 

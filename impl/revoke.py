@@ -22,6 +22,7 @@ sockets at the same time (the watchdog's store connection is made before).
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import stat
@@ -31,7 +32,7 @@ from typing import Any, Callable, TypeVar
 
 from .runtime.backends import backend as _backend
 
-__all__ = ["SocketRecord", "aborted", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes", "connected_tcp"]
+__all__ = ["REVOKED_TIMEOUT_S", "SocketRecord", "aborted", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes", "connected_tcp"]
 
 T = TypeVar("T")
 _TCP_ESTABLISHED = "01"
@@ -94,6 +95,9 @@ class SocketRecord:
     sockets: tuple[tuple[int, int], ...] = ()
     group_ref: Any = field(default=None, repr=False)
     closed: bool = False
+    #: gloo: a weak reference to the group's gloo backend (not the group: the adapters' walker would
+    #: count a reference to the group as a stale one), whose timeout a revoke shortens
+    backend_ref: Any = field(default=None, repr=False)
 
     @property
     def group(self):
@@ -113,9 +117,21 @@ def recorded(build: Callable[[], T], backend: str = "gloo") -> tuple[T, SocketRe
     group = build()
     after = socket_inodes()
     new = tuple(sorted((fd, ino) for fd, ino in after.items() if (fd, ino) not in before and connected_tcp(fd)))
-    # gloo needs only the sockets: no reference to the group at all (not even a weak one, which
-    # the adapters' reference walker would count as a stale cached reference after a repair)
-    return group, SocketRecord(backend=backend, sockets=new, group_ref=_weak(group) if _backend(backend).revoke == "abort" else None)
+    # gloo needs only the sockets and its backend: no reference to the group at all (not even a weak
+    # one, which the adapters' reference walker would count as a stale cached reference after a repair)
+    aborts = _backend(backend).revoke == "abort"
+    return group, SocketRecord(backend=backend, sockets=new, group_ref=_weak(group) if aborts else None,
+                               backend_ref=None if aborts else _weak(_gloo_backend(group)))
+
+
+def _gloo_backend(group: Any) -> Any:
+    """``group``'s gloo backend (a bare backend is its own), or None."""
+    try:
+        import torch
+
+        return group._get_backend(torch.device("cpu"))
+    except (AttributeError, RuntimeError, TypeError):
+        return group if hasattr(group, "set_timeout") else None
 
 
 def record_group(group, backend: str = "nccl") -> SocketRecord:
@@ -170,4 +186,27 @@ def hard_close(record: SocketRecord) -> int:
         finally:
             s.close()  # closes only the dup
     record.closed = True
+    _shorten(record)
     return n
+
+
+#: A revoked gloo group's collective timeout.  An op already pending when its sockets are shut down
+#: fails at once; but an op posted on them afterwards, while none was pending at the shutdown, can stay
+#: blocked until the group's timeout (spec/torch-facts.md): a wrapper's collective posted just after a
+#: peer's step revoke (an FSDP reduce-scatter in backward) then held its rank past the episode's
+#: arrival deadline (tests/test_episode_leaks.py met it 2 times in 8).  A revoked group is replaced and
+#: never used again, so its later ops may fail within this bound instead.
+REVOKED_TIMEOUT_S = 1.0
+
+
+def _shorten(record: SocketRecord) -> None:
+    """Give ``record``'s gloo backend the timeout :data:`REVOKED_TIMEOUT_S` for its later ops
+    (``ProcessGroupGloo::setTimeout`` sets the options' and every context's timeout, which each new op
+    takes; spec/torch-facts.md)."""
+    raw = record.backend_ref() if record.backend_ref is not None else None
+    if raw is None:
+        return
+    try:
+        raw.set_timeout(datetime.timedelta(seconds=REVOKED_TIMEOUT_S))
+    except (AttributeError, RuntimeError, TypeError):
+        pass  # a group being destroyed: nothing will be posted on it

@@ -88,6 +88,7 @@ class Watchdog:
         self._target_lock = threading.Lock()
         self._target: tuple[int, str, _revoke.SocketRecord] | None = None
         self._target_changed = threading.Event()
+        self._wake: tuple[int, str] | None = None  # the watched (generation, group) once detached
         self.revocations: list[tuple[int, str, int, int]] = []  # (gen, group, sockets closed, t_ns)
         self._abort_store = control.store.clone()
         self._revoke_store = control.store.clone()
@@ -117,6 +118,22 @@ class Watchdog:
         finally:
             release_exit()
 
+    def detach(self) -> None:
+        """After :meth:`stop`, for an engine a swap or a discard retired: drop every reference to that
+        engine (its generation and pc are kept as values; its socket records and its groups' callbacks
+        go), so that its groups are destroyed as soon as nothing else holds them, not when the
+        threads' last store-wait slice ends.  :meth:`wake_and_join` still wakes the threads."""
+        g, pc = self.gen_of(), self.pc_of()
+        self.gen_of = lambda: g
+        self.pc_of = lambda: pc
+        self.step_records = None
+        self.wide_records = None
+        with self._target_lock:
+            if self._target is not None:
+                self._wake = self._target[:2]
+            self._target = None
+            self._target_changed.set()
+
     def wake_and_join(self, timeout_s: float = 5.0) -> bool:
         """After :meth:`stop` on *every* rank (the caller's barrier makes it so): end the threads'
         store waits now instead of at the end of their slices, and join them; True when all ended.
@@ -128,7 +145,7 @@ class Watchdog:
         assignment), which no stopped watchdog acts on; the revoke key of the watched generation is
         retired, which watchers ignore."""
         with self._target_lock:
-            target = self._target
+            target = self._target[:2] if self._target is not None else self._wake
         try:
             self.control.store.compare_set(self.control.abort_key, "", CLOSED)
             if target is not None:

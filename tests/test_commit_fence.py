@@ -99,12 +99,11 @@ def test_a_fence_op_still_pending_after_the_steps_revoke_is_given_up() -> None:
     print(f"fence given up after {waited * 1e3:.0f} ms (grace {REVOKE_GRACE_S * 1e3:.0f} ms)")
 
 
-def late_fence_body(ctx, job: dict) -> int:
+def late_fence_body(ctx, job) -> int:
     """A rank of ``job`` through the public API (the conformance worker).  At the fault step of
     generation 0 only: rank 1's step fails as its fence starts (a communicator failure of the step,
     as a cut control link would raise), and rank 0's fence is posted only once that failure's step
     revoke shut its sockets down (bounded)."""
-    from accelpact.impl.launch.job import Job
     from accelpact.impl.launch.worker import run_job
     from accelpact.impl.recovery import Pact
     from accelpact.impl.runtime.backends import AbortedCommunicator
@@ -121,8 +120,8 @@ def late_fence_body(ctx, job: dict) -> int:
                     time.sleep(0.005)
         real(self)
 
-    Pact._fence = fence  # type: ignore[method-assign]
-    code = run_job(Job.parse(job))
+    Pact._fence = fence  # type: ignore[method-assign]  # this rank process only: the order under test
+    code = run_job(job)
     if code:
         raise SystemExit(code)
     return code
@@ -134,12 +133,11 @@ def test_a_fence_posted_after_a_peers_step_revoke_is_discarded_in_place(ranks, t
     from accelpact.conformance.checker import check_traces, config_from_headers
     from accelpact.impl.trace import load_traces
 
+    from accelpact.impl.launch.job import Job, Topology, Workload
+
     out = tmp_path / "run"
-    job = {"scenario": "late-fence", "topology": {"nodes": 2, "ranks_per_node": 2},
-           "workload": {"wrapper": "fsdp1-hybrid", "layers": 1, "steps": 5, "seed": 0, "checkpoint_every": 2},
-           "faults": [],
-           "backend": "gloo", "out": str(out), "trace": True, "deadline_s": 10.0, "collective_timeout_s": 60.0,
-           "pg_timeout_s": 60.0, "dead_after_s": 5.0}
+    job = Job(topology=Topology(2, 2), workload=Workload("fsdp1-hybrid", 1, 5, 0, 2), out=str(out), scenario="late-fence",
+              trace=True, deadline_s=10.0, collective_timeout_s=60.0, pg_timeout_s=60.0, dead_after_s=5.0)
     run = ranks.run(late_fence_body, 4, timeout_s=180, job=job)
     assert run.codes == {0: 0, 1: 0, 2: 0, 3: 0}, run.explain()
     traces = load_traces(out)[0]

@@ -78,6 +78,54 @@ def test_revoke_unblocks_peers_blocked_in_collective(ranks, tmp_path):
         assert not {fd for fd, _ in rec["sockets"]} & set(rec["non_established_fds"]), "never a LISTEN socket"
 
 
+def post_after_revoke(ctx, gloo_timeout_s: float) -> None:
+    """Both ranks build a recorded gloo group (timeout ``gloo_timeout_s``) and complete one all-reduce;
+    rank 0 revokes it (hard close, no op pending), then both post another all-reduce on it.  Each
+    writes how its op ended, how long it took and the group's timeout after the revoke."""
+    import time
+
+    import torch.distributed as dist
+
+    from accelpact.impl import revoke
+
+    raw, rec = revoke.recorded(lambda: dist.ProcessGroupGloo(dist.PrefixStore("pr", ctx.store), ctx.rank, ctx.world,
+                                                            datetime.timedelta(seconds=gloo_timeout_s)))
+    raw.allreduce([torch.ones(1)]).wait()
+    ctx.store.add("pr/ready", 1)
+    ctx.store.wait(["pr/ready"], datetime.timedelta(seconds=30))
+    if ctx.rank == 0:
+        revoke.hard_close(rec)
+        ctx.store.set("pr/revoked", "1")
+    ctx.store.wait(["pr/revoked"], datetime.timedelta(seconds=30))
+    t0 = time.monotonic()
+    try:
+        raw.allreduce([torch.ones(1)]).wait()
+        outcome = "returned"
+    except RuntimeError as exc:
+        outcome = f"raised: {exc}"
+    (ctx.out / f"posted-r{ctx.rank}.json").write_text(json.dumps({
+        "outcome": outcome, "seconds": time.monotonic() - t0, "closed": rec.closed,
+        "timeout_s": raw.options._timeout.total_seconds()}))
+    os._exit(0)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_an_op_posted_on_a_revoked_group_fails_within_the_revoked_timeout(ranks, tmp_path):
+    """A revoked gloo group's later ops take :data:`revoke.REVOKED_TIMEOUT_S`, not its own 60 s: an op
+    posted on sockets shut down while none was pending can otherwise stay blocked until the group's
+    timeout (spec/torch-facts.md), and a rank stuck so misses its episode.  Rank 0 revokes with no op
+    pending; both ranks then post an all-reduce: each raises (a closed connection, or at worst the
+    short timeout), and rank 0's group now carries the short timeout."""
+    run = ranks.run(post_after_revoke, 2, timeout_s=100, gloo_timeout_s=60.0)
+    assert run.codes == {0: 0, 1: 0}, run.explain()
+    res = [json.loads((tmp_path / f"posted-r{r}.json").read_text()) for r in range(2)]
+    assert res[0]["closed"] and res[0]["timeout_s"] == revoke.REVOKED_TIMEOUT_S, res[0]
+    for r, x in enumerate(res):
+        assert x["outcome"].startswith("raised"), (r, x)
+    assert res[0]["seconds"] < 30.0, f"rank 0's op on its revoked group took {res[0]['seconds']:.1f} s (group timeout 60 s)"
+
+
 def test_hard_close_skips_reused_fd():
     """An fd recorded for a freed group that now names another socket is left alone."""
     a, b = socket.socketpair()

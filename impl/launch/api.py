@@ -49,8 +49,9 @@ Your code and AccelPact (documented behaviour, spec/implementation.md "Public AP
 
 from __future__ import annotations
 
-import os
 import contextlib
+import os
+import weakref
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
@@ -508,8 +509,15 @@ def _warn_if_single_replica(topology: Any, wrapper_name: str, rank: int) -> None
 
 
 def _progress_hook(store: Any, key: str, pact: Any) -> Callable[..., None]:
+    """The optimizer's post-step hook that publishes F at the commit.  It holds the engine weakly: a
+    swap or a discard retires the engine, and an old optimizer the user still holds must not keep it,
+    and through it every group of its generation, alive (soak K3)."""
+    engine = weakref.ref(pact)
+
     def publish(*_: Any) -> None:
-        store.set(key, str(pact.guard.frontier))
+        p = engine()
+        if p is not None:
+            store.set(key, str(p.guard.frontier))
 
     return publish
 

@@ -262,6 +262,7 @@ def run_job(job: Job) -> int:
     if training.restored_extra is not None and training.spare_index is None:
         app.cursor = training.restored_extra
     app.step = start
+    del app  # the loop reads holder["app"]: after a swap or a discard a local would keep the old model alive
     prev_f = _previous_frontier(aj, run)
     replayed = max(0, (prev_f or 0) - start) if attempt > 0 else 0
     t_fault_ns = run.fault_time_ns(attempt - 1) if attempt > 0 else None

@@ -51,6 +51,13 @@ class Adapter:
     def discover(self, module: Any, old_pg: Any) -> list[RefSite]:
         return find_references(module, old_pg)
 
+    def release(self, module: Any) -> int:
+        """``module``'s wrapper is being dropped (a hot swap or a discard rebuilt the model): remove
+        what a step that never finished its backward left registered on autograd's side, where the
+        garbage collector cannot see it, so that the old wrapper, and through it its process groups,
+        can be freed.  Returns the registrations removed.  Nothing, by default."""
+        return 0
+
     def rebind(self, module: Any, sites: Sequence[RefSite], old_pg: Any, new_pg: Any) -> int:
         """Write ``new_pg`` into every site, then move old_pg's c10d name to new_pg (so name-based
         lookups follow); returns the number of sites written. Raises RebindError (before writing
@@ -138,12 +145,26 @@ def register_group(pg: Any, name: str, global_ranks: Sequence[int], store: Any =
 
 
 def unregister_group(pg: Any) -> None:
-    """Drop ``pg`` from c10d's registries (after every reference was rebound away from it)."""
+    """Drop ``pg`` from c10d's registries (after every reference was rebound away from it).
+
+    torch 2.13's ``_cleanup_process_group_global_state`` removes a group from its own tag's list but
+    not from the default tag's (``tags_to_pg[""]``), where ``new_group`` also put it: the groups built
+    at ``accelpact.init`` then outlived every repair (soak K3; spec/torch-facts.md).  So every tag
+    list is swept here too."""
     import torch.distributed.distributed_c10d as c10d
 
     fn = getattr(c10d, "_cleanup_process_group_global_state", None)
     if fn is not None:
         fn(pg)
+    tags = c10d._world.tags_to_pg
+    for tag in list(tags):
+        kept = [g for g in tags[tag] if g is not pg]
+        if len(kept) != len(tags[tag]):
+            if kept:
+                tags[tag] = kept
+            else:
+                del tags[tag]
+    c10d._world.pg_to_tag.pop(pg, None)
 
 
 def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:

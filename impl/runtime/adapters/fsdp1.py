@@ -62,6 +62,29 @@ class FSDP1Adapter(Adapter):
 
         return wraps_with(module, FSDP)
 
+    def release(self, module: Any) -> int:
+        """FSDP1 registers its post-backward hook on each flat parameter's ``AccumulateGrad`` node and
+        keeps ``(node, hook handle)`` on the parameter (``_post_backward_hook_state``) until the
+        backward's final callback (``_finalize_params``) removes them.  A backward that raised never
+        runs that callback, and the cycle parameter -> node -> hook -> ``FlatParamHandle`` -> parameter
+        passes through the node's C++ hook list, which the garbage collector cannot traverse: the old
+        wrapper and its shard and replicate groups outlived every discard and every swap of a death in
+        backward (soak K3; tests/test_episode_leaks.py).  Removed here as ``_finalize_params`` does."""
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        n = 0
+        for m in module.modules():
+            handle = getattr(m, "_handle", None) if isinstance(m, FSDP) else None
+            flat = getattr(handle, "flat_param", None) if handle is not None else None
+            for attr in ("_post_backward_hook_state", "_post_backward_hook_handle"):
+                state = getattr(flat, attr, None) if flat is not None else None
+                if state is None:
+                    continue
+                (state[-1] if isinstance(state, tuple) else state).remove()
+                delattr(flat, attr)
+                n += 1
+        return n
+
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
