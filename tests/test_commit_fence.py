@@ -137,7 +137,7 @@ def test_a_fence_posted_after_a_peers_step_revoke_is_discarded_in_place(ranks, t
 
     out = tmp_path / "run"
     job = Job(topology=Topology(2, 2), workload=Workload("fsdp1-hybrid", 1, 5, 0, 2), out=str(out), scenario="late-fence",
-              trace=True, deadline_s=10.0, collective_timeout_s=60.0, pg_timeout_s=60.0, dead_after_s=5.0)
+              trace=True, deadline_s=20.0, collective_timeout_s=8.0, pg_timeout_s=60.0, dead_after_s=5.0)
     run = ranks.run(late_fence_body, 4, timeout_s=180, job=job)
     assert run.codes == {0: 0, 1: 0, 2: 0, 3: 0}, run.explain()
     traces = load_traces(out)[0]
