@@ -168,6 +168,7 @@ def hard_close(record: SocketRecord) -> int:
             except RuntimeError:  # DistBackendError: ncclCommAbort outlived the group's timeout
                 pass  # the group is revoked either way: aborted(record) is True, its results are not trusted
         return 0
+    _shorten(record)  # first: an op posted once the sockets are down must already take the short timeout
     n = 0
     for fd, inode in record.sockets:
         try:
@@ -186,7 +187,6 @@ def hard_close(record: SocketRecord) -> int:
         finally:
             s.close()  # closes only the dup
     record.closed = True
-    _shorten(record)
     return n
 
 
