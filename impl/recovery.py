@@ -596,7 +596,7 @@ class _Engine:
         if sw.old is not None:
             manifest, tensors = _swap.export_state(*sw.old)
             _swap.import_state(sw.module, sw.optimizer, manifest, tensors)
-            self.adapter.release(sw.old[0])  # what a failed backward left on autograd's side (soak K3)
+            adapter_for(sw.old[0]).release(sw.old[0])  # what a failed backward left on autograd's side (soak K3)
             sw.old = None
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=0),
                   {"rebuilt": True, "duration_ns": time.monotonic_ns() - t})
