@@ -342,6 +342,20 @@ def _observable(cfg: Config, f: tuple[int, str, frozenset[int]]) -> tuple[str, .
     return cfg.observable(f[1]) if f[2] else ("boundary",)
 
 
+def _death_observable(cfg: Config, f: tuple[int, str, frozenset[int]]) -> tuple[str, ...]:
+    """Where a survivor observes a death that struck at ``f[1]`` (P16.0): the first use of R at or
+    after it, never later (a death leaves no partial collective of the step).  A death at the
+    boundary strikes during its failure flag, an all-reduce over W that is not atomic either (soak
+    K5): a survivor whose copy of the flag completed has gone on into the next step and observes at
+    its first use of R there (or the commit fence, P17.2), the step uncommitted (in flight: it
+    discards it), while a peer whose copy failed observes at the boundary."""
+    first = tuple(p for p in _observable(cfg, f) if p == cfg.observable(f[1])[0])
+    if f[1] != "boundary":
+        return first
+    nxt = [q for q in STEP_ORDER if q != "boundary" and (q in cfg.uses_r or (cfg.fence and q == "backward"))]
+    return first + tuple(nxt[:1])
+
+
 def _flag_fails(cfg: Config, s: State, g: int) -> bool:
     """The boundary's failure flag (an all-reduce over all of W on the control group) can fail under a
     rank of generation ``g``: a group over all of W failed with a link (``Store.wide``), or a peer it
@@ -360,12 +374,12 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
         return False
     f = s.store.failed
     assert f is not None
-    if point not in _observable(cfg, f):
-        return False
     if s.store.dead and _crash_episode(s, f[0]):
         # a rank died: every group it belonged to (its shard group, R, the control group) failed, and
         # every rank's step waits on them: each survivor observes where it first uses R, never later
-        return point == cfg.observable(f[1])[0]
+        return point in _death_observable(cfg, f)
+    if point not in _observable(cfg, f):
+        return False
     if point != f[1] and f[1] in cfg.uses_r and _member(cfg, s, r) and not _seen_failing(cfg, s, r):
         # past a collective that failed: only if some peer saw it fail there (a partial collective)
         return False

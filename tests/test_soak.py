@@ -262,6 +262,24 @@ def test_episode_traces_renumber_a_later_generation() -> None:
     assert got.end is not None and got.end["outcome"] == "released"
 
 
+def test_a_partial_boundary_flag_is_a_behaviour_of_the_model() -> None:
+    """Soak K5 (30-minute soak seed 1, 2026-12-04, a7/g0), its traces kept in tests/data: rank 2 was
+    SIGKILLed as the boundary of step 6833 ended.  The boundary's failure flag (an all-reduce over W)
+    had completed on ranks 0 and 3, which went on into the next step and observed the death in
+    forward; rank 1's copy failed and it observed at the boundary.  Every rank stood at 6833, the
+    spare joined at 6833 and the swap released (L1).  The model's death at the boundary allows that
+    partial flag (P16.0, ``_death_observable``); before, every survivor had to observe at one point
+    and the checker rejected the episode ("point 'boundary' but the model has 'backward'")."""
+    from accelpact.impl.trace import load_traces
+
+    trs = load_traces(Path(__file__).parent / "data" / "soak-k5-partial-flag")[7]
+    ok, msg = J.check_episode(trs, 0, J._spares_left(trs, 0, 2, 0))
+    assert ok, msg
+    seen = {r: [(x.state.get("point"), x.state.get("frontier")) for x in t.records if x.gen == 0 and x.action == "RankObserve"]
+            for r, t in trs.items()}
+    assert seen == {0: [("forward", 6833)], 1: [("boundary", 6833)], 2: [], 3: [("forward", 6833)]}
+
+
 # ------------------------------------------------------------------------------------- real soaks
 
 #: a short soak's configuration: 2x2 FSDP1, one spare, fixed steps (the fault-free reference is cached)
