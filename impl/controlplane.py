@@ -55,11 +55,14 @@ def assign_key(k: int) -> str:
     return f"{PREFIX}swap/assign/{k}"
 
 
-def depose_key(rank: int) -> str:
+def depose_key(rank: int, since: int = 0) -> str:
     """Hot swap: set by a survivor whose failure detector declared ``rank`` dead or hung while the
-    job has spares; ``rank``'s keeper then kills its worker, whose death is an ordinary one (a notice,
-    a swap).  Its value is the declaring rank."""
-    return f"{PREFIX}swap/depose/{rank}"
+    job has spares; the keeper of the process that holds ``rank``'s identity then kills its worker,
+    whose death is an ordinary one (a notice, a swap).  Its value is the declaring rank.  One key per
+    holder: ``since`` is the generation from which that process holds the identity (0: the rank's
+    own worker; ``g + 1``: a spare a claim of generation ``g`` assigned it), so a request to depose a
+    former holder never reaches the spare in its place, and a later holder can be deposed in turn."""
+    return f"{PREFIX}swap/depose/{rank}/{since}"
 
 
 def spare_gone_key(k: int) -> str:

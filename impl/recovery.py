@@ -596,7 +596,7 @@ class _Engine:
         if sw.old is not None:
             manifest, tensors = _swap.export_state(*sw.old)
             _swap.import_state(sw.module, sw.optimizer, manifest, tensors)
-            adapter_for(sw.old[0]).release(sw.old[0])  # what a failed backward left on autograd's side (soak K3)
+            adapter_for(sw.old[0]).release(sw.old[0], keep=sw.module)  # what a failed backward left (soak K3)
             sw.old = None
         self._act("RankRebind", self._st(PC_REBOUND, refs_stale=0),
                   {"rebuilt": True, "duration_ns": time.monotonic_ns() - t})
@@ -983,10 +983,19 @@ class Pact(_Engine):
         raise _swap.SwapNeeded(point, dead, exc) from exc
 
     def _on_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
-        """The detector's suspicion.  With spares, the peer is deposed first (its keeper kills it: a
-        stopped or hung process dies as a crashed one does, P16.0), and a peer whose death a keeper
-        noticed is excused (a hot swap takes its identity, P16.6); otherwise, or if no notice comes
-        within ``NOTICE_WAIT_S``, the watchdog ends the job (``RankSuspect``)."""
+        """The detector's suspicion, handled on a thread of its own (:meth:`_handle_suspect`).  The
+        detector calls this from its heartbeat thread, and the handling may wait ``NOTICE_WAIT_S`` for
+        a keeper's notice: a heartbeat held that long reads as this rank's death to its peers, whose
+        detectors then declare it in turn (soak K7: the stopped rank, once resumed, declared the
+        three that had declared it and deposed a healthy one)."""
+        threading.Thread(target=self._handle_suspect, args=(peer, kind, detected_at_ns),
+                         name=f"accelpact-suspect-{peer}", daemon=True).start()
+
+    def _handle_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
+        """With spares, the peer is deposed first (its keeper kills it: a stopped or hung process dies
+        as a crashed one does, P16.0), and a peer whose death a keeper noticed is excused (a hot swap
+        takes its identity, P16.6); otherwise, or if no notice comes within ``NOTICE_WAIT_S``, the
+        watchdog ends the job (``RankSuspect``)."""
         if self.notices is not None:
             try:
                 if self.notices.depose(peer, self.rank):

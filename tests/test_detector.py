@@ -450,3 +450,38 @@ def test_a_straggler_is_never_suspected(ranks) -> None:
     assert res[0]["max_stall"] >= slow_s * 0.5, f"the straggler's stall was not observed: {res[0]['max_stall']}"
     print(f"straggler: {slow_s} s stall observed as {res[0]['max_stall']:.2f} s < threshold {threshold} s: never suspected")
 
+
+
+def test_a_suspicion_awaiting_its_notice_does_not_silence_the_heartbeat(monkeypatch) -> None:
+    """Soak K7 (30-minute soak seed 1, a13/g1): with spares, the engine's suspicion handler deposes
+    the peer and waits up to ``NOTICE_WAIT_S`` for its keeper's death notice.  It ran on the detector's
+    heartbeat thread, so three ranks that declared a stopped peer fell silent for 3 s; the stopped
+    rank, once resumed, read that silence as their deaths and deposed a healthy rank.  The engine's
+    handler (``Pact._on_suspect``, on a detector with a peer that never publishes) must let the
+    heartbeat go on while it waits, and still end the job when no notice comes."""
+    import types
+
+    from accelpact.impl import recovery as R
+
+    monkeypatch.setattr(R, "NOTICE_WAIT_S", 1.0)
+    waiting, suspected = threading.Event(), []
+    engine = types.SimpleNamespace(
+        notices=types.SimpleNamespace(depose=lambda peer, by: True, count=lambda: 0,
+                                      read=lambda n: waiting.set() or ()),  # no keeper ever posts the death
+        trace=types.SimpleNamespace(note=lambda *a, **k: None), rank=0,
+        watchdog=types.SimpleNamespace(suspect=lambda peer, kind, t: suspected.append((peer, kind))))
+    engine._handle_suspect = lambda *a: R.Pact._handle_suspect(engine, *a)
+    d = D.Detector(FakeStore(), 0, 2, clone=False, interval_s=0.01, startup_grace_s=0.05,
+                   on_suspect=lambda *a: R.Pact._on_suspect(engine, *a)).start()
+    try:
+        assert waiting.wait(5.0), "peer 1 (never published) was not declared within 5 s"
+        polls = d.polls
+        time.sleep(0.5)  # inside the notice wait
+        during = d.polls - polls
+        deadline = time.monotonic() + 5.0
+        while not suspected and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        assert d.close()
+    assert during >= 10, f"the heartbeat thread made {during} polls in 0.5 s of the notice wait"
+    assert suspected == [(1, D.DEAD)], suspected

@@ -56,6 +56,8 @@ def sampling_body(ctx, job) -> dict:
         if not first:
             first.update(engine=weakref.ref(self.pact), wrapper=weakref.ref(self.pact.module),
                          optimizer=weakref.ref(self.pact.optimizer))
+            first.update({f"unit {name or 'root'}": weakref.ref(m) for name, m in self.pact.module.named_modules()
+                          if type(m).__name__ == "FullyShardedDataParallel" and name})
         gc.collect()  # what is unreachable is not what this test looks for
         seen["counts"][g] = proc_counts(os.getpid())
         w = dist.distributed_c10d._world

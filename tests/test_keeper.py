@@ -191,6 +191,48 @@ def test_a_swapped_in_spare_dies_as_the_rank_it_holds(tmp_path: Path) -> None:
         assert _wait_exit(p, 10) == 128 + signal.SIGKILL
 
 
+@pytest.mark.multiproc
+def test_a_swapped_in_spare_is_deposed_as_the_rank_it_holds(tmp_path: Path) -> None:
+    """Soak K7: a spare that a claim of generation 2 assigned rank 1 is stopped, and a survivor's
+    detector declares it.  Its keeper must kill it on the depose request for rank 1's holder since
+    generation 3 (before, only a training rank's keeper watched, so the stopped spare lived on and
+    the job ended L2), and never on the request that deposed rank 1's former holder."""
+    from accelpact.impl.controlplane import NEXT_KEY, assign_key, depose_key
+
+    store = _master()
+    store.set(_key(0, depose_key(1, 0)), "2")  # rank 1's own worker was deposed (and died) before
+    store.add(_key(0, NEXT_KEY), 1)
+    store.set(_key(0, assign_key(0)), "1:2:backward")
+    with ProcessSet() as ps:
+        p = ps.start(KEEPER + _child("import time; time.sleep(120)"), env=_env(tmp_path, "1", rank=3, world=4, port=store.port))
+        time.sleep(3 * keeper.DEPOSE_POLL_S + 1.0)  # the former holder's request stands: not for this worker
+        assert p.poll() is None and not store.check([_key(0, keeper.DEATHS_KEY)])
+        store.set(_key(0, depose_key(1, 3)), "0")
+        store.wait([_key(0, keeper.death_key(1))], datetime.timedelta(seconds=NOTICE_S))
+        assert store.get(_key(0, keeper.death_key(1))) == b"1"
+        store.set(_key(0, keeper.ABORT_KEY), keeper.CLOSED)
+        assert _wait_exit(p, 10) in (0, 128 + signal.SIGKILL)
+
+
+def test_a_depose_request_names_the_identitys_current_holder() -> None:
+    """``Notices.depose`` writes the key of the process holding the identity now (``holder_since``:
+    0 for the rank's own worker, ``g + 1`` after the latest claim of generation ``g`` for it)."""
+    import torch.distributed as dist
+
+    from accelpact.impl.controlplane import NEXT_KEY, assign_key, depose_key
+    from accelpact.impl.runtime.hotswap import Notices, holder_since
+
+    store = dist.HashStore()
+    assert holder_since(store, 1) == 0
+    store.add(NEXT_KEY, 2)
+    store.set(assign_key(0), "1:0:backward")
+    store.set(assign_key(1), "1:4:boundary")
+    assert (holder_since(store, 1), holder_since(store, 2)) == (5, 0)
+    notices = Notices(store)
+    assert notices.depose(1, 3) and not notices.depose(1, 0)  # single assignment: the first asks
+    assert store.get(depose_key(1, 5)) == b"3" and not store.check([depose_key(1, 0)])
+
+
 def test_claims_pass_over_a_spare_that_died_idle() -> None:
     """The pool skips spares posted gone: with spare 0 gone, the first claim takes spare 1; with
     both gone, the claim stands as none (L2)."""

@@ -222,11 +222,19 @@ def test_judge_fails_a_straggler_that_started_an_episode(tmp_path: Path) -> None
 def test_judge_fails_growth_across_episodes(tmp_path: Path) -> None:
     run, ref, strikes = _history(tmp_path)
     row = {"t_ns": 1, "attempt": 0, "identity": 2, "pid": 4242, "episodes_before": 1, "threads": 30, "fds": 90, "listeners": 6}
-    grown = [row, {**row, "t_ns": 2, "episodes_before": 3, "fds": 93}]
+    start = {**row, "t_ns": 0, "episodes_before": 0, "threads": 20, "fds": 50, "listeners": 5}  # a worker from the start
+    grown = [start, row, {**row, "t_ns": 2, "episodes_before": 3, "fds": 93}]
     v = _judge(run, ref, strikes, samples=grown)
     c = _check(v, "no_leaks")
     assert not c.ok and "fds 90 -> 93" in c.detail
-    assert _check(_judge(run, ref, strikes, samples=[row, {**row, "t_ns": 2, "episodes_before": 3}]), "no_leaks").ok
+    assert _check(_judge(run, ref, strikes, samples=[start, row, {**row, "t_ns": 2, "episodes_before": 3}]), "no_leaks").ok
+    # a spare (first sampled after the episode it joined in): its baseline follows its first repair
+    joined = {**row, "pid": 4343, "listeners": 5}
+    spare = [joined, {**joined, "t_ns": 2, "episodes_before": 2, "listeners": 6}, {**joined, "t_ns": 3, "episodes_before": 3, "listeners": 6}]
+    assert _check(_judge(run, ref, strikes, samples=spare), "no_leaks").ok
+    spare[-1] = {**spare[-1], "listeners": 7}
+    c = _check(_judge(run, ref, strikes, samples=spare), "no_leaks")
+    assert not c.ok and "listeners 6 -> 7" in c.detail, c.detail
 
 
 def test_judge_fails_an_undocumented_exit_unless_it_is_a_known_bug(tmp_path: Path) -> None:

@@ -34,10 +34,12 @@ between the agent and the training process: the agent sees the keeper, the keepe
     died: its death notice, as above; if it died idle, it is posted gone (``swap/spare-gone/{k}``: no
     claim takes it) and the job goes on with one spare fewer.  Either way the keeper then waits for
     the job's end as above, so torchrun sees nothing (:func:`spare_died`).
-  - A training rank's worker that a survivor's failure detector declared dead or hung (it may only
-    be stopped: SIGSTOP, a held GIL) is *deposed*: the survivor sets ``swap/depose/{rank}``
+  - A worker holding a rank's identity that a survivor's failure detector declared dead or hung (it
+    may only be stopped: SIGSTOP, a held GIL) is *deposed*: the survivor sets
+    ``swap/depose/{rank}/{since}`` for the identity's current holder
     (:func:`~accelpact.impl.controlplane.depose_key`), this keeper, polling it, kills the worker
-    (SIGKILL), and its death is posted as above: a spare takes its identity.
+    (SIGKILL), and its death is posted as above: a spare takes its identity.  A spare's keeper
+    watches the key of the identity a claim assigned its worker, once assigned.
   - If the keeper itself was asked to stop (SIGTERM/SIGINT, e.g. the agent stopping the group), a
     child killed by a signal is no crash: exit ``128 + signal``, no notice.
 
@@ -257,21 +259,32 @@ DEPOSE_POLL_S = 0.25
 
 
 def _watch_depose(env: Mapping[str, str], rank: int, proc: subprocess.Popen, done: threading.Event,
-                  connected: list, poll_s: float = DEPOSE_POLL_S) -> None:
-    """A training rank's worker may be deposed (``depose_key``: a survivor's failure detector declared
-    it dead or hung while the job has spares): kill it (SIGKILL ends a stopped process too), so that
-    its death is posted as any other and a spare takes its identity.  Polls until ``done``; the store
-    client it made goes into ``connected`` (the death notice reuses it)."""
+                  connected: list, poll_s: float = DEPOSE_POLL_S, spare: int | None = None) -> None:
+    """A worker that holds a rank's identity may be deposed (``depose_key``: a survivor's failure
+    detector declared it dead or hung while the job has spares): kill it (SIGKILL ends a stopped
+    process too), so that its death is posted as any other and a spare takes its identity.  A
+    training rank's worker holds ``rank`` from generation 0; spare ``spare``'s worker holds none until
+    a claim of generation ``g`` assigns it one (``swap/assign/{spare}``), and from then on the key
+    watched is that identity's for holder ``g + 1`` (a swapped-in spare is deposed as the rank it
+    holds: soak K7).  Polls until ``done``; the store client it made goes into ``connected`` (the
+    death notice reuses it)."""
     store = None
+    key = depose_key(rank, 0) if spare is None else None
     while not done.wait(poll_s):
         try:
             if store is None:
                 store = _job_store(env)
                 connected[:] = [store]
             mine = _attempt_store(env, store)
-            if not mine.check([depose_key(rank)]):
+            if key is None:
+                assigned = assign_key(spare if spare is not None else rank)
+                if not mine.check([assigned]):
+                    continue
+                identity, g = _s(mine.get(assigned)).split(":")[:2]
+                key = depose_key(int(identity), int(g) + 1)
+            if not mine.check([key]):
                 continue
-            by = _s(mine.get(depose_key(rank)))
+            by = _s(mine.get(key))
         except Exception:  # noqa: BLE001 - the store is not up yet, or was lost: the next poll retries
             store = None
             connected.clear()
@@ -330,9 +343,9 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
     done = threading.Event()
     connected: list = []
-    if training:
-        threading.Thread(target=_watch_depose, args=(env, rank, proc, done, connected), name="accelpact-keeper-depose",
-                         daemon=True).start()
+    threading.Thread(target=_watch_depose, args=(env, rank, proc, done, connected),
+                     kwargs={"spare": None if training else rank - (world - spares)}, name="accelpact-keeper-depose",
+                     daemon=True).start()
     rc = proc.wait()
     done.set()
     # The child is gone: a stop request from now on ends the keeper as it would a plain worker.

@@ -51,7 +51,7 @@ from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimer
                            swap_prefix, wide_prefix)
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
-           "claim_write", "export_state", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
+           "claim_write", "export_state", "holder_since", "import_state", "parse_assignment", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
            "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
@@ -103,10 +103,12 @@ class Notices:
         return int(self.store.add(DEATHS_KEY, 0))
 
     def depose(self, rank: int, by: int) -> bool:
-        """Ask ``rank``'s keeper to kill its worker (``depose_key``, single assignment): a stopped or
+        """Ask the keeper of the process holding ``rank``'s identity to kill its worker
+        (``depose_key`` of its current holder, :func:`holder_since`; single assignment): a stopped or
         hung process is deposed so that its death, posted as any other, hands its identity to a
         spare.  True when this call was the first to ask."""
-        return self.store.compare_set(depose_key(rank), "", str(by)).decode() == str(by)
+        key = depose_key(rank, holder_since(self.store, rank))
+        return self.store.compare_set(key, "", str(by)).decode() == str(by)
 
     def read(self, upto: int) -> tuple[int, ...]:
         return tuple(int(self.store.get(death_key(n)).decode()) for n in range(self.seen + 1, upto + 1))
@@ -331,6 +333,25 @@ def pool_covers(store: Any, g: int, dead: Sequence[int], spares: int) -> bool:
     left = sum(1 for k in range(taken, spares) if not store.check([spare_gone_key(k)]))
     todo = [d for d in dead if int(store.add(claimers_key(g, d), 0)) == 0]
     return left >= len(todo)
+
+
+def parse_assignment(value: str) -> tuple[int, int]:
+    """``swap/assign/{k}``'s value ``{dead}:{g}:{point}``: (the identity, the claim's generation)."""
+    dead, g, _point = value.split(":", 2)
+    return int(dead), int(g)
+
+
+def holder_since(store: Any, rank: int) -> int:
+    """The generation from which the process now holding ``rank``'s identity holds it: ``g + 1`` for
+    the latest claim (of generation ``g``) that assigned a spare to ``rank`` (``swap/assign/{k}`` of
+    every spare taken from the pool so far), else 0 (the rank's own worker)."""
+    since = 0
+    for k in range(int(store.add(NEXT_KEY, 0))):
+        if store.check([assign_key(k)]):
+            dead, g = parse_assignment(store.get(assign_key(k)).decode())
+            if dead == rank:
+                since = max(since, g + 1)
+    return since
 
 
 def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "") -> tuple[bool, int | None]:

@@ -51,11 +51,12 @@ class Adapter:
     def discover(self, module: Any, old_pg: Any) -> list[RefSite]:
         return find_references(module, old_pg)
 
-    def release(self, module: Any) -> int:
+    def release(self, module: Any, keep: Any = None) -> int:
         """``module``'s wrapper is being dropped (a hot swap or a discard rebuilt the model): remove
         what a step that never finished its backward left registered on autograd's side, where the
         garbage collector cannot see it, so that the old wrapper, and through it its process groups,
-        can be freed.  Returns the registrations removed.  Nothing, by default."""
+        can be freed.  Nothing of ``keep`` (the model built in its place) is touched.  Returns the
+        registrations removed.  Nothing, by default."""
         return 0
 
     def rebind(self, module: Any, sites: Sequence[RefSite], old_pg: Any, new_pg: Any) -> int:

@@ -62,27 +62,41 @@ class FSDP1Adapter(Adapter):
 
         return wraps_with(module, FSDP)
 
-    def release(self, module: Any) -> int:
-        """FSDP1 registers its post-backward hook on each flat parameter's ``AccumulateGrad`` node and
-        keeps ``(node, hook handle)`` on the parameter (``_post_backward_hook_state``) until the
-        backward's final callback (``_finalize_params``) removes them.  A backward that raised never
-        runs that callback, and the cycle parameter -> node -> hook -> ``FlatParamHandle`` -> parameter
-        passes through the node's C++ hook list, which the garbage collector cannot traverse: the old
-        wrapper and its shard and replicate groups outlived every discard and every swap of a death in
-        backward (soak K3; tests/test_episode_leaks.py).  Removed here as ``_finalize_params`` does."""
+    def release(self, module: Any, keep: Any = None) -> int:
+        """Break the cycles a backward that raised leaves through autograd's C++ side, which the
+        garbage collector cannot traverse, so that the old wrapper and its groups are freed (soak K3;
+        tests/test_episode_leaks.py).  Two of them:
+
+        * FSDP1 registers its post-backward hook on each flat parameter's ``AccumulateGrad`` node and
+          keeps ``(node, hook handle)`` on the parameter (``_post_backward_hook_state``) until the
+          backward's final callback (``_finalize_params``) removes them.  A backward that raised never
+          runs that callback, and the cycle parameter -> node -> hook -> ``FlatParamHandle`` -> parameter
+          passes through the node's C++ hook list, which the garbage collector cannot traverse: the old
+          wrapper and its shard and replicate groups outlived every discard and every swap of a death in
+          backward.  Removed here as ``_finalize_params`` does.
+        * Each unit's original parameters are, between its unshard and its reshard, plain tensor
+          attributes of their modules: views of the flat parameter whose ``grad_fn`` leads to its
+          ``AccumulateGrad`` node, which holds the flat parameter, whose ``_param_infos`` name the
+          modules.  A backward that raised leaves them so (the root unit's views kept the whole
+          inner model, every unit and their groups, alive: found with ``gc.get_referrers`` after the
+          first fix).  The views are dropped (:func:`_drop_unsharded_views`)."""
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
         n = 0
+        kept = {id(m) for m in keep.modules()} if keep is not None else set()
         for m in module.modules():
-            handle = getattr(m, "_handle", None) if isinstance(m, FSDP) else None
+            handle = getattr(m, "_handle", None) if isinstance(m, FSDP) and id(m) not in kept else None
             flat = getattr(handle, "flat_param", None) if handle is not None else None
+            if flat is None:
+                continue
             for attr in ("_post_backward_hook_state", "_post_backward_hook_handle"):
-                state = getattr(flat, attr, None) if flat is not None else None
+                state = getattr(flat, attr, None)
                 if state is None:
                     continue
                 (state[-1] if isinstance(state, tuple) else state).remove()
                 delattr(flat, attr)
                 n += 1
+            n += _drop_unsharded_views(flat, kept)
         return n
 
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
@@ -110,3 +124,23 @@ class FSDP1Adapter(Adapter):
                     sites.append(RefSite(id(eod), ATTR, "process_group", eod, f"{path}._exec_order_data.process_group"))
             sites += _mesh_sites(d.get("_device_mesh"), old_pg, f"{path}._device_mesh", seen)
         return sites
+
+
+def _drop_unsharded_views(flat: Any, kept: set[int]) -> int:
+    """Delete from their modules the plain tensor attributes FSDP1 set for ``flat``'s original
+    parameters (views of it; a registered ``nn.Parameter`` is left alone, and so is a module whose
+    ``id`` is in ``kept``): what a retired wrapper's :meth:`FSDP1Adapter.release` needs.  Returns how
+    many were dropped."""
+    import torch
+
+    n = 0
+    infos = [(i.module, i.param_name) for i in getattr(flat, "_param_infos", ())]
+    infos += [(i.module, i.param_name) for i in getattr(flat, "_shared_param_infos", ())]
+    for mod, name in infos:
+        if id(mod) in kept:
+            continue
+        value = mod.__dict__.get(name)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            delattr(mod, name)
+            n += 1
+    return n
