@@ -25,7 +25,7 @@ from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED
                                    REASON_DEADLINE, REASON_MISMATCH)
 
 __all__ = ["ABORT_KEY", "DEATHS_KEY", "NEXT_KEY", "PREFIX", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
-           "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "progress_key", "spare_gone_key", "state_key",
+           "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "parse_assignment", "progress_key", "spare_gone_key", "state_key",
            "swap_prefix", "swap_rebuilt_key"]
 
 # ---------------------------------------------------------------------------------- store keys
@@ -51,8 +51,14 @@ def death_key(n: int) -> str:
 
 
 def assign_key(k: int) -> str:
-    """Hot swap: what spare ``k`` waits for (``{dead}:{g}``)."""
+    """Hot swap: what spare ``k`` waits for (``{dead}:{g}:{point}``, :func:`parse_assignment`)."""
     return f"{PREFIX}swap/assign/{k}"
+
+
+def parse_assignment(value: str) -> tuple[int, int, str]:
+    """:func:`assign_key`'s value: (the dead identity, the claim's generation, the point it died at)."""
+    dead, g, point = value.split(":", 2)
+    return int(dead), int(g), point
 
 
 def depose_key(rank: int, since: int = 0) -> str:

@@ -200,18 +200,21 @@ def test_a_swapped_in_spare_is_deposed_as_the_rank_it_holds(tmp_path: Path) -> N
     from accelpact.impl.controlplane import NEXT_KEY, assign_key, depose_key
 
     store = _master()
-    store.set(_key(0, depose_key(1, 0)), "2")  # rank 1's own worker was deposed (and died) before
+    store.set(_key(0, depose_key(1, 0)), "2")  # rank 1's own worker was deposed (and died) before: by rank 2
     store.add(_key(0, NEXT_KEY), 1)
     store.set(_key(0, assign_key(0)), "1:2:backward")
-    with ProcessSet() as ps:
-        p = ps.start(KEEPER + _child("import time; time.sleep(120)"), env=_env(tmp_path, "1", rank=3, world=4, port=store.port))
-        time.sleep(3 * keeper.DEPOSE_POLL_S + 1.0)  # the former holder's request stands: not for this worker
-        assert p.poll() is None and not store.check([_key(0, keeper.DEATHS_KEY)])
-        store.set(_key(0, depose_key(1, 3)), "0")
+    store.set(_key(0, depose_key(1, 3)), "0")  # this spare's own request: by rank 0
+    log = tmp_path / "keeper.log"
+    with ProcessSet() as ps, open(log, "w") as out:
+        p = ps.start(KEEPER + _child("import time; time.sleep(120)"), env=_env(tmp_path, "1", rank=3, world=4, port=store.port),
+                     stdout=out)
         store.wait([_key(0, keeper.death_key(1))], datetime.timedelta(seconds=NOTICE_S))
         assert store.get(_key(0, keeper.death_key(1))) == b"1"
         store.set(_key(0, keeper.ABORT_KEY), keeper.CLOSED)
         assert _wait_exit(p, 10) in (0, 128 + signal.SIGKILL)
+    # the keeper says whose request it acted on: this spare's (rank 0's), never its predecessor's (rank 2's)
+    text = log.read_text()
+    assert "worker deposed: rank 0's" in text and "rank 2's" not in text, text
 
 
 def test_a_depose_request_names_the_identitys_current_holder() -> None:

@@ -60,7 +60,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, depose_key, spare_gone_key
+from ..controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, depose_key, parse_assignment, spare_gone_key
 
 __all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death", "spare_died",
            "wait_for_end"]
@@ -245,7 +245,7 @@ def spare_died(store: Any, k: int) -> str:
     died idle: post it gone (:func:`~accelpact.impl.controlplane.spare_gone_key`), so that no claim
     takes it and the job goes on with one spare fewer.  Returns what was posted."""
     if store.check([assign_key(k)]):
-        identity = int(_s(store.get(assign_key(k))).split(":")[0])
+        identity = parse_assignment(_s(store.get(assign_key(k))))[0]
         return f"spare {k} held rank {identity}: death notice {post_death(store, identity)} posted"
     store.set(spare_gone_key(k), "1")
     return f"spare {k} died idle: posted gone"
@@ -269,7 +269,8 @@ def _watch_depose(env: Mapping[str, str], rank: int, proc: subprocess.Popen, don
     holds: soak K7).  Polls until ``done``; the store client it made goes into ``connected`` (the
     death notice reuses it)."""
     store = None
-    key = depose_key(rank, 0) if spare is None else None
+    key = depose_key(rank, 0) if spare is None else None  # a spare's: once a claim assigned it an identity
+    assigned = assign_key(spare) if spare is not None else ""
     while not done.wait(poll_s):
         try:
             if store is None:
@@ -277,11 +278,10 @@ def _watch_depose(env: Mapping[str, str], rank: int, proc: subprocess.Popen, don
                 connected[:] = [store]
             mine = _attempt_store(env, store)
             if key is None:
-                assigned = assign_key(spare if spare is not None else rank)
                 if not mine.check([assigned]):
                     continue
-                identity, g = _s(mine.get(assigned)).split(":")[:2]
-                key = depose_key(int(identity), int(g) + 1)
+                identity, g, _point = parse_assignment(_s(mine.get(assigned)))
+                key = depose_key(identity, g + 1)
             if not mine.check([key]):
                 continue
             by = _s(mine.get(key))

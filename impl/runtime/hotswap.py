@@ -47,11 +47,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, spare_gone_key, state_key,
+from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key,
                            swap_prefix, wide_prefix)
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
-           "claim_write", "export_state", "holder_since", "import_state", "parse_assignment", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
+           "claim_write", "export_state", "holder_since", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
            "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
@@ -205,8 +205,7 @@ def wait_for_claim(store: Any, k: int, abort_key: str, timeout_s: float,
     while time.monotonic() < deadline:
         # polled with check(): a store wait that times out logs a c10d warning each time
         if store.check([assign_key(k)]):
-            dead, g, point = store.get(assign_key(k)).decode().split(":")
-            return int(dead), int(g), point
+            return parse_assignment(store.get(assign_key(k)).decode())
         if store.check([abort_key]):
             return store.get(abort_key).decode()
         time.sleep(slice_s)
@@ -335,12 +334,6 @@ def pool_covers(store: Any, g: int, dead: Sequence[int], spares: int) -> bool:
     return left >= len(todo)
 
 
-def parse_assignment(value: str) -> tuple[int, int]:
-    """``swap/assign/{k}``'s value ``{dead}:{g}:{point}``: (the identity, the claim's generation)."""
-    dead, g, _point = value.split(":", 2)
-    return int(dead), int(g)
-
-
 def holder_since(store: Any, rank: int) -> int:
     """The generation from which the process now holding ``rank``'s identity holds it: ``g + 1`` for
     the latest claim (of generation ``g``) that assigned a spare to ``rank`` (``swap/assign/{k}`` of
@@ -348,7 +341,7 @@ def holder_since(store: Any, rank: int) -> int:
     since = 0
     for k in range(int(store.add(NEXT_KEY, 0))):
         if store.check([assign_key(k)]):
-            dead, g = parse_assignment(store.get(assign_key(k)).decode())
+            dead, g, _point = parse_assignment(store.get(assign_key(k)).decode())
             if dead == rank:
                 since = max(since, g + 1)
     return since
