@@ -37,12 +37,20 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 SCRIPT = "fsdp2_hsdp.py"
 #: long enough that a fault struck after the checkpoint of step 4 lands with most of the run ahead
 STEPS = "40"
+#: Both below the episode's arrival deadline (20 s).  A gloo op posted on sockets that a cut or a peer's
+#: revoke shut down can stay blocked until its group's timeout (bench/README.md, K6, open;
+#: spec/torch-facts.md): with the defaults (training groups 60 s, checkpoint group 120 s) that outlasts
+#: the peers' wait and ends the job L2.  CI met it at stop 37 (the link cut; here 2 runs in 6 held rank 0
+#: in FSDP2's replicate all-reduce, and with only the training groups' timeout lowered, 1 in 6 held
+#: rank 1 in DCP's broadcast on the checkpoint group).  With these the held op fails while its peers
+#: still wait, and its rank joins the episode.
+SETTINGS = {"collective_timeout_s": "10", "pg_timeout_s": "15"}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("outside") / "reference"
-    torchrun(SCRIPT, out, "--replicas", "2", "--steps", STEPS)
+    torchrun(SCRIPT, out, "--replicas", "2", "--steps", STEPS, settings=SETTINGS)
     return out
 
 
@@ -96,7 +104,7 @@ def test_a_broken_link_between_two_nodes_is_repaired_in_place(tmp_path, referenc
         pytest.skip(why)
     out = tmp_path / "cut"
     t, got = _strike_after_checkpoint(out, lambda: inject.cut_link(_worker(0), _worker(2)))
-    text = torchrun(SCRIPT, out, "--replicas", "2", "--steps", STEPS)
+    text = torchrun(SCRIPT, out, "--replicas", "2", "--steps", STEPS, settings=SETTINGS)
     t.join(timeout=5)
     assert got and not isinstance(got[0], BaseException), got
     assert got[0], "no connection between rank 0 and rank 2 was found to cut"
@@ -145,7 +153,8 @@ def test_a_training_rank_killed_or_stopped_from_outside_is_swapped(tmp_path, ref
     out = tmp_path / how
     strike = inject.crash if how == "sigkill" else inject.stop
     t, got = _strike_after_checkpoint(out, lambda: strike(_worker(1)))
-    text = torchrun(SCRIPT, out, "--replicas", "2", "--steps", STEPS, nproc=5, spares=1, max_restarts=1)
+    text = torchrun(SCRIPT, out, "--replicas", "2", "--steps", STEPS, nproc=5, spares=1, max_restarts=1,
+                    settings=SETTINGS)
     t.join(timeout=5)
     assert got and not isinstance(got[0], BaseException), got
     restarted = sorted(r for a, r in RunDir(out).trace_files() if a == 1)

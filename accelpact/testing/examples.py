@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..impl.launch.launch import ProcessSet, free_port, worker_env
@@ -19,9 +20,11 @@ TIMEOUT_S = 240.0
 
 
 def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 1, max_restarts: int = 0,
-             spares: int = 0) -> str:
+             spares: int = 0, settings: Mapping[str, str] | None = None) -> str:
     """Run ``examples/<script>`` under ``nnodes`` torchrun agents of ``nproc`` workers each; the
-    agents' combined output.  Fails the test on a non-zero agent exit or on the timeout."""
+    agents' combined output.  Fails the test on a non-zero agent exit or on the timeout.
+    ``settings``: :func:`accelpact.init` settings for every worker, as ``ACCELPACT_<NAME>`` variables
+    (``{"collective_timeout_s": "10"}``)."""
     out.mkdir(parents=True, exist_ok=True)
     if nnodes == 1:
         rdzv = ["--standalone"]
@@ -38,6 +41,7 @@ def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 
     # these tests are about the repair and bit-identity, not detection: on 2 shared cores with up to 8
     # workers a rank can be descheduled past the detector's 0.8 s default (spec/detection.md)
     env["ACCELPACT_DEAD_AFTER_S"] = "5"
+    env.update({f"ACCELPACT_{k.upper()}": str(v) for k, v in (settings or {}).items()})
     logs = [out / f"agent{i}.log" for i in range(nnodes)]
     with ProcessSet() as ps:
         files = [open(log, "wb") for log in logs]
