@@ -83,7 +83,8 @@ def pytest_command(subset: str, scenario: str | None, workers: int) -> list[str]
     if workers > 1:
         cmd += ["-n", str(workers)]
     if scenario:
-        return cmd + ["conformance/", "--scenario", scenario, "-k", "test_scenario_conforms"]
+        # one argument: a filter that begins with "-" ("-repair") is then not read as an option
+        return cmd + ["conformance/", f"--scenario={scenario}", "-k", "test_scenario_conforms"]
     if subset == "quick":
         return cmd + [f"conformance/test_conformance.py::test_scenario_conforms[{n}]" for n in QUICK]
     return cmd + ["conformance/", "-k", "test_scenario_conforms"]

@@ -80,6 +80,34 @@ class Abstraction:
         return real if base is None else cfg.frontier_at(gen) + (real - base)
 
 
+def engine_contract(traces: Mapping[int, RankTrace]) -> dict[str, Any]:
+    """The contract the engine decided with, as its trace headers say: ``platform`` (its backend's,
+    ``cuda-nccl`` on NCCL) and ``envelope`` (the envelope's JSON), as :class:`Config` fields; empty for
+    traces that do not say (written before they did: the model's defaults, ``cpu-gloo`` and the
+    shipped envelope).  An NCCL run under the shipped envelope is then modelled as it ran: its
+    platform is not qualified there, so each failure is L2 (RankReject), not the L1 a ``cpu-gloo``
+    model would demand.  :class:`TraceError` when a header's contract is malformed or the ranks'
+    headers disagree."""
+    from ..model.contract import EnvelopeError, envelope_from_mapping
+
+    said = {(str(tr.header.get("platform")), json.dumps(tr.header.get("envelope"), sort_keys=True))
+            for tr in traces.values() if "platform" in tr.header or "envelope" in tr.header}
+    if not said:
+        return {}
+    if len(said) > 1:
+        raise TraceError(f"the ranks' trace headers name {len(said)} different contracts (platform, envelope): "
+                         "one job decides with one; were traces of different runs mixed in one folder?")
+    h = next(tr.header for tr in traces.values() if "platform" in tr.header or "envelope" in tr.header)
+    platform, raw = h.get("platform"), h.get("envelope")
+    if not isinstance(platform, str) or not platform:
+        raise TraceError(f"trace header field 'platform' must be a non-empty string (e.g. 'cpu-gloo'), got {platform!r}")
+    try:
+        envelope = envelope_from_mapping(raw, source="trace header field 'envelope'")
+    except EnvelopeError as exc:
+        raise TraceError(str(exc)) from None
+    return {"platform": platform, "envelope": envelope}
+
+
 def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None = None, checkpoint: int = 0,
                         max_faults: int | None = None, profile: str | None = None) -> Config:
     """A model config from the trace headers (when no scenario file is at hand)."""
@@ -106,7 +134,7 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
                               for tr in traces.values() for rec in tr.records)
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
                  frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares,
-                 failing="any" if links else "one", links=links)
+                 failing="any" if links else "one", links=links, **engine_contract(traces))
     if not h.get("discard"):  # attached without rebuild= (or a trace that does not say): the engine narrowed its envelope (P17)
         cfg = cfg.with_(envelope=without_discard(cfg.envelope, "the job was attached without rebuild="))
     else:  # it discards in place, behind the commit fence (P17.2)

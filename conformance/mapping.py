@@ -12,6 +12,7 @@ The script filters successors; the model itself is unchanged.  Pure Python, no t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..testing.faults import IN_FLIGHT, KINDS
 from ..impl.runtime.wrappers import wrapper
@@ -119,12 +120,14 @@ def _links(sc: Scenario) -> bool:
     return any(KINDS[f.kind].pair for f in sc.faults)
 
 
-def model_config(sc: Scenario) -> Config:
+def model_config(sc: Scenario, **contract: Any) -> Config:
     """The model instance of a scenario (see module doc; spec/scenario-format.md "Mapping").  A
     trigger ``exception`` in forward or backward is the application's own error, which a rerun
     would raise again: the engine discards only communicator failures (P17), so the model's
-    envelope has no discard there (``contract.without_discard``)."""
-    cfg = _model_config(sc)
+    envelope has no discard there (``contract.without_discard``).  ``contract``: the ``platform``
+    and ``envelope`` the engine decided with (the trace headers', ``checker.engine_contract``;
+    none given: the model's defaults)."""
+    cfg = _model_config(sc).with_(**contract) if contract else _model_config(sc)
     if any(f.is_trigger and f.kind == "exception" and f.at in DISCARD_PHASES for f in sc.faults):
         cfg = cfg.with_(envelope=without_discard(cfg.envelope, "an application exception is not discarded"))
     return cfg

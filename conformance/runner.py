@@ -26,7 +26,7 @@ from ..impl.exitcodes import ExitCode
 from ..testing.faults import KINDS
 from ..impl.launch.rundir import RunDir
 from ..impl.trace import TraceError, load_traces
-from .checker import Abstraction, TraceChecker
+from .checker import Abstraction, TraceChecker, engine_contract
 from .mapping import model_config, script_for
 from .outcomes import model_outcomes
 from .scenario import Scenario
@@ -58,6 +58,8 @@ class Report:
     trace_message: str = ""
     wall_s: float = 0.0
     out: str = ""
+    #: the envelope file the ranks decided with, when not the shipped default (a candidate or trial one)
+    envelope: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,7 +67,7 @@ class Report:
             "timed_out": self.timed_out,
             "replayed_steps": self.replayed_steps, "bit_identical": self.bit_identical, "trace_ok": self.trace_ok,
             "deadlines_ok": self.deadlines_ok, "phases_s": self.phases_s, "problems": self.problems,
-            "wall_s": round(self.wall_s, 3), "out": self.out,
+            "wall_s": round(self.wall_s, 3), "out": self.out, "envelope": self.envelope,
         }
 
     def summary(self) -> str:
@@ -73,6 +75,8 @@ class Report:
         lines = [f"{self.scenario}: {verdict} (observed {self.outcome}, model allows {'/'.join(self.expected)})",
                  f"  replayed_steps={self.replayed_steps} bit_identical={self.bit_identical} trace_ok={self.trace_ok} "
                  f"deadlines_ok={self.deadlines_ok} wall={self.wall_s:.1f}s"]
+        if self.envelope:
+            lines.append(f"  envelope: {self.envelope}")
         if self.phases_s:
             lines.append("  phases: " + " ".join(f"{k}={v * 1e3:.1f}ms" for k, v in self.phases_s.items()))
         lines += [f"  problem: {p}" for p in self.problems]
@@ -90,10 +94,11 @@ def abstraction_for(sc: Scenario) -> Abstraction:
 def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
     """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs.
     :class:`TraceError` when the files are unusable (missing, torn, a rank without a trace)."""
-    cfg = model_config(sc)
+    runs = sorted(load_traces(out).items())
+    cfg = model_config(sc, **(engine_contract(runs[0][1]) if runs else {}))
     msgs = []
     ok = True
-    for attempt, traces in sorted(load_traces(out).items()):
+    for attempt, traces in runs:
         if attempt == 0:
             v = TraceChecker(cfg, traces, script=script_for(sc), abstraction=abstraction_for(sc)).check()
         else:
@@ -136,12 +141,35 @@ def _trace_times(out: Path, attempt: int, world: int) -> tuple[int | None, dict[
     return first_fault, last
 
 
+def candidate_envelope(backend_name: str, path: Path) -> Path | None:
+    """Where the shipped default envelope has no entry for ``backend_name``'s platform (every platform
+    but ``cpu-gloo``: ``cuda-nccl``), the envelope a run of the corpus there decides with: the
+    default's cells for that platform (``contract.default_envelope(platform=...)``), written to
+    ``path``.  None where the shipped default covers the platform.
+
+    The corpus is what qualifies a platform (``accelpact qualify`` runs each cell under the same
+    cells, its trial envelope): under the shipped default an unqualified platform's every failure is
+    L2, so no scenario would test the in-place repair there, and every one expecting L1 would fail on
+    the envelope, not on the engine.  The report names the file (``Report.envelope``); the traces'
+    headers carry it, and the checker models it (``checker.engine_contract``)."""
+    from ..impl.runtime.backends import backend
+    from ..model.contract import default_envelope, save_envelope, unqualified_notice
+
+    platform = backend(backend_name).platform
+    if unqualified_notice(default_envelope(), platform) is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_envelope(default_envelope(platform=platform), path)
+    return path
+
+
 def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None = None, deadline_s: float = 8.0,
                  timeout_s: float = 300.0, cache_dir: str | Path | None = None, seeded_bug: str | None = None,
                  torchrun_args: dict | None = None, envelope: str | Path | None = None) -> Report:
     """Run ``sc`` for real and apply the three oracles (module doc).  Bounded by ``timeout_s`` per launch.
-    ``envelope``: the envelope file the job's ranks decide with (None: the shipped default; ``accelpact
-    qualify`` passes a cell's trial envelope)."""
+    ``envelope``: the envelope file the job's ranks decide with (None: the shipped default where it
+    covers the backend's platform, else the platform's candidate envelope, :func:`candidate_envelope`;
+    ``accelpact qualify`` passes a cell's trial envelope)."""
     from ..impl.launch import launch
 
     t0 = time.monotonic()
@@ -151,7 +179,10 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     out = Path(out) if out is not None else Path(f"/tmp/accelpact-conformance/{sc.name}")
     rep.out = str(out)
     job = sc.job(out, backend=backend, deadline_s=deadline_s, seeded_bug=seeded_bug)
+    if envelope is None:
+        envelope = candidate_envelope(backend, out.with_name(f"{out.name}.envelope.json"))
     if envelope is not None:
+        rep.envelope = str(envelope)
         job = job.replace(envelope=str(envelope))
     ref = launch.run_reference(job, cache_dir or DEFAULT_CACHE, timeout_s=timeout_s, launcher="local")
     if any(KINDS[f.kind].job_wide for f in sc.faults):

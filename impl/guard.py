@@ -114,10 +114,10 @@ class BoundaryGuard:
                            "call optimizer.zero_grad(set_to_none=True) before the boundary")
         reasons.extend(self._wrapper_busy())
         reasons.extend(f"wrapper marked busy: {w}" for w in self.busy_marks)
-        reasons.extend(self._undrained())
+        reasons.extend(self.undrained())
         return GuardReport(not reasons, tuple(reasons))
 
-    def _undrained(self) -> list[str]:
+    def undrained(self) -> list[str]:
         """The devices whose current stream still had the step's work queued after ``sync_timeout_s``."""
         from .runtime.backends import for_device
 

@@ -8,6 +8,7 @@ Pure Python: no processes, no torch."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -513,3 +514,59 @@ def test_clock_skew_only_costs_no_verdict(large):
     assert v.nodes == sum(len(t.records) for t in tr.values()) + 1
     bad = TAMPERINGS["frontier"].apply(cfg, skewed)
     assert not check_traces(cfg, bad).accepted
+
+
+# ------------------------------------------------------------------ the engine's contract, from the headers
+
+def _k5_traces(**header):
+    """The soak K5 traces (tests/data: a swap released in place, L1, on cpu-gloo) with ``header``
+    fields set on every rank's header."""
+    import dataclasses
+
+    from accelpact.impl.trace import load_traces
+
+    trs = load_traces(Path(__file__).parent / "data" / "soak-k5-partial-flag")[7]
+    return {r: dataclasses.replace(t, header={**t.header, **header}) for r, t in trs.items()}
+
+
+def _episode_ok(trs) -> tuple[bool, str]:
+    from accelpact.testing.soak import judge as J
+
+    return J.check_episode(trs, 0, J._spares_left(trs, 0, 2, 0))
+
+
+def test_the_checker_models_the_contract_the_engine_had():
+    """The trace header's ``platform`` and ``envelope`` (written by the job: ``TrainingJob.contract``)
+    are the model's.  A swap released in place is accepted under an envelope that qualifies the
+    platform, and rejected when the headers say the engine ran on ``cuda-nccl`` under the shipped
+    envelope (which has no ``cuda-nccl`` entry: every failure there is L2, so no L1 swap).  Found on
+    the first lent GPU (stop 38): the NCCL corpus's engines rejected (L2, their envelope) and the
+    checker, assuming ``cpu-gloo``, demanded L1."""
+    from accelpact.conformance.checker import engine_contract
+    from accelpact.model.contract import default_envelope
+
+    shipped = default_envelope().to_json()
+    ok, msg = _episode_ok(_k5_traces(platform="cpu-gloo", envelope=shipped))
+    assert ok, msg
+    ok, msg = _episode_ok(_k5_traces(platform="cuda-nccl", envelope=default_envelope(platform="cuda-nccl").to_json()))
+    assert ok, msg
+    ok, msg = _episode_ok(_k5_traces(platform="cuda-nccl", envelope=shipped))
+    assert not ok and "RankGuard" in msg, msg
+    got = engine_contract(_k5_traces(platform="cuda-nccl", envelope=shipped))
+    assert got["platform"] == "cuda-nccl" and got["envelope"] == default_envelope()
+
+
+def test_a_malformed_or_split_contract_in_the_headers_is_named():
+    from accelpact.conformance.checker import engine_contract
+    from accelpact.impl.trace import TraceError
+    from accelpact.model.contract import default_envelope
+
+    assert engine_contract(_k5_traces()) == {}  # headers that do not say: the model's defaults
+    with pytest.raises(TraceError, match="'platform' must be a non-empty string"):
+        engine_contract(_k5_traces(platform=3, envelope=default_envelope().to_json()))
+    with pytest.raises(TraceError, match="entries"):
+        engine_contract(_k5_traces(platform="cuda-nccl", envelope={"format": "accelpact-envelope/1"}))
+    trs = _k5_traces(platform="cpu-gloo", envelope=default_envelope().to_json())
+    trs[1].header["platform"] = "cuda-nccl"
+    with pytest.raises(TraceError, match="different contracts"):
+        engine_contract(trs)

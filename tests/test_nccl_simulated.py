@@ -86,7 +86,8 @@ def _judge(groups: dict[str, object], observed: bool = False):
     others = {k: record_group(g) for k, g in groups.items() if k != "replicate"}
     others["control"] = SocketRecord(backend="gloo")
     stub = types.SimpleNamespace(groups=types.SimpleNamespace(name="replicate", key="replicate/0", others=others),
-                                 _record=r, _observe_in_flight=lambda point, exc: failed.append(exc))
+                                 _record=r, _observe_in_flight=lambda point, exc: failed.append(exc),
+                                 _swap_if_died=lambda point, exc: None)  # no spares: no death notice
     stub.group_records = types.MethodType(Pact.group_records, stub)
     Pact._fail_on_backend_errors(stub, observed)
     return failed[0] if failed else None
@@ -204,3 +205,55 @@ def test_the_engine_rejects_a_step_on_a_silently_aborted_group_and_the_seeded_bu
             assert run.actions(r)[-2:] == ["RankObserve", "RankReject"], run.actions(r)
         else:
             assert run.actions(r)[-1] == "RankExit", run.actions(r)
+
+
+def test_the_commit_drains_the_steps_device_work_before_it_judges_the_groups():
+    """First lent GPU (stop 38): every boundary repair of the NCCL corpus failed validation ("replica
+    checksums differ") because the CPU committed while the gradients' all-reduce still ran on the
+    device, and the boundary's abort of R cut it short.  ``Pact._before_commit`` drains first (the
+    guard's bounded drain), then judges the groups; an undrained device is not committed."""
+    calls: list[str] = []
+    undrained: list[str] = []
+
+    class Guard:
+        def undrained(self) -> list[str]:
+            calls.append("drain")
+            return list(undrained)
+
+    fake = types.SimpleNamespace(guard=Guard(), discard=False, gen=0,
+                                 group_records=lambda: (calls.append("judge"), {})[1])
+    Pact._before_commit(fake)
+    assert calls == ["drain", "judge"]
+    undrained.append("the step's work on cuda:0 did not finish within 20.0 s")
+    calls.clear()
+    with pytest.raises(backends.AbortedCommunicator, match="did not finish within 20.0 s"):
+        Pact._before_commit(fake)
+    assert calls == ["drain"]
+
+
+def test_a_group_error_after_a_peers_death_is_a_swap_not_a_rejection(monkeypatch):
+    """First lent GPU (stop 38), ``2x2-fsdp1-spare1-boundary-stop-r1``: rank 1 was stopped at the
+    boundary and deposed, its death failed the NCCL shard group, and the survivors, finding the
+    recorded error at the boundary, rejected (L2) where the model swaps.  With a keeper's death notice
+    the boundary now raises ``SwapNeeded`` (the commit had drained the step and found no error);
+    without one the error is still an in-flight failure, rejected."""
+    from accelpact.impl.runtime.hotswap import SwapNeeded
+
+    calls: list[str] = []
+    monkeypatch.setattr(backends, "recorded_errors", lambda records, skip=(): {"shard": "COMM_ERROR"})
+
+    def swap_if_died(point, exc):
+        calls.append(f"swap?{point}")
+        if dead:
+            raise SwapNeeded(point, dead, exc)
+
+    fake = types.SimpleNamespace(groups=types.SimpleNamespace(name="replicate", key="replicate0"),
+                                 group_records=lambda: {}, _swap_if_died=swap_if_died,
+                                 _observe_in_flight=lambda point, exc: calls.append(f"reject@{point}"))
+    dead = (1,)
+    with pytest.raises(SwapNeeded):
+        Pact._fail_on_backend_errors(fake, False)
+    assert calls == ["swap?boundary"]
+    dead, calls[:] = (), []
+    Pact._fail_on_backend_errors(fake, False)
+    assert calls == ["swap?boundary", "reject@backward"]

@@ -331,6 +331,20 @@ class TrainingJob:
         return CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
                                  store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
 
+    def contract(self) -> tuple[str, Any]:
+        """The platform this job's engine decides on (its backend's: ``cpu-gloo``, ``cuda-nccl``) and the
+        envelope it decides with (the ``envelope`` setting's file, else the shipped default).  Both go
+        into every trace header (``platform``, ``envelope``): the trace checker models the contract the
+        engine had, not the one the checker would assume (an unqualified platform's failures are L2)."""
+        from accelpact.model.contract import default_envelope, load_envelope
+
+        envelope = load_envelope(self.settings.envelope) if self.settings.envelope else default_envelope()
+        return _backend(self.backend).platform, envelope
+
+    def _contract_header(self) -> dict[str, Any]:
+        platform, envelope = self.contract()
+        return {"platform": platform, "envelope": envelope.to_json()}
+
     def _trace(self, model: Any, start: int, trace_header: Mapping[str, Any] | None, path: Any = None) -> Any:
         from .rundir import RunDir
         from ..trace import NullTrace, Trace
@@ -345,7 +359,7 @@ class TrainingJob:
         header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
                       group=kind, own_group=list(self.topology.group(kind, self.rank)), attempt=self.attempt,
                       scenario="job", seed=0, backend=self.backend, frontier_at_start=start, wrapper=wrap.name,
-                      generation_at_start=self.generation, spares=self.spares)
+                      generation_at_start=self.generation, spares=self.spares, **self._contract_header())
         header.update(trace_header or {})
         return Trace(path or RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
 
@@ -388,7 +402,8 @@ class TrainingJob:
             path = RunDir(self.settings.trace_dir).spare_trace(k, self.attempt, dead)
             header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
                           attempt=self.attempt, scenario="job", seed=0, backend=self.backend,
-                          frontier_at_start=published["frontier"], spare=k, generation_at_start=g)
+                          frontier_at_start=published["frontier"], spare=k, generation_at_start=g,
+                          **self._contract_header())
             header.update(trace_header or {})
             trace = Trace(path, dead, header)
         engine = SpareEngine(self, control=ControlPlane(self.attempt_store, dead, self.world, prefix=PREFIX), spare=k,
@@ -568,7 +583,7 @@ class Training:
     def _engage(self, model: Any, optimizer: Any, *, generation: int, frontier: int, trace: Any) -> None:
         """Attach an engine of ``generation`` to ``model``/``optimizer`` at ``frontier`` (at attach,
         and after a hot swap, on the model it rebuilt)."""
-        from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope, load_envelope
+        from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey
 
         from ..runtime import hotswap
         from ..controlplane import ControlPlane
@@ -580,8 +595,8 @@ class Training:
         self.wrapper = wrap.name
         pg = pact_groups(job.topology, job.rank, wrap.name, job.control_group, _Groups(job.groups), job.records)
         control = ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX)
-        key = ObservationKey(_backend(job.backend).platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
-        envelope = load_envelope(s.envelope) if s.envelope else default_envelope()
+        platform, envelope = job.contract()
+        key = ObservationKey(platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
         if job.spares and self._notices is None:
             self._notices = hotswap.Notices(job.attempt_store)
             self._notices.handled(self._notices.count())
