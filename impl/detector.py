@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from .controlplane import PREFIX, heartbeat_key
+from .threadname import EngineThread
 
 __all__ = [
     "DEAD", "DONE", "EPISODE", "HUNG", "Detector", "Suspect", "detector_defaults_for", "heartbeat_key", "resolve_hang_threshold",
@@ -321,7 +322,7 @@ class Detector:
         if self._thread is not None:
             raise RuntimeError("Detector.start: already started")
         self._started = self.clock()
-        self._thread = threading.Thread(target=self._run, name=f"accelpact-detector-r{self.rank}", daemon=True)
+        self._thread = EngineThread(target=self._run, name=f"accelpact-detector-r{self.rank}", daemon=True)
         self._thread.start()
         return self
 

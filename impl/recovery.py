@@ -73,6 +73,7 @@ from .launch.job import DEFAULT_DEADLINE_S, default_step_deadline
 from .runtime.replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
 from .watchdog import Watchdog
+from .threadname import EngineThread
 
 __all__ = ["attach", "Pact", "PactGroups", "RecoveryReport", "RebindError", "SpareEngine", "ValidationError"]
 
@@ -261,6 +262,19 @@ def _retirer() -> None:
         _drop(*_RETIRE_QUEUE.get())
 
 
+def start_retirer() -> None:
+    """Start this process's retiring thread (``accelpact-retire``) unless it runs.  Every engine calls
+    it at attach: started on first use instead (a repair's phase 5, a swap's), it appeared in a rank's
+    thread count only at the first episode that retired a group, which the soak's leak check read as
+    growth between two later episodes (30-minute soak, stop 37: "threads 38 -> 39" in six processes,
+    each once)."""
+    global _RETIRER
+    with _RETIRE_LOCK:
+        if _RETIRER is None or not _RETIRER.is_alive():
+            _RETIRER = EngineThread(target=_retirer, name="accelpact-retire", daemon=True)
+            _RETIRER.start()
+
+
 def _retire_off_path(box: list) -> threading.Event:
     """Drop the references in ``box`` (a replaced communicator) on the retiring thread (one per
     process, started on first use; a queue put costs microseconds, where starting a thread per
@@ -269,11 +283,7 @@ def _retire_off_path(box: list) -> threading.Event:
     main thread stalls 0.15 ms), which inside phase 5 sat on the repair's critical path.  If
     something else still holds the group (a reaped work, a socket record), it is destroyed where
     that reference goes, as before.  Returns the event set once ``box`` was emptied."""
-    global _RETIRER
-    with _RETIRE_LOCK:
-        if _RETIRER is None or not _RETIRER.is_alive():
-            _RETIRER = threading.Thread(target=_retirer, name="accelpact-retire", daemon=True)
-            _RETIRER.start()
+    start_retirer()
     done = threading.Event()
     _RETIRE_QUEUE.put((box, done))
     return done
@@ -720,6 +730,7 @@ class Pact(_Engine):
                                  on_suspect=self._on_suspect, dead_after_s=dead_after_s,
                                  hang_threshold_s=hang_threshold_s, backend=backend.name, epoch=generation) if detect else None
         self.watchdog.start()
+        start_retirer()  # now, not at the first retired group: the rank's thread count is steady from attach
         if self.detector is not None:
             self.detector.set_progress(frontier)
             self.detector.start()
@@ -808,9 +819,19 @@ class Pact(_Engine):
         failure of the step in ``backward`` (the death it follows is then swapped and the step
         discarded, P16.4; a communicator failure discarded in place, P17; else the contract's L2).  An
         aborted NCCL communicator's works report completion without their error, so the wrapper's
-        own waits (the stream only) pass.  On gloo a revoked group's ops raise and this finds nothing."""
+        own waits (the stream only) pass.  On gloo a revoked group's ops raise and this finds nothing.
+
+        First the step's device work is drained (the guard's bounded drain of each device's current
+        stream; nothing on the CPU): the wrapper's waits only order the streams, so without it the CPU
+        commits while the gradients' collectives still run on the device, and an abort of their
+        communicator after this check (the boundary's revoke, a peer's) cuts them short under a step
+        already committed: replicas then differ (first lent GPU, stop 38: every boundary repair of the
+        NCCL corpus failed its validation, "replica checksums differ").  Past the bound the step's
+        results are not known: :class:`AbortedCommunicator` as above."""
         from .runtime.backends import AbortedCommunicator, recorded_errors
 
+        if undrained := self.guard.undrained():
+            raise AbortedCommunicator(f"before the commit: {undrained[0]}; the step's collectives' results are not known")
         records = self.group_records()
         aborted = sorted({name for name, rec in records.items() if rec is not None and _revoke.aborted(rec)})
         errors = recorded_errors(records)
@@ -854,10 +875,16 @@ class Pact(_Engine):
 
         skip = (self.groups.name, self.groups.key) if observed else ()
         if bad := recorded_errors(self.group_records(), skip=skip):
+            exc = RuntimeError(f"NCCL recorded an error on group(s) {bad} during the step (aborted by its watchdog, "
+                               "TORCH_NCCL_ASYNC_ERROR_HANDLING=2): the step's result is not trusted")
+            # with spares, a peer's death (a keeper's notice) is what failed the group: the commit drained
+            # the step's device work and found no error (_before_commit), so the step stands and the dead
+            # rank is swapped at the boundary (first lent GPU, stop 38: a stopped rank's deposition failed
+            # the shard group and the survivors rejected, L2, where the model swaps)
+            self._swap_if_died("boundary", exc)
             # a collective of the step failed: an in-flight failure (RankObserve, RankReject: exit 70),
             # observed only now; which point of the step is not known, and every in-flight point is L2
-            self._observe_in_flight("backward", RuntimeError(f"NCCL recorded an error on group(s) {bad} during the step (aborted by its "
-                                    "watchdog, TORCH_NCCL_ASYNC_ERROR_HANDLING=2): the step's result is not trusted"))
+            self._observe_in_flight("backward", exc)
 
     def _probe(self, loss) -> tuple[bool, BaseException | None]:
         """The post-commit collective on R (it carries the loss, on R's device): (failed, its error)."""
@@ -952,7 +979,7 @@ class Pact(_Engine):
             except RevokedWhilePending:
                 reaped = threading.Event()
                 self._retiring.append(reaped)
-                threading.Thread(target=_reap, args=([work, pg], reaped), name="accelpact-reaper", daemon=True).start()
+                EngineThread(target=_reap, args=([work, pg], reaped), name="accelpact-reaper", daemon=True).start()
                 raise
             if _revoke.aborted(record):
                 raise RevokedWhilePending(f"{what} on {self.groups.key} completed on a communicator that generation "
@@ -988,7 +1015,7 @@ class Pact(_Engine):
         a keeper's notice: a heartbeat held that long reads as this rank's death to its peers, whose
         detectors then declare it in turn (soak K7: the stopped rank, once resumed, declared the
         three that had declared it and deposed a healthy one)."""
-        threading.Thread(target=self._handle_suspect, args=(peer, kind, detected_at_ns),
+        EngineThread(target=self._handle_suspect, args=(peer, kind, detected_at_ns),
                          name=f"accelpact-suspect-{peer}", daemon=True).start()
 
     def _handle_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:

@@ -36,6 +36,7 @@ from accelpact.model.state import PC_EXITED, PC_TRAIN, REASON_DEADLINE
 from . import revoke as _revoke
 from .exitcodes import claim_exit, code_for, exit_now, release_exit
 from .trace import NullTrace
+from .threadname import EngineThread
 
 __all__ = ["CLOSED", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "Watchdog"]
 
@@ -94,9 +95,9 @@ class Watchdog:
         self._revoke_store = control.store.clone()
         self._expire_control = control.on_store(control.store.clone())
         self._threads = [
-            threading.Thread(target=self._abort_loop, name="accelpact-watchdog-abort", daemon=True),
-            threading.Thread(target=self._revoke_loop, name="accelpact-watchdog-revoke", daemon=True),
-            threading.Thread(target=self._expire_loop, name="accelpact-watchdog-expire", daemon=True),
+            EngineThread(target=self._abort_loop, name="accelpact-watchdog-abort", daemon=True),
+            EngineThread(target=self._revoke_loop, name="accelpact-watchdog-revoke", daemon=True),
+            EngineThread(target=self._expire_loop, name="accelpact-watchdog-expire", daemon=True),
         ]
 
     def start(self) -> "Watchdog":

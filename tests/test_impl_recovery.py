@@ -125,6 +125,10 @@ def ddp_worker(ctx, steps: int = 4, faults=(), deadline_s: float = 8.0, step_dea
     pact = attach(model, opt, groups=groups, control=cp, trace=trace, deadline_s=deadline_s,
                   step_deadline_s=step_deadline_s, hooks=hooks_for(faults, seeded_bug, write_to_record_s))
     assert isinstance(pact.adapter, DDPAdapter), pact.adapter
+    import threading
+
+    # the retiring thread runs from attach, not from the first retired group (a count steady from attach)
+    results["retirer_at_attach"] = any(t.name == "accelpact-retire" and t.is_alive() for t in threading.enumerate())
     if rank == probe_passes_on:
         # a member whose boundary probe passed while a peer's failed (a race gloo does not produce on
         # two ranks, NCCL may): this rank learns of R's failure from the failure flag only
@@ -268,6 +272,7 @@ def test_ten_repairs_no_leak(ranks):
         res = run.result(r)
         _assert_equal_snapshots(res["run"], res["reference"])
         assert res["gen"] == 10
+        assert res["retirer_at_attach"], "the retiring thread must run from attach (soak: a thread that appeared later read as a leak)"
         gens = [rec["state"]["gen"] for rec in run.trace(r) if rec.get("action") == "RankResume"]
         assert gens == list(range(1, 11)), gens
         rows = res["measure"]

@@ -11,6 +11,7 @@ bounded by pytest's timeout and by the soak's own launch bound, and reaps every 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -235,6 +236,36 @@ def test_judge_fails_growth_across_episodes(tmp_path: Path) -> None:
     spare[-1] = {**spare[-1], "listeners": 7}
     c = _check(_judge(run, ref, strikes, samples=spare), "no_leaks")
     assert not c.ok and "listeners 6 -> 7" in c.detail, c.detail
+    # samples that carry the threads' kernel names (live.proc_counts) say which threads grew
+    named = [{**start, "names": {"python": 10}}, {**row, "names": {"python": 12, "retire": 1}},
+             {**row, "t_ns": 2, "episodes_before": 3, "threads": 32, "names": {"python": 12, "retire": 1, "reaper": 2}}]
+    c = _check(_judge(run, ref, strikes, samples=named), "no_leaks")
+    assert not c.ok and "threads 30 -> 32" in c.detail and "(threads that grew: reaper +2)" in c.detail, c.detail
+
+
+def test_proc_counts_names_the_engines_threads() -> None:
+    """The engine's threads carry kernel names (impl/threadname.py), which the soak's samples count."""
+    import os
+    import threading
+
+    from accelpact.impl.threadname import EngineThread, kernel_name
+    from accelpact.testing.soak.live import proc_counts
+
+    assert kernel_name("accelpact-watchdog-revoke") == "watchdog-revoke"
+    assert kernel_name("accelpact-detector-r12345678901") == "detector-r12345"  # 15 bytes at most
+    stop = threading.Event()
+    t = EngineThread(target=stop.wait, name="accelpact-soak-probe", daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while (proc_counts(os.getpid()) or {}).get("names", {}).get("soak-probe") != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        c = proc_counts(os.getpid())
+        assert c is not None and c["names"].get("soak-probe") == 1, c
+        assert c["threads"] == sum(c["names"].values())
+    finally:
+        stop.set()
+        t.join(5)
 
 
 def test_judge_fails_an_undocumented_exit_unless_it_is_a_known_bug(tmp_path: Path) -> None:

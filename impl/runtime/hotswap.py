@@ -49,6 +49,7 @@ from typing import Any, Callable, Sequence
 
 from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key,
                            swap_prefix, wide_prefix)
+from ..threadname import EngineThread
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
            "claim_write", "export_state", "holder_since", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
@@ -148,7 +149,7 @@ class SwapWatcher:
         self.slice_s = slice_s
         self.revoked: list[tuple[int, int]] = []  # (notice, sockets closed)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="accelpact-swap-watcher", daemon=True)
+        self._thread = EngineThread(target=self._run, name="accelpact-swap-watcher", daemon=True)
 
     def start(self) -> "SwapWatcher":
         self._thread.start()

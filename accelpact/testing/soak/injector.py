@@ -72,6 +72,7 @@ class Sample:
     threads: int
     fds: int
     listeners: int
+    names: dict[str, int] = field(default_factory=dict)   # threads by kernel name (live.proc_counts)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,7 +149,7 @@ class Injector:
         for ident, pid in sorted(self.live.pids().items()):
             c = proc_counts(pid)
             if c is not None:
-                self.samples.append(Sample(t, a, ident, pid, key[1], c["threads"], c["fds"], c["listeners"]))
+                self.samples.append(Sample(t, a, ident, pid, key[1], c["threads"], c["fds"], c["listeners"], c["names"]))
 
     def wait_training(self, timeout_s: float, done: Callable[[], bool]) -> bool:
         """Wait until every rank committed a step (training started); sets :attr:`t0`."""

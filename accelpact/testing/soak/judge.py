@@ -369,6 +369,14 @@ def _spares_left(traces: Mapping[int, RankTrace], g: int, spares: int, idle_deat
     return max(0, spares - joined - idle_deaths_before)
 
 
+def _names_grown(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
+    """Which threads, by kernel name, there were more of in ``last`` than in ``first`` (samples of
+    ``live.proc_counts``; empty for samples without names)."""
+    a, b = first.get("names") or {}, last.get("names") or {}
+    grew = {n: b[n] - a.get(n, 0) for n in sorted(b) if b[n] > a.get(n, 0)}
+    return f" (threads that grew: {', '.join(f'{n} +{k}' for n, k in grew.items())})" if grew else ""
+
+
 def check_episode(traces: Mapping[int, RankTrace], g: int, spares_left: int) -> tuple[bool, str]:
     """The trace checker's verdict on generation ``g`` of one attempt (see the module doc)."""
     from ...conformance.checker import TraceChecker, config_from_headers
@@ -543,7 +551,7 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
         if not what:
             continue
         line = (f"rank {first['identity']} (pid {pid}, attempt {first['attempt']}): {', '.join(what)} over closed "
-                f"episodes {first['episodes_before']}..{lastrow['episodes_before']}")
+                f"episodes {first['episodes_before']}..{lastrow['episodes_before']}{_names_grown(first, lastrow)}")
         # the episodes closed between the two samples (each closed one is a generation, in order)
         between = [e for e in eps if e.attempt == first["attempt"] and e.outcome in ("L1", "swap", "discard")
                    and first["episodes_before"] <= e.gen < lastrow["episodes_before"]]

@@ -67,16 +67,27 @@ def proc_env(pid: int) -> dict[str, str]:
     return out
 
 
-def proc_counts(pid: int) -> dict[str, int] | None:
+def proc_counts(pid: int) -> dict[str, Any] | None:
     """``pid``'s native threads (``/proc/<pid>/task``), open fds (``/proc/<pid>/fd``) and listening
-    TCP sockets (one per gloo group it holds, plus none: a worker hosts no store); None if gone."""
+    TCP sockets (one per gloo group it holds, plus none: a worker hosts no store); None if gone.
+    ``names``: its threads counted by kernel name (``comm``: the engine's threads carry their own,
+    ``impl/threadname.py``; torch's and gloo's theirs; other Python threads the interpreter's), so
+    that a growth can say which threads grew."""
     try:
-        threads = len(os.listdir(f"/proc/{pid}/task"))
+        tids = os.listdir(f"/proc/{pid}/task")
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         listeners = len(inject.listening_ports(pid))
     except (OSError, inject.InjectError):
         return None
-    return {"threads": threads, "fds": fds, "listeners": listeners}
+    names: dict[str, int] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue  # the thread ended between the listing and the read
+        names[name] = names.get(name, 0) + 1
+    return {"threads": len(tids), "fds": fds, "listeners": listeners, "names": names}
 
 
 @dataclass
