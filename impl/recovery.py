@@ -277,7 +277,7 @@ def start_retirer() -> None:
 
 def _retire_off_path(box: list) -> threading.Event:
     """Drop the references in ``box`` (a replaced communicator) on the retiring thread (one per
-    process, started on first use; a queue put costs microseconds, where starting a thread per
+    process, started at attach, :func:`start_retirer`; a queue put costs microseconds, where starting a thread per
     repair cost 0.1-0.4 ms in phase 5).  Destroying a gloo ``ProcessGroup`` tears down its pairs
     and worker threads: 20-25 ms per group between two processes here, with the GIL released (the
     main thread stalls 0.15 ms), which inside phase 5 sat on the repair's critical path.  If

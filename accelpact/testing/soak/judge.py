@@ -26,7 +26,8 @@ final snapshots.  What it decides (each a :class:`Check`; the soak is green when
                   the episode began (3 x the phase deadline + 10 s, the conformance runner's O3).
 ``no_leaks``      no worker's threads, fds or listening sockets (one per gloo group) grew from its
                   first sample after a repair of its own (a spare: not the episode it joined in) to
-                  its last.
+                  its last; a growth names the threads that grew, by kernel name (the engine's own
+                  carry theirs, ``impl/threadname.py``).
 ``straggler``     no straggler (``slow``) started an episode or was suspected.
 
 Failures name the soak's seed and the episode (attempt and generation).  Torch is imported only
