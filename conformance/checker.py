@@ -90,15 +90,14 @@ def engine_contract(traces: Mapping[int, RankTrace]) -> dict[str, Any]:
     headers disagree."""
     from ..model.contract import EnvelopeError, envelope_from_mapping
 
-    said = {(str(tr.header.get("platform")), json.dumps(tr.header.get("envelope"), sort_keys=True))
-            for tr in traces.values() if "platform" in tr.header or "envelope" in tr.header}
-    if not said:
+    saying = [tr.header for tr in traces.values() if "platform" in tr.header or "envelope" in tr.header]
+    if not saying:
         return {}
+    said = {(str(h.get("platform")), json.dumps(h.get("envelope"), sort_keys=True)) for h in saying}
     if len(said) > 1:
         raise TraceError(f"the ranks' trace headers name {len(said)} different contracts (platform, envelope): "
                          "one job decides with one; were traces of different runs mixed in one folder?")
-    h = next(tr.header for tr in traces.values() if "platform" in tr.header or "envelope" in tr.header)
-    platform, raw = h.get("platform"), h.get("envelope")
+    platform, raw = saying[0].get("platform"), saying[0].get("envelope")
     if not isinstance(platform, str) or not platform:
         raise TraceError(f"trace header field 'platform' must be a non-empty string (e.g. 'cpu-gloo'), got {platform!r}")
     try:

@@ -127,7 +127,7 @@ def model_config(sc: Scenario, **contract: Any) -> Config:
     envelope has no discard there (``contract.without_discard``).  ``contract``: the ``platform``
     and ``envelope`` the engine decided with (the trace headers', ``checker.engine_contract``;
     none given: the model's defaults)."""
-    cfg = _model_config(sc).with_(**contract) if contract else _model_config(sc)
+    cfg = _model_config(sc).with_(**contract)
     if any(f.is_trigger and f.kind == "exception" and f.at in DISCARD_PHASES for f in sc.faults):
         cfg = cfg.with_(envelope=without_discard(cfg.envelope, "an application exception is not discarded"))
     return cfg

@@ -50,6 +50,7 @@ Your code and AccelPact (documented behaviour, spec/implementation.md "Public AP
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import weakref
 from dataclasses import dataclass, field, fields, replace
@@ -331,18 +332,20 @@ class TrainingJob:
         return CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
                                  store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
 
+    @functools.cached_property
     def contract(self) -> tuple[str, Any]:
         """The platform this job's engine decides on (its backend's: ``cpu-gloo``, ``cuda-nccl``) and the
-        envelope it decides with (the ``envelope`` setting's file, else the shipped default).  Both go
-        into every trace header (``platform``, ``envelope``): the trace checker models the contract the
-        engine had, not the one the checker would assume (an unqualified platform's failures are L2)."""
+        envelope it decides with (the ``envelope`` setting's file, else the shipped default), read once
+        per job: every engine of the job decides with it and every trace header carries it
+        (``platform``, ``envelope``), so the trace checker models the contract the engine had, not the
+        one the checker would assume (an unqualified platform's failures are L2)."""
         from accelpact.model.contract import default_envelope, load_envelope
 
         envelope = load_envelope(self.settings.envelope) if self.settings.envelope else default_envelope()
         return _backend(self.backend).platform, envelope
 
     def _contract_header(self) -> dict[str, Any]:
-        platform, envelope = self.contract()
+        platform, envelope = self.contract
         return {"platform": platform, "envelope": envelope.to_json()}
 
     def _trace(self, model: Any, start: int, trace_header: Mapping[str, Any] | None, path: Any = None) -> Any:
@@ -595,7 +598,7 @@ class Training:
         self.wrapper = wrap.name
         pg = pact_groups(job.topology, job.rank, wrap.name, job.control_group, _Groups(job.groups), job.records)
         control = ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX)
-        platform, envelope = job.contract()
+        platform, envelope = job.contract
         key = ObservationKey(platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
         if job.spares and self._notices is None:
             self._notices = hotswap.Notices(job.attempt_store)
