@@ -361,6 +361,21 @@ class ControlPlane:
         value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
         return self._decide(self.key(g, "agree"), value)
 
+    def arrived(self, g: int) -> set[int]:
+        """The ranks whose (F, g) report stands in generation ``g`` (they made their RankArrive)."""
+        return {r for r in range(self.world_size) if self.store.check([self.key(g, f"frontier/{r}")])}
+
+    def decided_by(self, g: int, which: str, deadline: float) -> bool:
+        """Whether generation ``g``'s ``which`` decision ("agree", "release") stands by ``deadline``
+        (monotonic seconds).  Unlike :meth:`await_agreement` it decides nothing on expiry."""
+        import torch.distributed as dist
+
+        try:
+            self.store.wait([self.key(g, which)], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        except dist.DistStoreError:  # expiry; anything else is a lost store and propagates
+            return False
+        return True
+
     def await_agreement(self, g: int, deadline: float) -> str:
         """RankAwaitAgreement: the agreed decision, or ``abort:deadline`` if none by ``deadline``."""
         return self._await(g, "agree", deadline, f"abort:{REASON_DEADLINE}")

@@ -351,6 +351,30 @@ class Detector:
         t.join(self.op_timeout_s + 2 * self.interval_s + 1.0 if timeout_s is None else timeout_s)
         return not t.is_alive()
 
+    def beating(self, peers: Iterable[int], gap_s: float | None = None) -> set[int]:
+        """Which of ``peers`` are alive by their heartbeats, judged now from two reads ``gap_s`` apart
+        (default 3 x ``interval_s``) on this detector's own store connection, so a closed detector
+        answers too: a heartbeat that moved between the reads, or one that says the peer's engine
+        entered an episode (:data:`EPISODE`: it is on its way to the episode's barrier).  A peer that
+        never published, ended (:data:`DONE`) or whose heartbeat stood still (dead, stopped, or a
+        held GIL) is not beating.  Unlike :meth:`poll` this declares nothing."""
+        ranks = [p for p in peers if p in self._keys]
+
+        def read() -> dict[int, bytes]:
+            seen = [p for p in ranks if self.store.check([self._keys[p]])]
+            got = self.store.multi_get([self._keys[p] for p in seen]) if seen else []
+            return {p: bytes(v) for p, v in zip(seen, got, strict=True)}
+
+        first = read()
+        time.sleep(3 * self.interval_s if gap_s is None else gap_s)
+        second = read()
+        alive = set()
+        for p, raw in second.items():
+            if raw.split(b":")[1:2] == [EPISODE.encode()] or (p in first and first[p] != raw
+                                                             and raw.split(b":")[1:2] != [DONE.encode()]):
+                alive.add(p)
+        return alive
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

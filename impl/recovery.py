@@ -347,6 +347,10 @@ class _Engine:
     deadline_s: float
     watchdog: Watchdog
     _episode: "_Episode | None"
+    #: the heartbeat detector, and R's collective timeout (s), that the straggler wait reads
+    #: (:meth:`_await_stragglers`); a spare's engine has neither, and so never stretches its wait
+    detector: Any = None
+    collective_timeout_s: float | None = None
 
     @property
     def frontier(self) -> int:  # pragma: no cover - every engine defines it
@@ -415,10 +419,42 @@ class _Engine:
             self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
 
     def _await_agreement(self, ep: _Episode) -> None:
-        dec = self.control.await_agreement(ep.g, time.monotonic() + self.deadline_s)
+        """RankAwaitAgreement: the decision, or ``abort:deadline`` (RankTimeout) once the wait expires.
+        The wait is ``deadline_s``, stretched for a step abandoned in flight (:meth:`_await_stragglers`)."""
+        until = time.monotonic() + self.deadline_s
+        if ep.swap is not None and ep.swap.point in DISCARD_PHASES:
+            until = self._await_stragglers(ep, until)
+        dec = self.control.await_agreement(ep.g, until)
         if dec != DECISION_COMMIT:
             self._decided_abort(dec, expired=self.control.last_expired)
         self._act("RankAwaitAgreement", self._st(PC_AGREED), {"decision": dec})
+
+    def _await_stragglers(self, ep: _Episode, until: float) -> float:
+        """When the agreement wait of an episode that abandoned a step in flight (a discard, or a swap
+        from forward or backward) expires with peers still absent: the absent peers may be held in a
+        collective of the abandoned step that the revoke did not wake (a gloo op on sockets shut down
+        under it can stay blocked until its own timeout, K6 in bench/README.md); such a peer arrives
+        once that collective times out.  So while every absent peer still beats
+        (:meth:`~accelpact.impl.detector.Detector.beating`), the wait goes on, at most R's collective
+        timeout past ``until``; a silent one (dead, stopped, its GIL held) ends it at ``until`` as
+        before.  Decides nothing: returns when the caller's wait is to end (the RankTimeout, if
+        any, is the caller's).  Contrast the release wait, which is never stretched: by then every
+        rank has arrived, so none is held in the abandoned step."""
+        limit = until + (self.collective_timeout_s or 0.0)
+        noted = False
+        while True:
+            if self.control.decided_by(ep.g, "agree", until) or self.detector is None:
+                return until
+            now = time.monotonic()
+            if now >= limit:
+                return now
+            absent = set(range(self.control.world_size)) - self.control.arrived(ep.g)
+            if not absent or self.detector.beating(absent) != absent:
+                return time.monotonic()
+            if not noted:
+                self.trace.note("await-straggler", gen=ep.g, absent=sorted(absent), limit_s=round(limit - now, 3))
+                noted = True
+            until = min(time.monotonic() + 1.0, limit)
 
     # ---- Release: RankReady, RankDecideRelease, RankResume ---------------------------------------
     def _ready(self, ep: _Episode) -> None:
@@ -692,8 +728,11 @@ class Pact(_Engine):
             print(f"accelpact: {notice}", file=sys.stderr, flush=True)
         self.deadline_s = deadline_s
         backend = backend_of(groups.affected)
+        #: R's collective timeout (s; None: the group does not say): how long an op of an abandoned step
+        #: can hold a peer that still beats (:meth:`_await_agreement`)
+        self.collective_timeout_s = backend.timeout_of(groups.affected)
         if step_deadline_s is None:  # the one rule (job.default_step_deadline), R's collective timeout as it was built
-            step_deadline_s = default_step_deadline(backend.timeout_of(groups.affected), deadline_s)
+            step_deadline_s = default_step_deadline(self.collective_timeout_s, deadline_s)
         self.step_deadline_s = step_deadline_s
         self.hooks = hooks if hooks is not None else NO_HOOKS
         self.gen = generation

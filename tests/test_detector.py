@@ -283,6 +283,34 @@ def test_one_store_round_trip_per_poll_once_every_peer_is_seen() -> None:
     assert store.calls - before == 2  # set (no reply) + one multi_get
 
 
+def test_beating_tells_a_live_peer_from_a_silent_one_and_counts_an_episode_as_coming() -> None:
+    """:meth:`Detector.beating` (the episode's straggler wait asks it, recovery.Pact._await_stragglers):
+    a peer whose heartbeat moves between the two reads is beating; one that published once and went
+    silent (dead, stopped), one that ended (DONE) and one that never published are not; one whose
+    last heartbeat says EPISODE is (its engine is on its way to the barrier).  Real time: peer 1's
+    heartbeat thread runs, peer 2 polled once, peer 3 closed into an episode, peer 4 left."""
+    store, _clock, dets, _log = world(6)
+    for d in dets[1:5]:
+        d.poll()
+    dets[3].close(episode=True)
+    dets[4].close(leave=True)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            dets[1].poll()
+            time.sleep(0.02)
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        alive = dets[0].beating([1, 2, 3, 4, 5], gap_s=0.2)
+    finally:
+        stop.set()
+        t.join(5)
+    assert alive == {1, 3}, alive
+
+
 # ------------------------------------------------------------------------------------------ thread
 
 def _detector_threads() -> list[str]:

@@ -243,6 +243,48 @@ def test_judge_fails_growth_across_episodes(tmp_path: Path) -> None:
     assert not c.ok and "threads 30 -> 32" in c.detail and "(threads that grew: reaper +2)" in c.detail, c.detail
 
 
+def test_judge_reads_each_interval_at_its_last_sample(tmp_path: Path) -> None:
+    """What an episode holds for a while (a group held by an op of the abandoned step until its
+    collective timeout, K6) shows in the interval's first sample and is gone from a later one: the
+    judge reads the later one (the injector samples each interval again every RESAMPLE_S).  A growth
+    still there at the interval's last sample is a leak, whatever an earlier sample said."""
+    run, ref, strikes = _history(tmp_path)
+    row = {"t_ns": 1, "attempt": 0, "identity": 2, "pid": 4242, "episodes_before": 1, "threads": 30, "fds": 90, "listeners": 6}
+    start = {**row, "t_ns": 0, "episodes_before": 0, "threads": 20, "fds": 50, "listeners": 5}
+    held = {**row, "t_ns": 2, "episodes_before": 2, "threads": 37, "fds": 95, "listeners": 8}
+    freed = {**held, "t_ns": 3, "threads": 30, "fds": 90, "listeners": 6}
+    assert _check(_judge(run, ref, strikes, samples=[start, row, held, freed]), "no_leaks").ok
+    c = _check(_judge(run, ref, strikes, samples=[start, row, freed, {**held, "t_ns": 4}]), "no_leaks")
+    assert not c.ok and "listeners 6 -> 8" in c.detail, c.detail
+    # the baseline is its interval's last sample too: a transient in it does not hide a later growth
+    c = _check(_judge(run, ref, strikes, samples=[start, {**row, "fds": 99}, {**row, "t_ns": 2},
+                                                   {**row, "t_ns": 5, "episodes_before": 2, "fds": 91}]), "no_leaks")
+    assert not c.ok and "fds 90 -> 91" in c.detail, c.detail
+    # samples that carry fd kinds (live.fd_kinds) say what kind of fd grew
+    c = _check(_judge(run, ref, strikes, samples=[start, {**row, "fd_kinds": {"socket": 40, "pipe": 2}},
+                                                   {**row, "t_ns": 5, "episodes_before": 2, "fds": 91,
+                                                    "fd_kinds": {"socket": 41, "pipe": 2}}]), "no_leaks")
+    assert not c.ok and "(fds that grew: socket +1)" in c.detail, c.detail
+
+
+def test_fd_kinds_tells_sockets_pipes_and_files_apart(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    from accelpact.testing.soak.live import fd_kinds
+
+    before = fd_kinds(os.getpid())
+    r, w = os.pipe()
+    a, b = socket.socketpair()
+    fh = open(tmp_path / "f", "w")
+    try:
+        after = fd_kinds(os.getpid())
+    finally:
+        os.close(r), os.close(w), a.close(), b.close(), fh.close()
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+    assert grew == {"pipe": 2, "socket": 2, "file": 1}, grew
+
+
 def test_proc_counts_names_the_engines_threads() -> None:
     """The engine's threads carry kernel names (impl/threadname.py), which the soak's samples count."""
     import os

@@ -28,6 +28,11 @@ __all__ = ["Injector", "Sample", "Strike"]
 #: after an episode closed, how long the job must have trained steadily before a leak sample (the
 #: retired groups are destroyed off the repair's path, tens of ms later) and before the next fault
 SETTLE_S = 1.5
+#: while no episode closes, the leak sample of the interval is taken again this often: the judge reads
+#: each interval's last sample, so what an episode holds for a while after it (a group held by an op
+#: of an abandoned step until its collective timeout, K6; a retired engine's threads until their store
+#: slice ends) is not read as growth, while a real leak shows in every later sample
+RESAMPLE_S = 10.0
 #: how often the injector looks at the run while it waits for a time-triggered fault / for an episode
 POLL_S = 0.05
 #: at least this long between two time-triggered faults (a late one does not follow the one before at once)
@@ -73,6 +78,7 @@ class Sample:
     fds: int
     listeners: int
     names: dict[str, int] = field(default_factory=dict)   # threads by kernel name (live.proc_counts)
+    fd_kinds: dict[str, int] = field(default_factory=dict)  # fds by kind (live.fd_kinds)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +99,7 @@ class Injector:
         self.t0: float | None = None     # training started (monotonic s)
         self._timers: list[threading.Timer] = []
         self._sampled_at: tuple[int, int] = (-1, -1)   # (attempt, closed episodes) of the last sample
+        self._sampled_t = 0.0                          # when it was taken (monotonic s)
         self._steady_since: float | None = None
         #: no committed step, no record, no attempt for this long: the job is stalled (:attr:`stalled`)
         self.stall_s = stall_s
@@ -142,14 +149,15 @@ class Injector:
     def _maybe_sample(self) -> None:
         a = self.live.attempt
         key = (a, self._closed_episodes(a))
-        if key == self._sampled_at:
+        if key == self._sampled_at and time.monotonic() - self._sampled_t < RESAMPLE_S:
             return
-        self._sampled_at = key
+        self._sampled_at, self._sampled_t = key, time.monotonic()
         t = time.monotonic_ns()
         for ident, pid in sorted(self.live.pids().items()):
             c = proc_counts(pid)
             if c is not None:
-                self.samples.append(Sample(t, a, ident, pid, key[1], c["threads"], c["fds"], c["listeners"], c["names"]))
+                self.samples.append(Sample(t, a, ident, pid, key[1], c["threads"], c["fds"], c["listeners"], c["names"],
+                                           c.get("fd_kinds") or {}))
 
     def wait_training(self, timeout_s: float, done: Callable[[], bool]) -> bool:
         """Wait until every rank committed a step (training started); sets :attr:`t0`."""

@@ -25,9 +25,11 @@ final snapshots.  What it decides (each a :class:`Check`; the soak is green when
                   with a documented code (70-73; 143: stopped by torchrun) within its bound after
                   the episode began (3 x the phase deadline + 10 s, the conformance runner's O3).
 ``no_leaks``      no worker's threads, fds or listening sockets (one per gloo group) grew from its
-                  first sample after a repair of its own (a spare: not the episode it joined in) to
-                  its last; a growth names the threads that grew, by kernel name (the engine's own
-                  carry theirs, ``impl/threadname.py``).
+                  first interval after a repair of its own (a spare: not the episode it joined in) to
+                  its last, each interval (between two closed episodes) read at its last sample, the
+                  most settled (the injector samples it again every ``RESAMPLE_S``); a growth names
+                  the threads that grew, by kernel name (the engine's own carry theirs,
+                  ``impl/threadname.py``).
 ``straggler``     no straggler (``slow``) started an episode or was suspected.
 
 Failures name the soak's seed and the episode (attempt and generation).  Torch is imported only
@@ -371,11 +373,15 @@ def _spares_left(traces: Mapping[int, RankTrace], g: int, spares: int, idle_deat
 
 
 def _names_grown(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
-    """Which threads, by kernel name, there were more of in ``last`` than in ``first`` (samples of
-    ``live.proc_counts``; empty for samples without names)."""
-    a, b = first.get("names") or {}, last.get("names") or {}
-    grew = {n: b[n] - a.get(n, 0) for n in sorted(b) if b[n] > a.get(n, 0)}
-    return f" (threads that grew: {', '.join(f'{n} +{k}' for n, k in grew.items())})" if grew else ""
+    """Which threads, by kernel name, and which fds, by kind, there were more of in ``last`` than in
+    ``first`` (samples of ``live.proc_counts``; empty for samples without them)."""
+    out = ""
+    for field_, what in (("names", "threads"), ("fd_kinds", "fds")):
+        a, b = first.get(field_) or {}, last.get(field_) or {}
+        grew = {n: b[n] - a.get(n, 0) for n in sorted(b) if b[n] > a.get(n, 0)}
+        if grew:
+            out += f" ({what} that grew: {', '.join(f'{n} +{k}' for n, k in grew.items())})"
+    return out
 
 
 def check_episode(traces: Mapping[int, RankTrace], g: int, spares_left: int) -> tuple[bool, str]:
@@ -543,7 +549,10 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
         # reuses (tests/test_episode_leaks.py: listening sockets 6, 7, 7, 7).  A spare's first sample follows
         # the episode it joined in, which is no repair of its own: its baseline is the next one
         spare = not any(x["episodes_before"] == 0 for x in rows)
-        rows = sorted((x for x in rows if x["episodes_before"] >= 1), key=lambda x: x["t_ns"])[1 if spare else 0:]
+        settled: dict[tuple[int, int], dict] = {}  # each interval's last sample (what an episode held a while is gone)
+        for x in sorted(rows, key=lambda x: x["t_ns"]):
+            settled[(int(x["attempt"]), int(x["episodes_before"]))] = x
+        rows = sorted((x for x in settled.values() if x["episodes_before"] >= 1), key=lambda x: x["t_ns"])[1 if spare else 0:]
         if len(rows) < 2:
             continue
         measured += 1

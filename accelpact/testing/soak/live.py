@@ -34,7 +34,7 @@ from typing import Any, Iterable
 from ...impl.launch.rundir import RunDir
 from .. import inject
 
-__all__ = ["Group", "Live", "TraceTail", "discover_groups", "proc_counts", "proc_env", "pid_alive"]
+__all__ = ["Group", "Live", "TraceTail", "discover_groups", "fd_kinds", "proc_counts", "proc_env", "pid_alive"]
 
 #: the actions that close an identity's episode (it trains again, in the next generation)
 CLOSERS = frozenset({"RankResume"})
@@ -87,7 +87,27 @@ def proc_counts(pid: int) -> dict[str, Any] | None:
         except OSError:
             continue  # the thread ended between the listing and the read
         names[name] = names.get(name, 0) + 1
-    return {"threads": len(tids), "fds": fds, "listeners": listeners, "names": names}
+    return {"threads": len(tids), "fds": fds, "listeners": listeners, "names": names, "fd_kinds": fd_kinds(pid)}
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    """``pid``'s open fds counted by what they are: ``socket``, ``pipe``, ``anon_inode:<kind>``
+    (eventfd, eventpoll, ...), ``/dev``, or ``file``; so that a growth of fds says what grew."""
+    kinds: dict[str, int] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return kinds
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed between the listing and the read
+        kind = (target.split(":", 1)[0] if target.startswith(("socket:", "pipe:"))
+                else target.split("]", 1)[0].replace("[", "") if target.startswith("anon_inode:")
+                else "/dev" if target.startswith("/dev/") else "file")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
 
 
 @dataclass
