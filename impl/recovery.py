@@ -705,7 +705,7 @@ class Pact(_Engine):
                  hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
                  hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
                  discard: bool = False, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
-                 wide_records: Callable[[], list] | None = None) -> None:
+                 wide_records: Callable[[], list] | None = None, predecessor: Any = None) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
@@ -768,7 +768,7 @@ class Pact(_Engine):
         self.detector = Detector(control.store, self.rank, control.world_size, prefix=control.prefix,
                                  on_suspect=self._on_suspect, dead_after_s=dead_after_s,
                                  hang_threshold_s=hang_threshold_s, backend=backend.name, epoch=generation) if detect else None
-        self.watchdog.start()
+        self.watchdog.start(succeed=predecessor)  # a retired engine's abort thread is taken over
         start_retirer()  # now, not at the first retired group: the rank's thread count is steady from attach
         if self.detector is not None:
             self.detector.set_progress(frontier)
@@ -1110,6 +1110,7 @@ class Pact(_Engine):
         self._closed = True
         self.watchdog.stop()
         self.watchdog.detach()  # its threads keep it until their slices end; they must not keep this engine
+        self.watchdog.wake_revoke()  # generation g was released: its revoke thread leaves now
         _RETIRED_WATCHDOGS.add(self.watchdog)  # woken and joined at the job's end (retired_watchdogs)
         self.guard.remove()
         self._pg = None
@@ -1623,8 +1624,10 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
            hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
            hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
            discard: bool = False, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
-           wide_records: Callable[[], list] | None = None) -> Pact:
-    """Discover R's cached references once, install the guard, start the watchdog.  ``discard``: the
+           wide_records: Callable[[], list] | None = None, predecessor: Any = None) -> Pact:
+    """Discover R's cached references once, install the guard, start the watchdog.  ``predecessor``:
+    the retired engine's watchdog (after a swap or a discard), whose abort thread the new one takes
+    over (``Watchdog.start(succeed=)``).  ``discard``: the
     caller can rebuild the wrapper (:meth:`Pact.swap`), so a failure in forward or backward is
     discarded in place where the envelope says L1 (P17); without it those cells are L2.
 
@@ -1637,4 +1640,4 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
                 step_deadline_s=step_deadline_s,
                 detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s, generation=generation,
-                notices=notices, discard=discard, wide=wide, wide_records=wide_records)
+                notices=notices, discard=discard, wide=wide, wide_records=wide_records, predecessor=predecessor)

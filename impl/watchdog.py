@@ -29,7 +29,7 @@ import datetime
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from accelpact.model.state import PC_EXITED, PC_TRAIN, REASON_DEADLINE
 
@@ -62,6 +62,80 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
 
 
+class _AbortWatch:
+    """The thread that waits on the attempt's abort key, for a succession of watchdogs.
+
+    The abort key is the attempt's, not a generation's: when a swap or a discard retires an engine,
+    the next engine's watchdog takes over its predecessor's thread (:meth:`adopt`) instead of
+    starting one of its own beside it, whose predecessor would otherwise wait out its store slice
+    (up to ``slice_s``, 30 s) after its stop: a thread per retired engine, which the soak counted as
+    growth (stop 38).  ``owner`` is read under ``lock`` each time the thread acts; the thread ends as
+    soon as it finds its owner stopped and nobody adopted it (``ended``), after which :meth:`adopt`
+    refuses and the new watchdog starts a thread of its own."""
+
+    def __init__(self, owner: "Watchdog", store: Any, key: str, slice_s: float) -> None:
+        self.store, self.key, self.slice_s = store, key, slice_s
+        self.lock = threading.Lock()
+        self.owner = owner
+        self.ended = False
+        self.thread = EngineThread(target=self._run, name="accelpact-watchdog-abort", daemon=True)
+
+    def adopt(self, owner: "Watchdog") -> bool:
+        """Make ``owner`` the watchdog this thread acts for; False if the thread has ended (or was
+        watching another key)."""
+        with self.lock:
+            if self.ended or owner.control.abort_key != self.key:
+                return False
+            self.owner = owner
+            return True
+
+    def _current(self) -> "Watchdog | None":
+        """The owner to act for, or None (and ``ended``) if it stopped and nobody adopted the thread."""
+        with self.lock:
+            if self.owner._stop.is_set():
+                self.ended = True
+                return None
+            return self.owner
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self.lock:
+                self.ended = True
+
+    def _loop(self) -> None:
+        import torch.distributed as dist
+
+        while (wd := self._current()) is not None:
+            try:
+                self.store.wait([self.key], datetime.timedelta(seconds=self.slice_s))
+            except dist.DistStoreError:
+                continue  # slice expired: re-arm
+            except Exception as exc:  # noqa: BLE001 - store lost (DistNetworkError, connection reset, ...)
+                if (wd := self._current()) is None:
+                    return
+                print(f"accelpact watchdog: control-plane store lost ({exc!r}); exiting DEADLINE", file=sys.stderr)
+                wd.lose_store(exc)
+                return
+            if self._current() is None:
+                return
+            try:
+                reason = _s(self.store.get(self.key))
+            except Exception as exc:  # noqa: BLE001 - store lost between wait and get
+                if (wd := self._current()) is not None:
+                    wd.lose_store(exc)
+                return
+            if reason == CLOSED:
+                return  # the job ended normally (wake_and_join), not an abort
+            claim_exit()
+            if (wd := self._current()) is None:  # stopped meanwhile (normal end): never exit after stop()
+                release_exit()
+                return
+            wd.exit_with(reason, claimed=True)
+            return
+
+
 class Watchdog:
     """Started by ``attach``; ``stop()`` before a normal end of the job (then a lost store
     at shutdown is not an error).
@@ -91,17 +165,26 @@ class Watchdog:
         self._target_changed = threading.Event()
         self._wake: tuple[int, str] | None = None  # the watched (generation, group) once detached
         self.revocations: list[tuple[int, str, int, int]] = []  # (gen, group, sockets closed, t_ns)
-        self._abort_store = control.store.clone()
+        self._abort: _AbortWatch | None = None  # made at start: adopted from a predecessor, or its own
         self._revoke_store = control.store.clone()
         self._expire_control = control.on_store(control.store.clone())
         self._threads = [
-            EngineThread(target=self._abort_loop, name="accelpact-watchdog-abort", daemon=True),
             EngineThread(target=self._revoke_loop, name="accelpact-watchdog-revoke", daemon=True),
             EngineThread(target=self._expire_loop, name="accelpact-watchdog-expire", daemon=True),
         ]
 
-    def start(self) -> "Watchdog":
-        for t in self._threads:
+    def start(self, succeed: "Watchdog | None" = None) -> "Watchdog":
+        """Start the threads.  ``succeed``: the watchdog of the engine this one replaces (a swap's or a
+        discard's, already stopped): its abort thread is taken over if it still runs (:class:`_AbortWatch`)."""
+        prev = succeed._abort if succeed is not None else None
+        if prev is not None and prev.adopt(self):
+            self._abort = prev
+            self._threads.insert(0, prev.thread)
+        else:
+            self._abort = _AbortWatch(self, self.control.store.clone(), self.control.abort_key, self.slice_s)
+            self._threads.insert(0, self._abort.thread)
+            self._abort.thread.start()
+        for t in self._threads[1:]:
             t.start()
         return self
 
@@ -134,6 +217,21 @@ class Watchdog:
                 self._wake = self._target[:2]
             self._target = None
             self._target_changed.set()
+
+    def wake_revoke(self) -> None:
+        """After :meth:`stop` and :meth:`detach` of an engine retired once its generation was released
+        (a swap's, a discard's): retire that generation's revoke log (``ControlPlane.retire_revoke``:
+        a standing revoke is left as it is), so the revoke thread leaves now instead of at the end of
+        its slice (``revoke_slice_s``); its peers' retired watchers of that generation leave with it.
+        A store error is ignored: the thread then leaves at its slice's end, as before."""
+        with self._target_lock:
+            target = self._wake
+        if target is None:
+            return
+        try:
+            self.control.retire_revoke(target[0], target[1])
+        except Exception:  # noqa: BLE001 - store lost: the abort thread handles it; this one leaves at its slice
+            pass
 
     def wake_and_join(self, timeout_s: float = 5.0) -> bool:
         """After :meth:`stop` on *every* rank (the caller's barrier makes it so): end the threads'
@@ -272,37 +370,6 @@ class Watchdog:
                               {"error": f"{type(exc).__name__}: {exc}"[:300]})
 
         exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=claimed)
-
-    def _abort_loop(self) -> None:
-        import torch.distributed as dist
-
-        key = self.control.abort_key
-        while not self._stop.is_set():
-            try:
-                self._abort_store.wait([key], datetime.timedelta(seconds=self.slice_s))
-            except dist.DistStoreError:
-                continue  # slice expired: re-arm
-            except Exception as exc:  # noqa: BLE001 - store lost (DistNetworkError, connection reset, ...)
-                if self._stop.is_set():
-                    return
-                print(f"accelpact watchdog: control-plane store lost ({exc!r}); exiting DEADLINE", file=sys.stderr)
-                self.lose_store(exc)
-                return
-            if self._stop.is_set():
-                return
-            try:
-                reason = _s(self._abort_store.get(key))
-            except Exception as exc:  # noqa: BLE001 - store lost between wait and get
-                self.lose_store(exc)
-                return
-            if reason == CLOSED:
-                return  # the job ended normally (wake_and_join), not an abort
-            claim_exit()
-            if self._stop.is_set():  # stopped meanwhile (normal end): never exit after stop()
-                release_exit()
-                return
-            self.exit_with(reason, claimed=True)
-            return
 
     def _revoke_loop(self) -> None:
         """Read generation g's revoke log (``ControlPlane.revlog_key``) entry by entry, g being the

@@ -145,3 +145,40 @@ def test_watchdog_exits_deadline_when_store_is_lost(ranks):
     # the model's RankLoseStore: the store is gone, so no abort can be written or read
     assert recs[-2]["action"] == "RankLoseStore" and recs[-2]["state"]["reason"] == "deadline"
     assert "error" in recs[-2]["detail"]
+
+
+def succession(ctx) -> None:
+    """A watchdog retired (stopped, detached) and its successor started with ``succeed=``: one abort
+    thread for both, acting for the successor (its RankExit carries generation 2) when the test writes
+    the abort key."""
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.trace import Trace, trace_path
+    from accelpact.impl.watchdog import Watchdog
+
+    cp = ControlPlane(ctx.store, ctx.rank, ctx.world, prefix="wd/")
+    trace = Trace(trace_path(ctx.out, 0, ctx.rank), ctx.rank, {"world": ctx.world})
+    old = Watchdog(cp, trace=trace, gen_of=lambda: 1).start()
+    old.stop()
+    old.detach()
+    new = Watchdog(cp, trace=trace, gen_of=lambda: 2).start(succeed=old)
+    aborts = [t for t in threading.enumerate() if t.name == "accelpact-watchdog-abort" and t.is_alive()]
+    (ctx.out / f"abort-threads-r{ctx.rank}").write_text(f"{len(aborts)} {new._abort is old._abort}")
+    ctx.store.set(f"wd/armed{ctx.rank}", "1")
+    time.sleep(60)  # the idle rank under test: only its watchdog may end it
+    os._exit(5)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(90)
+def test_a_retired_watchdogs_abort_thread_is_taken_over(ranks, tmp_path):
+    """Soak, stop 38: a retired engine's abort thread waited out its 30 s slice beside its successor's
+    (the leak check counted it).  The successor takes it over: one abort thread, and the abort ends
+    the rank as the successor's (generation 2)."""
+    with ranks.start(succession, 1, timeout_s=40) as launch:
+        launch.wait_keys(["wd/armed0"])
+        launch.store.compare_set("wd/abort", "", "rejected")
+        run = launch.wait()
+    assert run.codes == {0: 70}, run.explain()
+    assert (tmp_path / "abort-threads-r0").read_text() == "1 True"
+    recs = run.trace(0)
+    assert recs[-2]["action"] == "RankExit" and recs[-2]["gen"] == 2

@@ -607,7 +607,8 @@ class Training:
                             step_deadline_s=s.step_deadline_s, frontier=frontier, key=key, envelope=envelope,
                             hooks=self.hooks, detect=s.detect, dead_after_s=s.dead_after_s,
                             hang_threshold_s=s.hang_threshold_s, generation=generation, notices=self._notices,
-                            discard=self.rebuild is not None, wide=job.rebuild_wide, wide_records=job.wide_records)
+                            discard=self.rebuild is not None, wide=job.rebuild_wide, wide_records=job.wide_records,
+                            predecessor=self.pact.watchdog if self.pact is not None and self.pact._closed else None)
         # F is published at the commit itself (the optimizer's post hook, after the guard's), not after
         # the boundary: a peer's abort can end this rank between its commit and the boundary, and an L2
         # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
