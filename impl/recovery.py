@@ -449,6 +449,10 @@ class _Engine:
             if now >= limit:
                 return now
             absent = set(range(self.control.world_size)) - self.control.arrived(ep.g)
+            if not absent and noted:
+                # the straggler arrived just now: its decision (it is the last arriver) is due at once,
+                # and is waited for as any decision is
+                return time.monotonic() + self.deadline_s
             if not absent or self.detector.beating(absent) != absent:
                 return time.monotonic()
             if not noted:

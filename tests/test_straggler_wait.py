@@ -66,7 +66,8 @@ class Trace:
 
 
 def pact(control: Control, detector: Detector | None, collective_timeout_s: float | None = 2.0):
-    return SimpleNamespace(control=control, detector=detector, collective_timeout_s=collective_timeout_s, trace=Trace())
+    return SimpleNamespace(control=control, detector=detector, collective_timeout_s=collective_timeout_s, trace=Trace(),
+                           deadline_s=0.3)
 
 
 EP = SimpleNamespace(g=0)
@@ -117,3 +118,13 @@ def test_a_decision_in_time_ends_the_wait_at_once_and_none_without_a_detector_or
     assert d.asked == 0
     assert wait(pact(Control(), None)) < 0.6
     assert wait(pact(Control(), Detector(), collective_timeout_s=None)) < 0.6
+
+
+def test_a_straggler_that_arrived_between_two_looks_has_its_decision_waited_for() -> None:
+    """It arrived (its frontier stands) but has not decided yet when a slice ends: the decision is
+    waited for a deadline more, not timed out at once."""
+    t0 = time.monotonic()
+    control = Control(arrive_at=t0 + 1.0)
+    control.decided_by = lambda g, which, deadline: (time.sleep(max(0.0, min(deadline, t0 + 1.05) - time.monotonic())), False)[1]
+    ended = wait(pact(control, Detector()))
+    assert ended >= 1.3, f"the caller's wait ends {ended:.2f} s in: at least a deadline (0.3 s) after the arrival"
