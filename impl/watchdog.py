@@ -162,6 +162,11 @@ class Watchdog:
         self._stop = threading.Event()
         self._target_lock = threading.Lock()
         self._target: tuple[int, str, _revoke.SocketRecord] | None = None
+        #: the records of the watched generation's other groups, taken when it was watched: (every
+        #: training group, the groups over W).  A revoke of generation g closes g's groups only: read
+        #: late (a loaded machine), a step revoke must not close the groups the episode built for g+1
+        #: (the goodput benchmark met that: a second discard of the rerun step)
+        self._snapshot: tuple[tuple, tuple] = ((), ())
         self._target_changed = threading.Event()
         self._wake: tuple[int, str] | None = None  # the watched (generation, group) once detached
         self.revocations: list[tuple[int, str, int, int]] = []  # (gen, group, sockets closed, t_ns)
@@ -216,6 +221,7 @@ class Watchdog:
             if self._target is not None:
                 self._wake = self._target[:2]
             self._target = None
+            self._snapshot = ((), ())
             self._target_changed.set()
 
     def wake_revoke(self) -> None:
@@ -328,8 +334,11 @@ class Watchdog:
     # ---- revoke target ---------------------------------------------------------------------
     def watch(self, g: int, group: str, record: _revoke.SocketRecord | None) -> None:
         """Watch ``g{g}/revoke/{group}``; ``record`` is the group's socket record (None: not a member)."""
+        steps = tuple(self.step_records()) if self.step_records is not None else ()
+        wide = tuple(self.wide_records()) if self.wide_records is not None else ()
         with self._target_lock:
             self._target = (g, group, record) if record is not None else None
+            self._snapshot = (steps, wide)
             self._target_changed.set()
 
     # ---- exits ---------------------------------------------------------------------------------
@@ -384,6 +393,7 @@ class Watchdog:
         while not self._stop.is_set():
             with self._target_lock:
                 target = self._target
+                steps, wide = self._snapshot
                 self._target_changed.clear()
             if target is None or target[0] in done:
                 self._target_changed.wait(self.revoke_slice_s)
@@ -416,14 +426,14 @@ class Watchdog:
             step = sep + suffix == STEP_REVOKE
             mine = entry == group or step
             others: list = []
-            if step and self.step_records is not None:
+            if step:
                 # an in-flight failure that will be discarded (P17): every group of this rank may have
                 # an op of the abandoned step pending; all of them are rebuilt, so all are closed now
-                others += self.step_records()
-            if (step or entry == WIDE_ENTRY) and self.wide_records is not None:
+                others += steps
+            if step or entry == WIDE_ENTRY:
                 # a group over all of W failed (P18.4), or every group is rebuilt (P17): a peer may be
                 # blocked in the failure flag or a checkpoint save on it
-                others += self.wide_records()
+                others += wide
             closed = _revoke.hard_close(record) if mine else 0
             for other in others:
                 if other is not None and other is not record:

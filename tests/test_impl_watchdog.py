@@ -182,3 +182,37 @@ def test_a_retired_watchdogs_abort_thread_is_taken_over(ranks, tmp_path):
     assert (tmp_path / "abort-threads-r0").read_text() == "1 True"
     recs = run.trace(0)
     assert recs[-2]["action"] == "RankExit" and recs[-2]["gen"] == 2
+
+
+def test_a_late_step_revoke_closes_its_own_generations_groups_only():
+    """``accelpact bench goodput`` (full suite, stop 39): a rank's revoke thread read generation 0's
+    step revoke 67 ms late, after the discard had built generation 1's groups, and closed those (the
+    groups over W are read through the job, which by then named the new ones): the rerun step failed
+    and was discarded a second time.  A revoke of generation g closes the groups g was watched with."""
+    from accelpact.impl import revoke
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.watchdog import Watchdog
+    from accelpact.testing import HOST
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(HOST, 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    cp = ControlPlane(store, 0, 2, prefix="late/")
+    mine, old_w, new_w = (revoke.SocketRecord("gloo") for _ in range(3))
+    current = {"wide": [old_w], "steps": [mine]}
+    wd = Watchdog(cp, gen_of=lambda: 0, step_records=lambda: list(current["steps"]),
+                  wide_records=lambda: list(current["wide"]), revoke_slice_s=0.2)
+    wd.watch(0, "replicate", mine)
+    current["wide"] = [new_w]   # the episode built generation 1's groups over W before the revoke was read
+    wd.start()
+    try:
+        cp.publish_revoke(0, "replicate", step=True)
+        deadline = time.monotonic() + 10
+        while not (mine.closed and old_w.closed) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # a second look at the log: nothing more may be closed
+        assert mine.closed and old_w.closed, (mine, old_w)
+        assert not new_w.closed, "generation 0's revoke closed a group built for generation 1"
+    finally:
+        wd.stop()
+        wd.wake_and_join(timeout_s=2)
