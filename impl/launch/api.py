@@ -581,6 +581,10 @@ class Training:
     _published: Any = None
     #: the step :meth:`step` opened that no :meth:`boundary` has closed yet (None: none open)
     _open: int | None = None
+    #: an episode rebuilt the model: the boundaries until the retired generation's cycles are collected
+    #: (:func:`accelpact.impl.recovery.collect_off_path`; at the second: at the first, some of the old
+    #: generation's groups are still reachable, tests/test_episode_leaks.py)
+    _collect_due: int = 0
 
     # ---- the engine --------------------------------------------------------------------------
     def _engage(self, model: Any, optimizer: Any, *, generation: int, frontier: int, trace: Any) -> None:
@@ -683,6 +687,12 @@ class Training:
         self._open = None
         if self.discarded:
             return None
+        if self._collect_due:  # the second commit after a rebuild: the old generation is unreachable by then
+            from ..recovery import collect_off_path
+
+            self._collect_due -= 1
+            if not self._collect_due:
+                collect_off_path()
         if self.job.spares:
             self._publish()
         elif self.rebuild is not None:
@@ -766,6 +776,7 @@ class Training:
         if self.checkpoints is not None:
             self.checkpoints = job._checkpoints(self.checkpoints.root, self.checkpoints.every)
         self._engage(module, optimizer, generation=g + 1, frontier=frontier, trace=pact.trace)
+        self._collect_due = 2
 
     @property
     def frontier(self) -> int:
