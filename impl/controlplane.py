@@ -188,39 +188,32 @@ class ControlPlane:
         return _s(self.store.compare_set(key, "", value))
 
     def _await(self, g: int, which: str, deadline: float, on_expiry: str) -> str:
-        """Wait for a decision key until ``deadline`` (monotonic seconds).  On expiry try to
-        decide ``on_expiry`` ourselves; either way return the decision that stands."""
+        """Wait for a decision key until ``deadline`` (monotonic seconds; :meth:`decided_by`).  On
+        expiry try to decide ``on_expiry`` ourselves; either way return the decision that stands."""
         key = self.key(g, which)
-        remaining = max(deadline - time.monotonic(), 0.001)
         self.last_expired = False
+        if self.decided_by(g, which, deadline):  # a lost store raises here
+            return _s(self.store.get(key))
+        # Several ranks' deadlines can expire together: only the first to expire on this key
+        # is the RankTimeout (the model's single step that writes the abort); the others read
+        # the decision that stands and exit on it (RankExit).
+        # The claim comes before the count: once the count makes us first, a peer may write
+        # the same abort:deadline and the job abort at once, and our watchdog must not end
+        # us (RankExit) before we record the RankTimeout that the model gives to the first.
+        held = self.claims_exit
+        if held:
+            claim_exit()
         try:
-            self.store.wait([key], datetime.timedelta(seconds=remaining))
-        except Exception as exc:  # DistStoreError on expiry; anything else is a lost store
-            import torch.distributed as dist
-
-            if not isinstance(exc, dist.DistStoreError):
-                raise
-            # Several ranks' deadlines can expire together: only the first to expire on this key
-            # is the RankTimeout (the model's single step that writes the abort); the others read
-            # the decision that stands and exit on it (RankExit).
-            # The claim comes before the count: once the count makes us first, a peer may write
-            # the same abort:deadline and the job abort at once, and our watchdog must not end
-            # us (RankExit) before we record the RankTimeout that the model gives to the first.
-            held = self.claims_exit
+            first = self.first_expirer(g, which)
+            dec = self._decide(key, on_expiry)
+        except BaseException:
             if held:
-                claim_exit()
-            try:
-                first = self.first_expirer(g, which)
-                dec = self._decide(key, on_expiry)
-            except BaseException:
-                if held:
-                    release_exit()
-                raise
-            self.last_expired = first and dec == on_expiry
-            if held and not self.last_expired:
-                release_exit()  # not the first, or a decision already stood: not ours to time out on
-            return dec
-        return _s(self.store.get(key))
+                release_exit()
+            raise
+        self.last_expired = first and dec == on_expiry
+        if held and not self.last_expired:
+            release_exit()  # not the first, or a decision already stood: not ours to time out on
+        return dec
 
     # ---- Store.abort -------------------------------------------------------------------
     def abort(self, reason: str) -> str:

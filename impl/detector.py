@@ -368,12 +368,8 @@ class Detector:
         first = read()
         time.sleep(3 * self.interval_s if gap_s is None else gap_s)
         second = read()
-        alive = set()
-        for p, raw in second.items():
-            if raw.split(b":")[1:2] == [EPISODE.encode()] or (p in first and first[p] != raw
-                                                             and raw.split(b":")[1:2] != [DONE.encode()]):
-                alive.add(p)
-        return alive
+        return {p for p, raw in second.items()
+                if _mark_of(raw) == EPISODE or (_mark_of(raw) != DONE and first.get(p) not in (None, raw))}
 
     @property
     def running(self) -> bool:
@@ -420,7 +416,7 @@ class Detector:
             if p in self.suspects or p in self.left:
                 continue
             st, raw = self._state[p], values.get(p)
-            if raw is not None and raw.split(b":")[1:2] in ([DONE.encode()], [EPISODE.encode()]):
+            if raw is not None and _mark_of(raw) in (DONE, EPISODE):
                 self.left.add(p)  # ended normally, or in an episode that rebuilds its engine
                 continue
             if raw is None:  # never published
@@ -490,6 +486,12 @@ def _snapshot(times: "collections.deque[float]") -> list[float]:
         except RuntimeError:  # "deque mutated during iteration"
             continue
     return []
+
+
+def _mark_of(raw: bytes) -> str:
+    """A heartbeat's counter field: a number, or a last heartbeat's :data:`DONE` / :data:`EPISODE`."""
+    parts = raw.split(b":")
+    return parts[1].decode(errors="replace") if len(parts) > 1 else ""
 
 
 def _progress_of(raw: bytes) -> int | None:

@@ -461,10 +461,12 @@ class _Engine:
         before.  Decides nothing: returns when the caller's wait is to end (the RankTimeout, if
         any, is the caller's).  Contrast the release wait, which is never stretched: by then every
         rank has arrived, so none is held in the abandoned step."""
-        limit = until + (self.collective_timeout_s or 0.0)
+        if self.detector is None or not self.collective_timeout_s:
+            return until
+        limit = until + self.collective_timeout_s
         noted = False
         while True:
-            if self.control.decided_by(ep.g, "agree", until) or self.detector is None:
+            if self.control.decided_by(ep.g, "agree", until):
                 return until
             now = time.monotonic()
             if now >= limit:

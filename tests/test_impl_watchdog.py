@@ -208,10 +208,9 @@ def test_a_late_step_revoke_closes_its_own_generations_groups_only():
     try:
         cp.publish_revoke(0, "replicate", step=True)
         deadline = time.monotonic() + 10
-        while not (mine.closed and old_w.closed) and time.monotonic() < deadline:
+        while not wd.revocations and time.monotonic() < deadline:  # appended once the revoke's closes are done
             time.sleep(0.02)
-        time.sleep(0.3)  # a second look at the log: nothing more may be closed
-        assert mine.closed and old_w.closed, (mine, old_w)
+        assert wd.revocations and mine.closed and old_w.closed, (wd.revocations, mine, old_w)
         assert not new_w.closed, "generation 0's revoke closed a group built for generation 1"
     finally:
         wd.stop()

@@ -372,7 +372,7 @@ def _spares_left(traces: Mapping[int, RankTrace], g: int, spares: int, idle_deat
     return max(0, spares - joined - idle_deaths_before)
 
 
-def _names_grown(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
+def _what_grew(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
     """Which threads, by kernel name, and which fds, by kind, there were more of in ``last`` than in
     ``first`` (samples of ``live.proc_counts``; empty for samples without them)."""
     out = ""
@@ -561,7 +561,7 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
         if not what:
             continue
         line = (f"rank {first['identity']} (pid {pid}, attempt {first['attempt']}): {', '.join(what)} over closed "
-                f"episodes {first['episodes_before']}..{lastrow['episodes_before']}{_names_grown(first, lastrow)}")
+                f"episodes {first['episodes_before']}..{lastrow['episodes_before']}{_what_grew(first, lastrow)}")
         # the episodes closed between the two samples (each closed one is a generation, in order)
         between = [e for e in eps if e.attempt == first["attempt"] and e.outcome in ("L1", "swap", "discard")
                    and first["episodes_before"] <= e.gen < lastrow["episodes_before"]]
