@@ -105,9 +105,13 @@ class _AbortWatch:
                 self.ended = True
 
     def _loop(self) -> None:
+        """The wait itself holds no reference to the owner: an adopted thread's predecessor (a retired
+        engine's watchdog, with its two store connections) is freed at its retire, not at the end of
+        the slice this thread was waiting in when it was adopted (the soak counted those connections,
+        up to ``slice_s`` after each episode).  The owner is looked up again at each action."""
         import torch.distributed as dist
 
-        while (wd := self._current()) is not None:
+        while self._current() is not None:
             try:
                 self.store.wait([self.key], datetime.timedelta(seconds=self.slice_s))
             except dist.DistStoreError:

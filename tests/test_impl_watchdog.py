@@ -184,6 +184,42 @@ def test_a_retired_watchdogs_abort_thread_is_taken_over(ranks, tmp_path):
     assert recs[-2]["action"] == "RankExit" and recs[-2]["gen"] == 2
 
 
+def test_an_adopted_abort_thread_frees_its_predecessor_at_once():
+    """Soak, stop 40: after every hot swap and discard each rank held two more store connections for
+    up to 30 s (the retired watchdog's own two: the adopted abort thread's wait held its old owner
+    until the slice ended), which the leak check read as growth.  Once its other threads have left, a
+    retired watchdog is freed while the abort thread it handed over still waits in its slice."""
+    import gc
+    import weakref
+
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.watchdog import Watchdog
+    from accelpact.testing import HOST
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(HOST, 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    cp = ControlPlane(store, 0, 1, prefix="adopt/")
+    old = Watchdog(cp, revoke_slice_s=0.2, slice_s=30.0).start()
+    time.sleep(0.3)  # the abort thread is inside its 30 s wait, as in training
+    old.stop()
+    old.detach()
+    new = Watchdog(cp, revoke_slice_s=0.2, slice_s=30.0).start(succeed=old)
+    try:
+        assert new._abort is old._abort
+        for t in old._threads[1:]:  # the old revoke and expire threads leave within their short slice
+            t.join(5.0)
+            assert not t.is_alive(), t.name
+        gone = weakref.ref(old)
+        del old
+        gc.collect()
+        assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]
+        assert new._abort.thread.is_alive()  # still in the slice it was adopted in
+    finally:
+        new.stop()
+        assert new.wake_and_join(10.0)
+
+
 def test_a_late_step_revoke_closes_its_own_generations_groups_only():
     """``accelpact bench goodput`` (full suite, stop 39): a rank's revoke thread read generation 0's
     step revoke 67 ms late, after the discard had built generation 1's groups, and closed those (the

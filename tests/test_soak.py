@@ -243,20 +243,34 @@ def test_judge_fails_growth_across_episodes(tmp_path: Path) -> None:
     assert not c.ok and "threads 30 -> 32" in c.detail and "(threads that grew: reaper +2)" in c.detail, c.detail
 
 
-def test_judge_reads_each_interval_at_its_last_sample(tmp_path: Path) -> None:
+def test_judge_reads_each_interval_at_its_floor(tmp_path: Path) -> None:
     """What an episode holds for a while (a group held by an op of the abandoned step until its
-    collective timeout, K6) shows in the interval's first sample and is gone from a later one: the
-    judge reads the later one (the injector samples each interval again every RESAMPLE_S).  A growth
-    still there at the interval's last sample is a leak, whatever an earlier sample said."""
+    collective timeout, K6) shows in the interval's first sample and is gone from a later one; what
+    one sample catches in passing (soak, stop 40: a checkpoint file being written, +1 file fd) is gone
+    from the next: the judge reads each interval at its floor (the injector samples each interval
+    again every RESAMPLE_S).  A growth held through a whole later interval is a leak."""
     run, ref, strikes = _history(tmp_path)
     row = {"t_ns": 1, "attempt": 0, "identity": 2, "pid": 4242, "episodes_before": 1, "threads": 30, "fds": 90, "listeners": 6}
     start = {**row, "t_ns": 0, "episodes_before": 0, "threads": 20, "fds": 50, "listeners": 5}
     held = {**row, "t_ns": 2, "episodes_before": 2, "threads": 37, "fds": 95, "listeners": 8}
     freed = {**held, "t_ns": 3, "threads": 30, "fds": 90, "listeners": 6}
     assert _check(_judge(run, ref, strikes, samples=[start, row, held, freed]), "no_leaks").ok
-    c = _check(_judge(run, ref, strikes, samples=[start, row, freed, {**held, "t_ns": 4}]), "no_leaks")
+    # churn: one sample of the interval shows more, the next does not
+    assert _check(_judge(run, ref, strikes, samples=[start, row, freed, {**held, "t_ns": 4}, {**freed, "t_ns": 5}]),
+                  "no_leaks").ok
+    # a growth held through a later interval, whatever an earlier sample said
+    c = _check(_judge(run, ref, strikes, samples=[start, row, freed, {**held, "t_ns": 4},
+                                                   {**held, "t_ns": 5, "episodes_before": 3}]), "no_leaks")
     assert not c.ok and "listeners 6 -> 8" in c.detail, c.detail
-    # the baseline is its interval's last sample too: a transient in it does not hide a later growth
+    # the floor of each fd kind: a file fd in one sample, a socket in another, is no growth of either
+    kinds = [start, {**row, "fd_kinds": {"file": 4, "socket:store": 86}},
+             {**row, "t_ns": 5, "episodes_before": 2, "fds": 91, "fd_kinds": {"file": 5, "socket:store": 86}},
+             {**row, "t_ns": 6, "episodes_before": 2, "fds": 91, "fd_kinds": {"file": 4, "socket:store": 87}}]
+    assert _check(_judge(run, ref, strikes, samples=kinds), "no_leaks").ok
+    kinds[-1] = {**kinds[-1], "fds": 92, "fd_kinds": {"file": 5, "socket:store": 87}}  # the file held throughout
+    c = _check(_judge(run, ref, strikes, samples=kinds), "no_leaks")
+    assert not c.ok and "fds 90 -> 91" in c.detail and "(fds that grew: file +1)" in c.detail, c.detail
+    # the baseline is its interval's floor too: a transient in it does not hide a later growth
     c = _check(_judge(run, ref, strikes, samples=[start, {**row, "fds": 99}, {**row, "t_ns": 2},
                                                    {**row, "t_ns": 5, "episodes_before": 2, "fds": 91}]), "no_leaks")
     assert not c.ok and "fds 90 -> 91" in c.detail, c.detail
@@ -265,6 +279,32 @@ def test_judge_reads_each_interval_at_its_last_sample(tmp_path: Path) -> None:
                                                    {**row, "t_ns": 5, "episodes_before": 2, "fds": 91,
                                                     "fd_kinds": {"socket": 41, "pipe": 2}}]), "no_leaks")
     assert not c.ok and "(fds that grew: socket +1)" in c.detail, c.detail
+
+
+def test_judge_reads_an_interval_before_its_first_fault(tmp_path: Path) -> None:
+    """Soak, stop 40: a cut struck in steady training closed a gloo pair of two ranks, and the
+    injector sampled them again before their episode began: the interval's last sample held one
+    connection fewer, and the next interval's (the pair rebuilt) read as growth.  An interval is read
+    from its samples before the first fault struck in it; a growth before that is still a leak."""
+    run, ref, strikes = _history(tmp_path)
+    row = {"t_ns": 10, "attempt": 0, "identity": 2, "pid": 4242, "episodes_before": 1, "threads": 30, "fds": 90,
+           "listeners": 6}
+    start = {**row, "t_ns": 0, "episodes_before": 0}
+    cut = {"index": 7, "kind": "cut_group", "trigger": "time", "met": True, "t_ns": 25, "identity": 1}
+    after_cut = {**row, "t_ns": 30, "fds": 89}
+    rebuilt = {**row, "t_ns": 50, "episodes_before": 2}
+    assert _check(_judge(run, ref, strikes + [cut], samples=[start, row, after_cut, rebuilt]), "no_leaks").ok
+    # without the fault's time the sample after it is the interval's last: the growth it shows is read
+    c = _check(_judge(run, ref, strikes, samples=[start, row, after_cut, rebuilt]), "no_leaks")
+    assert not c.ok and "fds 89 -> 90" in c.detail, c.detail
+    # a growth before the first fault is read: the sample after the fault does not hide it
+    c = _check(_judge(run, ref, strikes + [cut], samples=[start, row, {**row, "t_ns": 20, "fds": 88}, after_cut,
+                                                           {**rebuilt, "fds": 91}]), "no_leaks")
+    assert not c.ok and "fds 88 -> 91" in c.detail, c.detail
+    # a fault not met (it never struck) does not count
+    missed = {**cut, "met": False}
+    c = _check(_judge(run, ref, strikes + [missed], samples=[start, row, after_cut, rebuilt]), "no_leaks")
+    assert not c.ok and "fds 89 -> 90" in c.detail, c.detail
 
 
 def test_fd_kinds_tells_sockets_pipes_and_files_apart(tmp_path: Path) -> None:
@@ -283,6 +323,43 @@ def test_fd_kinds_tells_sockets_pipes_and_files_apart(tmp_path: Path) -> None:
         os.close(r), os.close(w), a.close(), b.close(), fh.close()
     grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
     assert grew == {"pipe": 2, "socket": 2, "file": 1}, grew
+
+
+def test_fd_kinds_names_a_tcp_socket_by_what_it_is_connected_to() -> None:
+    """A listener, a connection to a store's port, any other connection, and one whose peer closed
+    (CLOSE_WAIT: this process still holds what the other side let go) are four kinds."""
+    import os
+    import socket
+
+    from accelpact.testing.soak.live import fd_kinds
+
+    def grew(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+        return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)
+                if after.get(k, 0) != before.get(k, 0)}
+
+    store, other = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    opened = [store, other]
+    try:
+        port = store.getsockname()[1]
+        before = fd_kinds(os.getpid(), [port])
+        c1 = socket.create_connection(("127.0.0.1", port))
+        s1, _ = store.accept()
+        c2 = socket.create_connection(("127.0.0.1", other.getsockname()[1]))
+        s2, _ = other.accept()
+        opened += [c1, s1, c2, s2]
+        after = fd_kinds(os.getpid(), [port])
+        # c1 -> the store's port; s1, c2, s2: other connections (s1's remote port is c1's, not the store's)
+        assert grew(before, after) == {"socket:store": 1, "socket:peer": 3}, grew(before, after)
+        s2.close()
+        deadline = __import__("time").monotonic() + 10
+        while fd_kinds(os.getpid(), [port]).get("socket:CLOSE_WAIT", 0) < 1 and __import__("time").monotonic() < deadline:
+            __import__("time").sleep(0.01)
+        last = fd_kinds(os.getpid(), [port])
+        assert grew(after, last) == {"socket:peer": -2, "socket:CLOSE_WAIT": 1}, grew(after, last)
+        assert last.get("socket:listen", 0) >= 2
+    finally:
+        for x in opened:
+            x.close()
 
 
 def test_proc_counts_names_the_engines_threads() -> None:

@@ -63,7 +63,7 @@ from typing import Callable, Iterable
 __all__ = [
     "InjectError", "TcpConn", "check_pid", "crash", "cut_link", "cut_links", "gil_hang", "link_connections", "handler_installed", "install_gil_hang_handler",
     "install_handlers", "install_sleep_handler", "is_stopped", "link_cut_available", "listening_ports", "mailbox", "resume",
-    "select_connections", "slow", "stop", "tcp_connections", "GIL_HANG_SIGNAL", "SLEEP_SIGNAL",
+    "select_connections", "slow", "stop", "tcp_connections", "tcp_state", "tcp_table", "GIL_HANG_SIGNAL", "SLEEP_SIGNAL",
 ]
 
 #: the signal a harness-installed handler answers with a GIL hang (:func:`install_gil_hang_handler`)
@@ -366,13 +366,26 @@ def _socket_fds(pid: int) -> dict[int, int]:
     return out
 
 
+def tcp_state(code: str) -> str:
+    """The name of a ``/proc/net/tcp`` ``st`` column (``0A`` -> ``LISTEN``); an unknown code as is."""
+    return _TCP_STATES.get(code, code)
+
+
 def tcp_connections(pid: int, states: Iterable[str] | None = ("ESTABLISHED",)) -> list[TcpConn]:
     """``pid``'s TCP sockets (v4 and v6) in the given states (None: any), from ``/proc/<pid>/fd``
     (fd -> ``socket:[inode]``) joined with ``/proc/<pid>/net/tcp{,6}`` (its network namespace)."""
     check_pid(pid, what="list the sockets of", allow_self=True)
     fds = _socket_fds(pid)
     want = None if states is None else set(states)
-    found: list[TcpConn] = []
+    found = [TcpConn(fds[inode], inode, local, remote, state) for inode, local, remote, state in tcp_table(pid)
+             if inode in fds and (want is None or state in want)]
+    return sorted(found, key=lambda c: c.fd)
+
+
+def tcp_table(pid: int) -> list[tuple[int, tuple[str, int], tuple[str, int], str]]:
+    """Every TCP socket (v4 and v6) of ``pid``'s network namespace (``/proc/<pid>/net/tcp{,6}``), as
+    (inode, local address, remote address, state name); whichever process holds it."""
+    rows = []
     for table in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{table}") as fh:
@@ -381,13 +394,9 @@ def tcp_connections(pid: int, states: Iterable[str] | None = ("ESTABLISHED",)) -
             continue
         for line in lines:
             cols = line.split()
-            if len(cols) < 10:
-                continue
-            inode = int(cols[9])
-            state = _TCP_STATES.get(cols[3], cols[3])
-            if inode in fds and (want is None or state in want):
-                found.append(TcpConn(fds[inode], inode, _addr(cols[1]), _addr(cols[2]), state))
-    return sorted(found, key=lambda c: c.fd)
+            if len(cols) >= 10:
+                rows.append((int(cols[9]), _addr(cols[1]), _addr(cols[2]), tcp_state(cols[3])))
+    return rows
 
 
 def listening_ports(pid: int) -> set[int]:

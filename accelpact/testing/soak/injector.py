@@ -29,9 +29,10 @@ __all__ = ["Injector", "Sample", "Strike"]
 #: retired groups are destroyed off the repair's path, tens of ms later) and before the next fault
 SETTLE_S = 1.5
 #: while no episode closes, the leak sample of the interval is taken again this often: the judge reads
-#: each interval's last sample, so what an episode holds for a while after it (a group held by an op
-#: of an abandoned step until its collective timeout, K6; a retired engine's threads until their store
-#: slice ends) is not read as growth, while a real leak shows in every later sample
+#: each interval at its floor (the fewest of each count over its samples before its first fault), so
+#: what an episode holds for a while after it (a group held by an op of an abandoned step until its
+#: collective timeout, K6) or what one sample catches in passing (a checkpoint file being written) is
+#: not read as growth, while a real leak shows in every later sample
 RESAMPLE_S = 10.0
 #: how often the injector looks at the run while it waits for a time-triggered fault / for an episode
 POLL_S = 0.05
@@ -153,8 +154,9 @@ class Injector:
             return
         self._sampled_at, self._sampled_t = key, time.monotonic()
         t = time.monotonic_ns()
+        store = [p for p in (self.live.store_port(),) if p]
         for ident, pid in sorted(self.live.pids().items()):
-            c = proc_counts(pid)
+            c = proc_counts(pid, store)
             if c is not None:
                 self.samples.append(Sample(t, a, ident, pid, key[1], c["threads"], c["fds"], c["listeners"], c["names"],
                                            c.get("fd_kinds") or {}))

@@ -26,10 +26,15 @@ final snapshots.  What it decides (each a :class:`Check`; the soak is green when
                   the episode began (3 x the phase deadline + 10 s, the conformance runner's O3).
 ``no_leaks``      no worker's threads, fds or listening sockets (one per gloo group) grew from its
                   first interval after a repair of its own (a spare: not the episode it joined in) to
-                  its last, each interval (between two closed episodes) read at its last sample, the
-                  most settled (the injector samples it again every ``RESAMPLE_S``); a growth names
-                  the threads that grew, by kernel name (the engine's own carry theirs,
-                  ``impl/threadname.py``).
+                  its last, each interval (between two closed episodes) read at its floor: the fewest
+                  of each (each thread name, each fd kind) over its samples taken before the
+                  interval's first fault struck (the injector samples it again every ``RESAMPLE_S``).
+                  What a process holds throughout steady training is what a leak grows; what one
+                  sample shows and a later one does not is churn (a checkpoint file being written, a
+                  retired engine's store connection until it is collected), and what the next fault
+                  did is not steady training (a cut's sockets closed before its episode begins).  A
+                  growth names the threads that grew, by kernel name (the engine's own carry theirs,
+                  ``impl/threadname.py``), and the fds that grew, by kind (``live.fd_kinds``).
 ``straggler``     no straggler (``slow``) started an episode or was suspected.
 
 Failures name the soak's seed and the episode (attempt and generation).  Torch is imported only
@@ -384,6 +389,22 @@ def _what_grew(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
     return out
 
 
+def _floor(samples: list[dict]) -> dict:
+    """One interval's samples (``live.proc_counts`` rows, in time order) read as their floor: its last
+    row with each count (threads, fds, listeners, each thread name and fd kind) the fewest seen.  Where
+    every sample has its fds by kind, the fds are the sum of the kinds' floors: a file fd caught in
+    one sample and a socket in another are no growth of either, nor of their sum."""
+    out = dict(samples[-1])
+    for k in LEAK_TOLERANCE:
+        out[k] = min(x[k] for x in samples)
+    for field_ in ("names", "fd_kinds"):
+        keys = {n for x in samples for n in (x.get(field_) or {})}
+        out[field_] = {n: min((x.get(field_) or {}).get(n, 0) for x in samples) for n in sorted(keys)}
+    if all(x.get("fd_kinds") for x in samples):
+        out["fds"] = min(out["fds"], sum(out["fd_kinds"].values()))
+    return out
+
+
 def check_episode(traces: Mapping[int, RankTrace], g: int, spares_left: int) -> tuple[bool, str]:
     """The trace checker's verdict on generation ``g`` of one attempt (see the module doc)."""
     from ...conformance.checker import TraceChecker, config_from_headers
@@ -540,6 +561,7 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
 
     # leaks
     grown = []
+    struck = sorted(int(s["t_ns"]) for s in strikes if s.get("met") and s.get("t_ns"))
     by_pid: dict[int, list[dict]] = {}
     for s in samples:
         by_pid.setdefault(int(s["pid"]), []).append(s)
@@ -549,10 +571,13 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
         # reuses (tests/test_episode_leaks.py: listening sockets 6, 7, 7, 7).  A spare's first sample follows
         # the episode it joined in, which is no repair of its own: its baseline is the next one
         spare = not any(x["episodes_before"] == 0 for x in rows)
-        settled: dict[tuple[int, int], dict] = {}  # each interval's last sample (what an episode held a while is gone)
+        quiet: dict[tuple[int, int], list[dict]] = {}  # each interval's samples before its first fault
         for x in sorted(rows, key=lambda x: x["t_ns"]):
-            settled[(int(x["attempt"]), int(x["episodes_before"]))] = x
-        rows = sorted((x for x in settled.values() if x["episodes_before"] >= 1), key=lambda x: x["t_ns"])[1 if spare else 0:]
+            key = (int(x["attempt"]), int(x["episodes_before"]))
+            if key not in quiet or not any(quiet[key][0]["t_ns"] < t <= x["t_ns"] for t in struck):
+                quiet.setdefault(key, []).append(x)
+        settled = [_floor(xs) for key, xs in quiet.items() if key[1] >= 1]
+        rows = sorted(settled, key=lambda x: x["t_ns"])[1 if spare else 0:]
         if len(rows) < 2:
             continue
         measured += 1

@@ -67,12 +67,13 @@ def proc_env(pid: int) -> dict[str, str]:
     return out
 
 
-def proc_counts(pid: int) -> dict[str, Any] | None:
+def proc_counts(pid: int, store_ports: Iterable[int] = ()) -> dict[str, Any] | None:
     """``pid``'s native threads (``/proc/<pid>/task``), open fds (``/proc/<pid>/fd``) and listening
     TCP sockets (one per gloo group it holds, plus none: a worker hosts no store); None if gone.
     ``names``: its threads counted by kernel name (``comm``: the engine's threads carry their own,
     ``impl/threadname.py``; torch's and gloo's theirs; other Python threads the interpreter's), so
-    that a growth can say which threads grew."""
+    that a growth can say which threads grew; ``fd_kinds``: its fds by kind (:func:`fd_kinds`, the
+    connections to a port of ``store_ports`` told apart)."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
         fds = len(os.listdir(f"/proc/{pid}/fd"))
@@ -87,27 +88,45 @@ def proc_counts(pid: int) -> dict[str, Any] | None:
         except OSError:
             continue  # the thread ended between the listing and the read
         names[name] = names.get(name, 0) + 1
-    return {"threads": len(tids), "fds": fds, "listeners": listeners, "names": names, "fd_kinds": fd_kinds(pid)}
+    return {"threads": len(tids), "fds": fds, "listeners": listeners, "names": names,
+            "fd_kinds": fd_kinds(pid, store_ports)}
 
 
-def fd_kinds(pid: int) -> dict[str, int]:
-    """``pid``'s open fds counted by what they are: ``socket``, ``pipe``, ``anon_inode:<kind>``
-    (eventfd, eventpoll, ...), ``/dev``, or ``file``; so that a growth of fds says what grew."""
+def fd_kinds(pid: int, store_ports: Iterable[int] = ()) -> dict[str, int]:
+    """``pid``'s open fds counted by what they are: ``pipe``, ``anon_inode:<kind>`` (eventfd,
+    eventpoll, ...), ``/dev``, ``file``, and sockets by what they are connected to:
+    ``socket:listen`` (a gloo group's listener), ``socket:store`` (a connection to a port of
+    ``store_ports``: a store client, its clones among them), ``socket:peer`` (any other established
+    TCP connection: a gloo pair), ``socket:<state>`` (a TCP socket in another state: ``CLOSE_WAIT``
+    is one whose peer closed and this process did not) and ``socket`` (not TCP: a unix socket); so
+    that a growth of fds says what grew."""
     kinds: dict[str, int] = {}
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return kinds
+    tcp = _tcp_kinds(pid, frozenset(store_ports))
     for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue  # closed between the listing and the read
-        kind = (target.split(":", 1)[0] if target.startswith(("socket:", "pipe:"))
-                else target.split("]", 1)[0].replace("[", "") if target.startswith("anon_inode:")
-                else "/dev" if target.startswith("/dev/") else "file")
+        if target.startswith("socket:["):
+            kind = tcp.get(int(target[8:-1]), "socket")
+        else:
+            kind = (target.split(":", 1)[0] if target.startswith("pipe:")
+                    else target.split("]", 1)[0].replace("[", "") if target.startswith("anon_inode:")
+                    else "/dev" if target.startswith("/dev/") else "file")
         kinds[kind] = kinds.get(kind, 0) + 1
     return kinds
+
+
+def _tcp_kinds(pid: int, store_ports: frozenset[int]) -> dict[int, str]:
+    """inode -> kind (:func:`fd_kinds`) of every TCP socket in ``pid``'s network namespace."""
+    return {inode: ("socket:listen" if state == "LISTEN"
+                    else ("socket:store" if remote[1] in store_ports else "socket:peer") if state == "ESTABLISHED"
+                    else f"socket:{state}")
+            for inode, _local, remote, state in inject.tcp_table(pid)}
 
 
 @dataclass
