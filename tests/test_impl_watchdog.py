@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import threading
 import time
 
@@ -201,7 +202,16 @@ def test_an_adopted_abort_thread_frees_its_predecessor_at_once():
     store = dist.TCPStore(HOST, 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
     cp = ControlPlane(store, 0, 1, prefix="adopt/")
     old = Watchdog(cp, revoke_slice_s=0.2, slice_s=30.0).start()
-    time.sleep(0.3)  # the abort thread is inside its 30 s wait, as in training
+    # the abort thread is inside its 30 s store wait, as in training: its innermost Python frame is
+    # _loop (the wait is C++), not yet _current's
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(old._abort.thread.ident or -1)
+        if frame is not None and frame.f_code.co_name == "_loop":
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the abort thread never reached its store wait")
     old.stop()
     old.detach()
     new = Watchdog(cp, revoke_slice_s=0.2, slice_s=30.0).start(succeed=old)

@@ -351,9 +351,9 @@ def test_fd_kinds_names_a_tcp_socket_by_what_it_is_connected_to() -> None:
         # c1 -> the store's port; s1, c2, s2: other connections (s1's remote port is c1's, not the store's)
         assert grew(before, after) == {"socket:store": 1, "socket:peer": 3}, grew(before, after)
         s2.close()
-        deadline = __import__("time").monotonic() + 10
-        while fd_kinds(os.getpid(), [port]).get("socket:CLOSE_WAIT", 0) < 1 and __import__("time").monotonic() < deadline:
-            __import__("time").sleep(0.01)
+        deadline = time.monotonic() + 10
+        while fd_kinds(os.getpid(), [port]).get("socket:CLOSE_WAIT", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         last = fd_kinds(os.getpid(), [port])
         assert grew(after, last) == {"socket:peer": -2, "socket:CLOSE_WAIT": 1}, grew(after, last)
         assert last.get("socket:listen", 0) >= 2

@@ -43,6 +43,7 @@ to compare the snapshots.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -389,6 +390,13 @@ def _what_grew(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
     return out
 
 
+def _before_first_fault(samples: list[dict], struck: list[int]) -> list[dict]:
+    """An interval's samples (in time order) taken before the first of ``struck`` (sorted strike
+    times) after its first sample: the first sample always."""
+    i = bisect.bisect_right(struck, samples[0]["t_ns"])
+    return samples if i == len(struck) else [x for x in samples if x["t_ns"] < struck[i]]
+
+
 def _floor(samples: list[dict]) -> dict:
     """One interval's samples (``live.proc_counts`` rows, in time order) read as their floor: its last
     row with each count (threads, fds, listeners, each thread name and fd kind) the fewest seen.  Where
@@ -571,12 +579,10 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
         # reuses (tests/test_episode_leaks.py: listening sockets 6, 7, 7, 7).  A spare's first sample follows
         # the episode it joined in, which is no repair of its own: its baseline is the next one
         spare = not any(x["episodes_before"] == 0 for x in rows)
-        quiet: dict[tuple[int, int], list[dict]] = {}  # each interval's samples before its first fault
+        intervals: dict[tuple[int, int], list[dict]] = {}
         for x in sorted(rows, key=lambda x: x["t_ns"]):
-            key = (int(x["attempt"]), int(x["episodes_before"]))
-            if key not in quiet or not any(quiet[key][0]["t_ns"] < t <= x["t_ns"] for t in struck):
-                quiet.setdefault(key, []).append(x)
-        settled = [_floor(xs) for key, xs in quiet.items() if key[1] >= 1]
+            intervals.setdefault((int(x["attempt"]), int(x["episodes_before"])), []).append(x)
+        settled = [_floor(_before_first_fault(xs, struck)) for key, xs in intervals.items() if key[1] >= 1]
         rows = sorted(settled, key=lambda x: x["t_ns"])[1 if spare else 0:]
         if len(rows) < 2:
             continue
