@@ -43,10 +43,12 @@ explore: $(STAMP)
 	$(BIN)/accelpact explore --nodes 2 --ranks-per-node 2 --max-faults 2
 
 # The nightly profile: 2x2 with three faults, 3x2 with two, 2x2 with two spares and two crashes, each stopped at ten minutes
-# (model/engine_nightly.py; not in CI), then the manifest's other slow configurations (minutes).
+# (model/engine_nightly.py; not in CI), then what CI leaves to it (ACCELPACT_NIGHTLY=1): the manifest's slow configurations and
+# the fast ones' full searches, the corpus regenerated from the model, FailBench F2 on 3x2 (minutes each).
 nightly: $(STAMP)
 	$(BIN)/python -m accelpact.model.engine_nightly --budget $(NIGHTLY_BUDGET) --json build/nightly.json
-	ACCELPACT_NIGHTLY=1 $(BIN)/python -m pytest -q -n 2 tests/test_model_explore.py -k slow_configuration
+	ACCELPACT_NIGHTLY=1 $(BIN)/python -m pytest -q -n 2 tests/test_model_explore.py tests/test_scenarios.py tests/test_model_hotswap.py \
+		-k "configuration_has_not_drifted or corpus_equals_generated or failbench_f2"
 
 bench: $(STAMP)
 	$(BIN)/accelpact bench explore

@@ -46,6 +46,7 @@ __all__ = [
     "NIGHTLY_CONFIGS",
     "load_manifest",
     "manifest_drift",
+    "manifest_modes",
     "write_manifest",
 ]
 
@@ -523,10 +524,13 @@ def manifest_numbers(result: ExploreResult) -> dict[str, Any]:
     }
 
 
-def manifest_entry(name: str, progress: Callable[[Search], None] | None = None) -> dict[str, Any]:
+def manifest_entry(name: str, progress: Callable[[Search], None] | None = None,
+                   modes: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A fresh manifest entry of ``name``: its configuration and, for each of ``modes`` (default:
+    :func:`manifest_modes`), the numbers of an exploration in that mode."""
     cfg, fast = (NIGHTLY_CONFIGS[name], False) if name in NIGHTLY_CONFIGS else MANIFEST_CONFIGS[name]
     entry: dict[str, Any] = {"config": config_summary(cfg), "fast": fast}
-    for mode in manifest_modes(name):
+    for mode in modes or manifest_modes(name):
         entry[mode] = manifest_numbers(explore(cfg, symmetry=mode == "symmetry", progress=progress))
     return entry
 
@@ -564,12 +568,14 @@ def write_manifest(names: list[str] | None = None, path: Any = None, fresh: dict
     return data
 
 
-def manifest_drift(name: str, pinned: dict[str, Any], fresh: dict[str, Any] | None = None) -> list[str]:
+def manifest_drift(name: str, pinned: dict[str, Any], fresh: dict[str, Any] | None = None,
+                   modes: tuple[str, ...] | None = None) -> list[str]:
     """Differences between the pinned entry and a fresh exploration (``fresh``: one already made),
-    as readable lines."""
-    fresh = fresh if fresh is not None else manifest_entry(name)
+    as readable lines, over ``modes`` (default: every pinned mode, :func:`manifest_modes`)."""
+    modes = modes or manifest_modes(name)
+    fresh = fresh if fresh is not None else manifest_entry(name, modes=modes)
     out = []
-    for mode in manifest_modes(name):
+    for mode in modes:
         if mode not in pinned:
             out.append(f"{name} [{mode}]: not pinned")
             continue

@@ -469,8 +469,17 @@ def test_a_live_rank_whose_main_thread_stops_is_hung_after_the_threshold(ranks) 
 @pytest.mark.timeout(240)
 def test_a_straggler_is_never_suspected(ranks) -> None:
     threshold, slow_s = 5.0, 2.0
-    run, seen, _, _ = _strike(ranks, 2, 1, lambda pid: inject.slow(pid, slow_s, how="sleep"),
-                              role={"detector": {"hang_threshold_s": threshold}}, wait_for=slow_s + 3.0)
+
+    def straggle(pid: int) -> None:
+        # the stall starts when the victim's handler takes its mailbox, not when the signal is sent
+        # (a loaded machine delivers it late): wait for that, bounded, before the fixed watch
+        inject.slow(pid, slow_s, how="sleep")
+        box, deadline = inject.mailbox(pid, inject.SLEEP_SIGNAL), time.monotonic() + 60
+        while box.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not box.exists(), "the straggler never took its sleep within 60 s"
+
+    run, seen, _, _ = _strike(ranks, 2, 1, straggle, role={"detector": {"hang_threshold_s": threshold}}, wait_for=slow_s + 3.0)
     assert run.ok, run.explain()
     res = {r: run.result(r) for r in (0, 1)}
     assert all(x["suspects"] == {} for x in res.values()), res

@@ -18,7 +18,10 @@ SMALL = Config(max_faults=1)
 CONFIGS = [
     SMALL,
     Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2),
-    Config(max_faults=1, spares=1, faults=frozenset({"crash"})),
+    # hot swap on 2x2 with symmetry: a crash at the boundary (18k states; every point is 181k, nightly's size)
+    Config(max_faults=1, spares=1, faults=frozenset({"crash"}), points=("boundary",)),
+    # a crash at every point, with the discard of the uncommitted step: DDP 2x1
+    Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1, spares=1, faults=frozenset({"crash"})),
 ]
 
 
@@ -31,7 +34,7 @@ def _graph(search: Search) -> tuple[set, set]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.nodes}x{c.ranks_per_node}-f{c.max_faults}-{c.failing}-s{c.spares}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.nodes}x{c.ranks_per_node}-f{c.max_faults}-{c.failing}-s{c.spares}-{'+'.join(c.points)}")
 def test_parallel_search_builds_the_sequential_graph(cfg):
     one = Search(cfg, symmetry=True)
     assert one.run(stop=False) == []
@@ -72,14 +75,16 @@ def test_parallel_explore_agrees_with_sequential(cfg):
     ("skip-validation", {"group_fail", "corrupt"}),
 ])
 def test_parallel_explore_catches_mutants_as_sequential(mutant, faults):
-    """A mutant is caught with a counterexample of the same (shortest) length."""
-    cfg = Config(max_faults=2, faults=frozenset(faults), mutant=mutant)
+    """A mutant is caught with a counterexample of the same (shortest) length (on its smallest
+    configuration, tests/test_model_mutants.py's SMALLEST: 2x1, two faults at the boundary)."""
+    cfg = Config(nodes=2, ranks_per_node=1, affected_local=0, max_faults=2, faults=frozenset(faults),
+                 points=("boundary",), mutant=mutant)
     one, two = explore(cfg, workers=1), explore(cfg, workers=2)
     assert not one.ok and not two.ok
     assert len(two.violations[0].counterexample) == len(one.violations[0].counterexample)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_interrupted_parallel_search_leaves_no_worker():
     class Stop(Exception):
         pass
@@ -94,7 +99,7 @@ def test_interrupted_parallel_search_leaves_no_worker():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.nodes}x{c.ranks_per_node}-f{c.max_faults}-{c.failing}-s{c.spares}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.nodes}x{c.ranks_per_node}-f{c.max_faults}-{c.failing}-s{c.spares}-{'+'.join(c.points)}")
 def test_action_pcs_never_hide_an_enabled_action(cfg):
     """``ActionSpec.pcs`` is a necessary condition of ``enabled``: on every reachable state, an
     enabled action's actor is in one of its declared program counters (asked of every action, not

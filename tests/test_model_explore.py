@@ -22,6 +22,7 @@ from accelpact.model.explore import (
     explore,
     load_manifest,
     manifest_drift,
+    manifest_modes,
 )
 from accelpact.model.invariants import EDGE_INVARIANTS, INVARIANTS
 from accelpact.model.protocol import enabled, step
@@ -32,7 +33,7 @@ SMALL = Config(max_faults=1)
 DDP = Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_correct_protocol_2x2_one_fault_holds_everything():
     """S1-S7, S4.1, L1, L2, L3 hold on 2x2 with one fault; the counts are the pinned ones."""
     r = explore(SMALL, symmetry=False)
@@ -44,7 +45,7 @@ def test_correct_protocol_2x2_one_fault_holds_everything():
     assert 0 < r.exit_bound <= r.exit_bound_limit == exit_bound_limit(SMALL)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_graph_is_a_networkx_digraph_labelled_with_actions():
     r = explore(DDP, keep_graph=True)
     g = r.graph
@@ -56,7 +57,7 @@ def test_graph_is_a_networkx_digraph_labelled_with_actions():
         assert Symmetry(DDP).canonical(step(DDP, s, a)) == g.nodes[v]["state"]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("cfg", [SMALL, DDP, Config(group="world", max_faults=1), Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=1),
                                  Config(nodes=3, max_faults=1, failing="any", faults=frozenset({"group_fail"}), points=("boundary",))],
                          ids=["2x2", "2x1-ddp", "2x2-world", "3x1-ddp", "3x2-any-groups"])
@@ -71,7 +72,7 @@ def test_symmetry_reduction_agrees_with_full_search(cfg):
         assert red.states < full.states, "a configuration with interchangeable ranks must shrink"
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("mutant", ["early-release", "no-fence", "partial-rebind"])
 def test_symmetry_reduction_agrees_on_mutant_verdicts(mutant):
     cfg = Config(max_faults=2, faults=frozenset({"group_fail"}), points=("boundary",), mutant=mutant)
@@ -89,7 +90,7 @@ def test_rank_classes_default_world():
     assert rank_classes(Config(nodes=3, failing="any")) == ((0,), (2, 4), (1, 3, 5))
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_several_groups_fail_in_one_episode_and_each_episode_chooses():
     """failing="any": two groups failing at one boundary are repaired in one generation (every rank
     resumes in generation 1 after two FaultGroupFail steps), and a second episode may fail another
@@ -104,7 +105,7 @@ def test_several_groups_fail_in_one_episode_and_each_episode_chooses():
     assert both_at_once and one_then_other
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("cfg,perms", [
     (Config(max_faults=1), ({1: 3, 3: 1},)),
     (Config(nodes=3, max_faults=1, failing="any", points=("boundary",)), ({1: 3, 3: 1}, {2: 4, 4: 2}, {1: 5, 5: 3, 3: 1})),
@@ -127,7 +128,7 @@ def test_canonical_form_is_invariant_under_class_permutations(cfg, perms):
     assert checked > 100 and moved > 0
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_counterexample_is_shortest_concrete_and_printed_tlc_style():
     cfg = Config(max_faults=1, mutant="partial-rebind")
     r = explore(cfg)
@@ -149,14 +150,14 @@ def test_counterexample_is_shortest_concrete_and_printed_tlc_style():
     assert "refs: (0, 0) -> (" in text
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_continue_collects_more_than_one_violation():
     cfg = Config(nodes=2, ranks_per_node=1, affected_local=0, max_faults=1, mutant="partial-rebind")
     r = explore(cfg, stop_on_violation=False)
     assert r.complete and len(r.violations) > 1 and "S5" in r.violated()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_l1_fails_when_the_envelope_does_not_qualify_the_boundary():
     """L1: with an envelope lacking this profile every boundary failure is an L2 restart, so L1 must fail."""
     cfg = Config(max_faults=1, envelope=default_envelope(profiles=("ddp",)))
@@ -167,7 +168,7 @@ def test_l1_fails_when_the_envelope_does_not_qualify_the_boundary():
     assert full.liveness == r.liveness and full.violated() == r.violated() and full.states > r.states
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_deadlock_is_reported_with_a_path():
     """L3: the linger mutant leaves survivors waiting forever."""
     cfg = Config(nodes=2, ranks_per_node=1, affected_local=0, max_faults=2, faults=frozenset({"group_fail", "crash"}), mutant="linger")
@@ -176,7 +177,7 @@ def test_deadlock_is_reported_with_a_path():
     assert r.deadlocks > 0 and len(r.counterexample) >= 2
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_every_rank_hung_is_no_deadlock():
     """L2/L3 with RankExpire (protocol.md P10.5): a group failure and every rank hung used to be a
     deadlock (nobody left to time out).  The step deadline ends them; without it (mutant
@@ -201,15 +202,33 @@ def test_manifest_slow_configuration_has_not_drifted(name):
     assert not manifest_drift(name, entry), "the model changed: update the manifest if intended"
 
 
-def test_manifest_fast_configurations_have_not_drifted():
-    """The pinned state-space sizes (model/manifest.json) still hold for every fast configuration."""
-    data = load_manifest()
-    assert set(data["configs"]) == set(MANIFEST_CONFIGS), "manifest and MANIFEST_CONFIGS disagree: run `accelpact explore --update-manifest`"
-    drift = []
-    for name, entry in data["configs"].items():
-        if entry["fast"]:
-            assert entry["symmetry"]["ok"] and entry["no_symmetry"]["ok"], f"{name}: pinned as violating"
-            drift += manifest_drift(name, entry)
+#: Pinned states (both modes together) above which a fast configuration's every-run check explores
+#: the symmetry mode alone; its full search is checked by ``make nightly`` (ACCELPACT_NIGHTLY=1), and
+#: the two modes' agreement by test_symmetry_reduction_agrees_with_full_search on smaller worlds.
+FULL_MODES_UP_TO = 150_000
+
+
+def _fast_modes(name: str) -> tuple[str, ...]:
+    entry = load_manifest()["configs"][name]
+    modes = manifest_modes(name)
+    if os.environ.get("ACCELPACT_NIGHTLY") == "1":
+        return modes
+    return modes if sum(entry[m]["states"] for m in modes if m in entry) <= FULL_MODES_UP_TO else ("symmetry",)
+
+
+def test_manifest_names_every_configuration():
+    assert set(load_manifest()["configs"]) == set(MANIFEST_CONFIGS), \
+        "manifest and MANIFEST_CONFIGS disagree: run `accelpact explore --update-manifest`"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", [n for n, (_cfg, fast) in MANIFEST_CONFIGS.items() if fast])
+def test_manifest_fast_configuration_has_not_drifted(name):
+    """The pinned state-space sizes (model/manifest.json) of a fast configuration still hold."""
+    entry = load_manifest()["configs"][name]
+    assert entry["fast"], f"{name}: MANIFEST_CONFIGS calls it fast, the manifest does not: run `accelpact explore --update-manifest`"
+    assert all(entry[m]["ok"] for m in manifest_modes(name)), f"{name}: pinned as violating"
+    drift = manifest_drift(name, entry, modes=_fast_modes(name))
     assert not drift, "the model changed: update the manifest with `accelpact explore --update-manifest` if intended:\n" + "\n".join(drift)
 
 

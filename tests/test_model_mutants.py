@@ -133,7 +133,7 @@ def test_mutants_replace_actions_and_leave_the_spec_alone():
         assert changed and changed <= set(m.replace), (name, changed)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_bfs_catches_mutant(name):
     cfg = SMALLEST[name].with_(mutant=name)
@@ -173,7 +173,7 @@ def test_every_mutant_is_caught_on_a_fast_manifest_configuration_named():
     assert all(MANIFEST_CONFIGS[n][1] for n in CAUGHT_ON_MANIFEST.values()), "each must be a fast configuration"
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_bfs_catches_mutant_on_the_manifest(name):
     cfg = MANIFEST_CONFIGS[CAUGHT_ON_MANIFEST[name]][0].with_(mutant=name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 
@@ -236,11 +237,33 @@ def test_checked_in_corpus_is_valid_and_expected():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
+@pytest.mark.skipif(os.environ.get("ACCELPACT_NIGHTLY") != "1",
+                    reason="ten minutes of model search on a loaded 2-core machine: set ACCELPACT_NIGHTLY=1 (make nightly does)")
 def test_checked_in_corpus_equals_generated():
-    """The corpus is what the model generates (python -m accelpact.conformance.generate --check)."""
+    """The corpus is what the model generates (python -m accelpact.conformance.generate --check).
+    Every run checks the cheaper half of this: each checked-in scenario is one of the generator's
+    candidates, written as the generator writes it (test_checked_in_corpus_is_the_generators_text)."""
     files = generate()
     existing = {p.stem: p.read_text() for p in SCENARIO_DIR.glob("*.json")}
     assert existing == files, "corpus out of date: run `python -m accelpact.conformance.generate`"
+
+
+def test_checked_in_corpus_is_the_generators_text():
+    """Each checked-in scenario is one of the generator's candidates, written as it writes them, but
+    for ``expect`` (the model's outcome, which the nightly test_checked_in_corpus_equals_generated
+    recomputes with the choice of one representative per cell and outcome class)."""
+    from dataclasses import replace
+
+    from accelpact.conformance.generate import candidates
+
+    cands = {sc.name: sc for _cell, sc in candidates()}
+    paths = sorted(SCENARIO_DIR.glob("*.json"))
+    assert paths
+    for path in paths:
+        sc = load_scenario(path)
+        assert path.stem in cands, f"{path.name} is no candidate of the generator: run `python -m accelpact.conformance.generate`"
+        assert replace(cands[path.stem], expect=sc.expect).dumps() == path.read_text(), \
+            f"{path.name} differs from the generator's text: run `python -m accelpact.conformance.generate`"
 
 
 def test_cli_modules_do_not_import_torch():
