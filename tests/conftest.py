@@ -46,6 +46,20 @@ if os.environ.get("CI") and _profile != "nightly":
     _profile = "ci"
 settings.load_profile(_profile)
 
+#: ``make nightly`` sets it: tests marked ``nightly`` (minutes of model search each) run only then.
+NIGHTLY = os.environ.get("ACCELPACT_NIGHTLY") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip every ``@pytest.mark.nightly("why")`` test, naming why, unless ACCELPACT_NIGHTLY=1."""
+    if NIGHTLY:
+        return
+    for item in items:
+        mark = item.get_closest_marker("nightly")
+        if mark is not None:
+            why = mark.args[0] if mark.args else "minutes of model search"
+            item.add_marker(pytest.mark.skip(reason=f"{why}: set ACCELPACT_NIGHTLY=1 (make nightly does)"))
+
 
 # ---- multi-process harness (accelpact.testing) through fixtures -------------------------------------
 

@@ -193,7 +193,7 @@ def test_every_rank_hung_is_no_deadlock():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(os.environ.get("ACCELPACT_NIGHTLY") != "1", reason="minutes each: set ACCELPACT_NIGHTLY=1 (make nightly does)")
+@pytest.mark.nightly("minutes each")
 @pytest.mark.parametrize("name", [n for n, (_cfg, fast) in MANIFEST_CONFIGS.items() if not fast])
 def test_manifest_slow_configuration_has_not_drifted(name):
     """The pinned numbers of a configuration too slow for every run (4x2-f1 was found 24 times off
@@ -208,8 +208,7 @@ def test_manifest_slow_configuration_has_not_drifted(name):
 FULL_MODES_UP_TO = 150_000
 
 
-def _fast_modes(name: str) -> tuple[str, ...]:
-    entry = load_manifest()["configs"][name]
+def _fast_modes(name: str, entry: dict) -> tuple[str, ...]:
     modes = manifest_modes(name)
     if os.environ.get("ACCELPACT_NIGHTLY") == "1":
         return modes
@@ -228,7 +227,7 @@ def test_manifest_fast_configuration_has_not_drifted(name):
     entry = load_manifest()["configs"][name]
     assert entry["fast"], f"{name}: MANIFEST_CONFIGS calls it fast, the manifest does not: run `accelpact explore --update-manifest`"
     assert all(entry[m]["ok"] for m in manifest_modes(name)), f"{name}: pinned as violating"
-    drift = manifest_drift(name, entry, modes=_fast_modes(name))
+    drift = manifest_drift(name, entry, modes=_fast_modes(name, entry))
     assert not drift, "the model changed: update the manifest with `accelpact explore --update-manifest` if intended:\n" + "\n".join(drift)
 
 

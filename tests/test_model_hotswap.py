@@ -8,8 +8,6 @@ one (the manifest pins of tests/test_model_explore.py check the counts).
 
 from __future__ import annotations
 
-import os
-
 import re
 from collections import deque
 from dataclasses import replace
@@ -181,9 +179,8 @@ def test_failbench_f2_in_2x2_loses_both_replicas_and_is_l2():
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("cfg", [
-    # minutes on a loaded 2-core machine: checked by `make nightly`
     pytest.param(Config(nodes=3, max_faults=2, spares=2, faults=CRASH, points=("forward",)), id="3x2-hsdp",
-                 marks=pytest.mark.skipif(os.environ.get("ACCELPACT_NIGHTLY") != "1", reason="minutes: set ACCELPACT_NIGHTLY=1 (make nightly does)")),
+                 marks=pytest.mark.nightly("minutes on a loaded 2-core machine")),
     pytest.param(Config(**DDP4, max_faults=2, spares=2, faults=CRASH, points=("forward",)), id="4x1-ddp")])
 def test_failbench_f2_with_two_spares_is_l1_where_replicas_survive(cfg):
     """F2 where a replica of each dead rank lives (3x2: rank 5 holds the shard of 1 and 3; DDP:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 
 import pytest
 
@@ -237,8 +236,7 @@ def test_checked_in_corpus_is_valid_and_expected():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.skipif(os.environ.get("ACCELPACT_NIGHTLY") != "1",
-                    reason="ten minutes of model search on a loaded 2-core machine: set ACCELPACT_NIGHTLY=1 (make nightly does)")
+@pytest.mark.nightly("ten minutes of model search on a loaded 2-core machine")
 def test_checked_in_corpus_equals_generated():
     """The corpus is what the model generates (python -m accelpact.conformance.generate --check).
     Every run checks the cheaper half of this: each checked-in scenario is one of the generator's
