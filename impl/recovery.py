@@ -1085,11 +1085,19 @@ class Pact(_Engine):
                          name=f"accelpact-suspect-{peer}", daemon=True).start()
 
     def _handle_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
-        """With spares, the peer is deposed first (its keeper kills it: a stopped or hung process dies
-        as a crashed one does, P16.0), and a peer whose death a keeper noticed is excused (a hot swap
-        takes its identity, P16.6); otherwise, or if no notice comes within ``NOTICE_WAIT_S``, the
-        watchdog ends the job (``RankSuspect``)."""
+        """With spares, a peer whose death a keeper noticed is excused (a hot swap takes its
+        identity, P16.6); one not yet noticed is deposed first (its keeper kills it: a stopped or
+        hung process dies as a crashed one does, P16.0) and excused once its notice comes; otherwise,
+        or if no notice comes within ``NOTICE_WAIT_S``, the watchdog ends the job (``RankSuspect``).
+
+        Ordering: the notices are read before the depose.  A notice this rank has not handled yet
+        names a dead holder whose identity a spare takes in the swap this rank is about to join (its
+        main thread still blocked in a collective on the dead rank); deposing the identity then would
+        kill that spare, its new holder."""
         if self.notices is not None:
+            if self._noticed(peer):
+                self.trace.note("suspect-excused", peer=peer, kind=kind)
+                return
             try:
                 if self.notices.depose(peer, self.rank):
                     self.trace.note("depose", peer=peer, kind=kind)
@@ -1097,18 +1105,21 @@ class Pact(_Engine):
                 pass
             # the keeper posts within milliseconds of the death
             deadline = time.monotonic() + NOTICE_WAIT_S
-            while True:
-                try:
-                    dead = self.notices.read(self.notices.count())
-                except Exception:  # noqa: BLE001 - store lost: the watchdog's abort loop handles it
-                    dead = ()
-                if peer in dead:
-                    self.trace.note("suspect-excused", peer=peer, kind=kind)
-                    return
+            while not self._noticed(peer):
                 if time.monotonic() >= deadline:
-                    break
+                    self.watchdog.suspect(peer, kind, detected_at_ns)
+                    return
                 time.sleep(0.05)
+            self.trace.note("suspect-excused", peer=peer, kind=kind)
+            return
         self.watchdog.suspect(peer, kind, detected_at_ns)
+
+    def _noticed(self, peer: int) -> bool:
+        """A death notice this rank has not handled yet names ``peer``."""
+        try:
+            return peer in self.notices.read(self.notices.count())
+        except Exception:  # noqa: BLE001 - store lost: the watchdog's abort loop handles it
+            return False
 
     def suspend(self) -> None:
         """Before a hot swap or a discard: no step deadline and no failure detector (the episode's

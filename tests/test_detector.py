@@ -513,6 +513,7 @@ def test_a_suspicion_awaiting_its_notice_does_not_silence_the_heartbeat(monkeypa
         trace=types.SimpleNamespace(note=lambda *a, **k: None), rank=0,
         watchdog=types.SimpleNamespace(suspect=lambda peer, kind, t: suspected.append((peer, kind))))
     engine._handle_suspect = lambda *a: R.Pact._handle_suspect(engine, *a)
+    engine._noticed = lambda peer: R.Pact._noticed(engine, peer)
     d = D.Detector(FakeStore(), 0, 2, clone=False, interval_s=0.01, startup_grace_s=0.05,
                    on_suspect=lambda *a: R.Pact._on_suspect(engine, *a))
     d.start()

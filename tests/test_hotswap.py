@@ -161,3 +161,79 @@ def test_the_swaps_validation_sees_a_transfer_that_left_something_behind():
     dst, dst_opt = _model_and_optim(1, 0)
     hotswap.import_state(dst, dst_opt, manifest, stale)
     assert not torch.equal(state_checksum(dst, dst_opt, cpu), want)
+
+
+class _Record:
+    """The engine's collaborators of ``Pact._handle_suspect``, recorded: its trace notes and the
+    watchdog's suspicions (the notices are the real ``hotswap.Notices`` on a real store)."""
+
+    def __init__(self, store, seen: int = 0):
+        import types
+
+        from accelpact.impl.recovery import Pact
+
+        self.notes: list[tuple] = []
+        self.suspected: list[int] = []
+        self.engine = types.SimpleNamespace(
+            rank=2, notices=hotswap.Notices(store),
+            trace=types.SimpleNamespace(note=lambda what, **kw: self.notes.append((what, kw["peer"]))),
+            watchdog=types.SimpleNamespace(suspect=lambda peer, kind, t: self.suspected.append(peer)))
+        self.engine.notices.seen = seen
+        self.engine._noticed = lambda peer: Pact._noticed(self.engine, peer)
+        self.handle = lambda peer: Pact._handle_suspect(self.engine, peer, "hung", 0)
+
+
+def _deposed(store, rank: int) -> bool:
+    from accelpact.impl.controlplane import depose_key
+
+    return store.check([depose_key(rank, hotswap.holder_since(store, rank))])
+
+
+def test_a_suspect_whose_death_is_noticed_is_excused_and_its_new_holder_never_deposed():
+    """P16.6, demo swap failed once in three runs (issue 38): rank 1 was SIGKILLed and its notice
+    posted; rank 2, still blocked in a collective with it, suspected identity 1 once a spare held it.
+    A notice this rank has not handled names the suspect: excused at once, and no depose (which would
+    kill the spare, the identity's new holder)."""
+    store = _store()
+    post_death(store, 1)
+    rec = _Record(store)
+    rec.handle(1)
+    assert rec.notes == [("suspect-excused", 1)] and not rec.suspected
+    assert not _deposed(store, 1), "the identity's holder was deposed although its death was already noticed"
+
+
+def test_a_suspect_not_yet_noticed_is_deposed_and_excused_once_its_keeper_posts(monkeypatch):
+    """P16.0: a stopped or hung process is deposed (its keeper kills it and posts its death), then
+    excused; a notice handled by an earlier swap (``seen``) names an earlier holder and excuses nobody."""
+    import threading
+
+    from accelpact.impl import recovery
+
+    monkeypatch.setattr(recovery, "NOTICE_WAIT_S", 30.0)
+    store = _store()
+    post_death(store, 1)  # an earlier holder's death, handled by an earlier swap of this rank
+    rec = _Record(store, seen=1)
+    import torch.distributed as dist
+
+    own = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=datetime.timedelta(seconds=10))  # the keeper's
+    keeper = threading.Thread(target=lambda: (own.wait([_depose(1)]), post_death(own, 1)))
+    keeper.start()
+    rec.handle(1)
+    keeper.join(10)
+    assert rec.notes == [("depose", 1), ("suspect-excused", 1)] and not rec.suspected
+
+
+def _depose(rank: int) -> str:
+    from accelpact.impl.controlplane import depose_key
+
+    return depose_key(rank, 0)
+
+
+def test_a_suspect_whose_keeper_never_posts_ends_the_job(monkeypatch):
+    from accelpact.impl import recovery
+
+    monkeypatch.setattr(recovery, "NOTICE_WAIT_S", 0.2)
+    store = _store()
+    rec = _Record(store)
+    rec.handle(3)
+    assert rec.notes == [("depose", 3)] and rec.suspected == [3]
