@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -57,10 +58,13 @@ def test_trace_records_are_gap_free_under_threads(tmp_path):
 # ---- rank functions (run in spawned ranks by accelpact.testing) --------------------------------------
 
 def blocked_in_collective(ctx, gloo_timeout_s: float) -> None:
-    """Rank 0 issues an all-reduce its peer never joins (gloo timeout ``gloo_timeout_s``) and blocks
-    waiting for it; rank 1 sleeps.  Each sets ``wd/armed{rank}`` once its watchdog runs (rank 0:
-    after issuing the collective).  Both must be ended by their watchdog when the test writes the
-    abort key.  A marker file is written if the collective ever returns or raises (it must not)."""
+    """Rank 0 issues an all-reduce its peer (rank 2) never joins (gloo timeout ``gloo_timeout_s``) and
+    blocks waiting for it; rank 1 sleeps.  Ranks 0 and 1 each set ``wd/armed{rank}`` once their
+    watchdog runs (rank 0: after issuing the collective); both must be ended by their watchdog when
+    the test writes the abort key.  A marker file is written if the collective ever returns or raises
+    (it must not).  Rank 2, the collective's other member, runs no watchdog and outlives rank 0: a
+    member that exits first closes its sockets, and rank 0's collective would then raise "connection
+    closed" before its watchdog read the abort (seen once in three runs when rank 1 was that member)."""
     import torch
     import torch.distributed as dist
 
@@ -68,12 +72,17 @@ def blocked_in_collective(ctx, gloo_timeout_s: float) -> None:
     from accelpact.impl.trace import Trace, trace_path
     from accelpact.impl.watchdog import Watchdog
 
-    pg = dist.ProcessGroupGloo(dist.PrefixStore("blk", ctx.store), ctx.rank, ctx.world,
-                               datetime.timedelta(seconds=gloo_timeout_s))
-    cp = ControlPlane(ctx.store, ctx.rank, ctx.world, prefix="wd/")
-    trace = Trace(trace_path(ctx.out, 0, ctx.rank), ctx.rank, {"world": ctx.world})
+    if ctx.rank != 1:
+        pg = dist.ProcessGroupGloo(dist.PrefixStore("blk", ctx.store), ctx.rank // 2, 2,
+                                   datetime.timedelta(seconds=gloo_timeout_s))
+    if ctx.rank == 2:
+        _wait_until_gone(int(ctx.store.get("wd/pid0").decode()), timeout_s=gloo_timeout_s)
+        os._exit(0)
+    cp = ControlPlane(ctx.store, ctx.rank, 2, prefix="wd/")
+    trace = Trace(trace_path(ctx.out, 0, ctx.rank), ctx.rank, {"world": 2})
     Watchdog(cp, trace=trace, gen_of=lambda: 7).start()
     if ctx.rank == 0:
+        ctx.store.set("wd/pid0", str(os.getpid()))
         work = pg.allreduce([torch.ones(1)])  # issued; the peer never joins
         ctx.store.set("wd/armed0", "1")
         try:
@@ -85,6 +94,19 @@ def blocked_in_collective(ctx, gloo_timeout_s: float) -> None:
         ctx.store.set("wd/armed1", "1")
         time.sleep(gloo_timeout_s * 2)  # the sleeping rank under test (not synchronisation)
     os._exit(5)
+
+
+def _wait_until_gone(pid: int, timeout_s: float) -> None:
+    """Until process ``pid`` has exited (gone, or a zombie its parent has not reaped yet), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.02)
 
 
 def store_host(ctx) -> None:
@@ -120,12 +142,12 @@ def test_watchdog_exits_rank_blocked_in_gloo_collective(ranks, tmp_path):
     Ordering through the store: the abort is written only after rank 0 issued its collective and
     both watchdogs run (``wd/armed{r}``); each RankExit is recorded after the abort was written."""
     gloo_timeout_s = 45.0
-    with ranks.start(blocked_in_collective, 2, timeout_s=40, gloo_timeout_s=gloo_timeout_s) as launch:
+    with ranks.start(blocked_in_collective, 3, timeout_s=40, gloo_timeout_s=gloo_timeout_s) as launch:
         launch.wait_keys(["wd/armed0", "wd/armed1"])
         t_abort = time.monotonic_ns()
         launch.store.compare_set("wd/abort", "", "rejected")
         run = launch.wait()
-    assert run.codes == {0: 70, 1: 70}, run.explain()
+    assert run.codes == {0: 70, 1: 70, 2: 0}, run.explain()
     # the collective neither returned nor raised (its gloo timeout never fired) before the exit
     assert not (tmp_path / "collective-returned").exists(), (tmp_path / "collective-returned").read_text()
     for r in range(2):
