@@ -18,41 +18,48 @@ from accelpact.conformance.scenario import load_scenario
 from accelpact.impl.runtime.backends import backend
 from accelpact.impl.hooks import SEEDED_BUGS as ALL_SEEDED_BUGS
 
-#: the default subset: L1 for each wrapper, a discard in place in forward (FSDP1) and in backward (DDP, FSDP2: issue 27), a crash, a hang,
-#: an exception, a frontier mismatch, a dirty guard, successive repairs in one job, two groups
-#: failing at one boundary, repairs alternating between groups, a corrupt replica (L2 by phase 6),
-#: R broken during FSDP2's optimizer step (observed at the boundary: L1), a lost store (L2), and hot
-#: swaps: a crash in FSDP1's backward and at FSDP2's boundary taken over by a spare (L1), a crash
-#: whose replica died too (L2), and a swapped job's later faults: a second swap, a repair, a second
-#: death during the swap (L2); a rank stopped at the boundary, deposed and swapped (L1); a broken link
-#: between two nodes that crosses no replicate group, met by the failure flag (L1, issue 25).
+#: The default subset (``make test``), one run of each recovery path judged by every oracle, and of
+#: each fault kind no faster test makes for real: the repair in place (FSDP1), the in-flight discard
+#: in place (FSDP2 in backward), a corrupt replica (L2 by phase 6), a lost store (L2 through the
+#: restarting launcher), a crash taken over by a spare (hot swap with the discard), and a broken link
+#: between two nodes (L1, issue 25).  The other wrappers' repairs run in faster tests (spec/implementation.md,
+#: "What runs where").
 FAST = (
     "2x2-fsdp1-repair",
-    "2x2-fsdp2-repair",
-    "2x2-ddp-repair",
-    "2x2-fsdp1-inflight-forward",
-    "2x2-ddp-inflight-backward",
     "2x2-fsdp2-inflight-backward",
-    "2x2-fsdp1-agree-crash-r3",
-    "2x2-fsdp1-validate-hang-r3",
-    "2x2-fsdp1-rebind-exception-r3",
-    "2x2-fsdp1-guard-frontier-mismatch-r2",
-    "2x2-fsdp1-guard-dirty-guard-r2",
-    "2x2-fsdp1-successive-repairs",
-    "2x2-fsdp1-two-groups-repair",
-    "2x2-fsdp1-alternating-repairs",
     "2x2-fsdp1-boundary-corrupt-state-r3",
-    "2x2-fsdp2-optimizer-break-repair",
     "2x2-fsdp1-agree-store-loss-r0",
     "2x2-fsdp1-spare1-backward-crash-r1",
-    "2x2-fsdp2-spare1-boundary-crash-r1",
-    "2x2-fsdp1-spare2-backward-crash-r1-r3",
-    "2x2-fsdp1-spare2-two-swaps",
-    "2x2-fsdp1-spare1-swap-then-repair",
-    "2x2-fsdp1-spare2-crash-during-swap",
-    "2x2-fsdp1-spare1-boundary-stop-r1",
     "2x2-fsdp1-link-r0-r3-boundary",
 )
+#: Scenarios that were in FAST and run under ``make nightly`` (``--full``) since issue 38, each with the
+#: ``make test`` tests that still run its path and fault kind for real (spec/implementation.md, "What
+#: runs where").  ``2x2-fsdp1-spare2-crash-during-swap`` also failed once in three full runs (the
+#: checker rejected ``RankArrive(1): last=True`` after a second death during the swap): a race of the
+#: hot swap under a second crash, left to the issue that reshapes the swap's episode driver.
+MOVED_TO_NIGHTLY: dict[str, str] = {
+    "2x2-fsdp2-repair": "FSDP2 repair: test_examples' fsdp2_hsdp.py repair (bit-identical, trace accepted), the README's script",
+    "2x2-ddp-repair": "DDP repair: test_impl_recovery::test_hsdp_boundary_failure_repaired_in_place[ddp], test_demo_end_to_end[ddp-2x1]",
+    "2x2-fsdp1-inflight-forward": "discard in place: 2x2-fsdp2-inflight-backward; the straggler wait: tests/test_straggler_wait.py",
+    "2x2-ddp-inflight-backward": "discard in place: 2x2-fsdp1-inflight-forward, 2x2-fsdp2-inflight-backward",
+    "2x2-fsdp1-agree-crash-r3": "crash during recovery: test_impl_recovery::test_fault_in_phases...[validate-crash]",
+    "2x2-fsdp1-validate-hang-r3": "hang during recovery: test_impl_recovery::test_fault_in_phases...[release-hang], "
+                                  "test_every_rank_hung_exits_on_step_deadline",
+    "2x2-fsdp1-rebind-exception-r3": "exception during recovery: test_impl_recovery::test_fault_in_phases...[rebind-exception]",
+    "2x2-fsdp1-guard-frontier-mismatch-r2": "mismatch: test_impl_recovery::test_fault_in_phases...[agree-frontier_mismatch], "
+                                            "test_control_plane_write_and_its_record_are_one_action",
+    "2x2-fsdp1-guard-dirty-guard-r2": "dirty guard: test_impl_recovery::test_fault_in_phases...[guard-dirty_guard]",
+    "2x2-fsdp1-successive-repairs": "several episodes in one job: test_episode_leaks (three discards)",
+    "2x2-fsdp1-two-groups-repair": "repair: the three repairs above",
+    "2x2-fsdp1-alternating-repairs": "repair: the three repairs above",
+    "2x2-fsdp2-optimizer-break-repair": "repair: 2x2-fsdp2-repair",
+    "2x2-fsdp2-spare1-boundary-crash-r1": "hot swap: 2x2-fsdp1-spare1-backward-crash-r1, test_faults_from_outside[sigstop]",
+    "2x2-fsdp1-spare2-backward-crash-r1-r3": "hot swap: 2x2-fsdp1-spare1-backward-crash-r1",
+    "2x2-fsdp1-spare2-two-swaps": "hot swap: 2x2-fsdp1-spare1-backward-crash-r1; seeded claim-per-survivor",
+    "2x2-fsdp1-spare1-swap-then-repair": "hot swap, then repair: the two paths apart",
+    "2x2-fsdp1-spare2-crash-during-swap": "hot swap ending L2: 2x2-fsdp1-agree-store-loss-r0 (L2); flaky, see above",
+    "2x2-fsdp1-spare1-boundary-stop-r1": "a stopped rank deposed and swapped: test_faults_from_outside[sigstop]",
+}
 #: R4: the oracle that must reject each seeded bug (impl/hooks.py) in the plain repair
 #: ``2x2-fsdp1-repair``, and the record the trace checker must report as first unmatched.  Each is
 #: caught by the trace checker (O2), deterministically:
@@ -143,9 +150,12 @@ def _backend_for(request, sc) -> str:
 
 
 @pytest.fixture(scope="session")
-def ref_cache(tmp_path_factory):
+def ref_cache(tmp_path_factory, worker_id):
+    """The reference runs' cache: ``ACCELPACT_REF_CACHE``, else one folder for the whole session, shared
+    by the xdist workers (``run_reference`` locks each key), so each workload's reference runs once."""
     env = os.environ.get("ACCELPACT_REF_CACHE")
-    return env or str(tmp_path_factory.getbasetemp() / "refs")
+    base = tmp_path_factory.getbasetemp()
+    return env or str((base.parent if worker_id != "master" else base) / "refs")
 
 
 @pytest.mark.multiproc
@@ -163,6 +173,12 @@ def test_scenario_conforms(scenario_name, ref_cache, tmp_path, request):
     rep = run_scenario(sc, backend=_backend_for(request, sc), out=tmp_path / "run", cache_dir=ref_cache, timeout_s=240,
                        torchrun_args=_torchrun_args(request.config))
     assert rep.conforms, rep.summary()
+
+
+def test_fast_and_nightly_scenarios_are_in_the_corpus():
+    """Bookkeeping of issue 38: FAST and MOVED_TO_NIGHTLY name corpus scenarios, none twice."""
+    assert set(FAST) <= set(ALL) and set(MOVED_TO_NIGHTLY) <= set(ALL)
+    assert not set(FAST) & set(MOVED_TO_NIGHTLY)
 
 
 def test_every_seeded_bug_is_demonstrated_or_excused():

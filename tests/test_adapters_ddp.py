@@ -25,6 +25,7 @@ def test_ddp_2x2_rebind_after_real_failure(ranks):
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
+@pytest.mark.nightly("4x2 (about 15 s); the 2x2 rebind runs every time, and DDP repairs in test_hsdp_boundary_failure_repaired_in_place[ddp]")
 def test_ddp_4x2_rebind_after_real_failure(ranks):
     res = ranks.run(rebind_scenario, 8, init_group=True, timeout_s=450, wrapper="ddp",
                     nodes=4, ranks_per_node=2, layers=2, pre_steps=1, post_steps=1, ablation=False).values()

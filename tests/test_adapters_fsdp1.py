@@ -28,6 +28,7 @@ def test_fsdp1_hybrid_2x2_rebind_after_real_failure(ranks):
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
+@pytest.mark.nightly('4x2 (about 16 s); the 2x2 rebind runs every time')
 def test_fsdp1_hybrid_4x2_rebind_after_real_failure(ranks):
     L = 2
     res = ranks.run(rebind_scenario, 8, init_group=True, timeout_s=450, wrapper="fsdp1-hybrid",

@@ -31,6 +31,7 @@ def test_fsdp2_hsdp_2x2_rebind_after_real_failure(ranks):
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
+@pytest.mark.nightly('4x2 (about 19 s); the 2x2 rebind runs every time')
 def test_fsdp2_hsdp_4x2_rebind_after_real_failure(ranks):
     res = ranks.run(rebind_scenario, 8, init_group=True, timeout_s=450, wrapper="fsdp2-hybrid",
                     nodes=4, ranks_per_node=2, layers=2, pre_steps=1, post_steps=1, ablation=False).values()

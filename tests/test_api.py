@@ -156,6 +156,7 @@ def test_a_repair_through_the_api_moves_the_jobs_group_views(ranks):
 
 
 @pytest.mark.multiproc
+@pytest.mark.nightly("an L2 resume through the API (about 24 s): the README's script resumes through the same API every time (test_readme_script)")
 def test_a_second_attempt_resumes_from_the_last_committed_checkpoint(ranks):
     ckpt = str(ranks.out / "ckpt")
     first = ranks.run(api_rank, 4, init_group=False, steps=5, fault=None, ckpt=ckpt)

@@ -55,6 +55,7 @@ def _doc(folder: Path, name: str) -> dict:
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(420)
+@pytest.mark.nightly('every benchmark, quick (about 110 s): benchmarks are measured, not tested; flags are checked every time')
 def test_bench_all_quick_writes_every_result_and_the_summary_reads_them(tmp_path: Path) -> None:
     """``accelpact bench all --quick`` (what CI runs) exits 0 and writes one JSON per benchmark
     with the expected keys and sane types; ``summary --json`` prints the nine headline figures as

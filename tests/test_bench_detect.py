@@ -40,6 +40,7 @@ def test_flags_are_checked() -> None:
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
+@pytest.mark.nightly('a benchmark (about 40 s); crash and straggler detection run every time in tests/test_detector.py')
 def test_quick_detects_the_crash_and_spares_the_straggler(tmp_path: Path) -> None:
     p = argparse.ArgumentParser()
     detect.add_arguments(p)

@@ -71,11 +71,17 @@ def test_demo_module_does_not_import_torch() -> None:
 @pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.timeout(900)
-def test_demo_end_to_end(tmp_path: Path) -> None:
-    """I1/C4.2/C5.1/C5.2/I5: the whole demo, small: both paths end bit-identical to the reference."""
+@pytest.mark.parametrize("topology", [
+    ["--nodes", "2", "--ranks-per-node", "1", "--wrapper", "ddp"],
+    pytest.param([], marks=pytest.mark.nightly(
+        "the demo's default job, FSDP1 on 2x2 (about 110 s of CPU): DDP on 2x1 runs every path of the same demo every time"))],
+    ids=["ddp-2x1", "default"])
+def test_demo_end_to_end(tmp_path: Path, topology: list) -> None:
+    """I1/C4.2/C5.1/C5.2/I5: the whole demo, small: every path (L1, L2, hot swap, discard) ends
+    bit-identical to the reference; L1, the swap and the discard without a restart."""
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "accelpact.cli", "demo", "--layers", "1", "--steps", "5", "--fault-step", "3",
+        [sys.executable, "-m", "accelpact.cli", "demo", *topology, "--layers", "1", "--steps", "5", "--fault-step", "3",
          "--out", str(out), "--timeout", "240", "--quiet"],
         capture_output=True, text=True, timeout=850)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -85,4 +91,6 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert summary["l2"]["ok"] and summary["l2"]["restarts"] == 1
     l2 = summary["l2"]["episodes"][0]
     assert l2["exit_codes"] == [70] and l2["resumed_from"] == 2 and l2["replayed_steps"] == 3 - 2
+    for path in ("swap", "discard"):
+        assert summary[path]["ok"] and summary[path]["restarts"] == 0, (path, summary[path])
     assert (out / "timeline.png").stat().st_size > 0

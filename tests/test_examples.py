@@ -41,8 +41,10 @@ def fsdp2_reference(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("script, nproc, fault", [
     ("fsdp2_hsdp.py", 4, "collective_timeout@boundary:3:0,2"),
-    ("fsdp1_hybrid.py", 4, "collective_timeout@boundary:3:1,3"),
-    ("ddp.py", 2, "collective_timeout@boundary:3:0:world"),
+    pytest.param("fsdp1_hybrid.py", 4, "collective_timeout@boundary:3:1,3", marks=pytest.mark.nightly(
+        "two torchrun launches (about 40 s): FSDP1 repairs every time in conformance's 2x2-fsdp1-repair")),
+    pytest.param("ddp.py", 2, "collective_timeout@boundary:3:0:world", marks=pytest.mark.nightly(
+        "two torchrun launches (about 30 s): DDP repairs every time in test_hsdp_boundary_failure_repaired_in_place[ddp] and test_demo_end_to_end[ddp-2x1]")),
 ])
 def test_example_repairs_in_place_bit_identical(tmp_path, script, nproc, fault, request):
     replicas = ["--replicas", "2"] if nproc == 4 else ["--replicas", "1"]
@@ -67,6 +69,7 @@ def test_fsdp2_two_agents_repair_in_place(tmp_path, fsdp2_reference):
     assert_trace_accepted(tmp_path / "l1")
 
 
+@pytest.mark.nightly('a two-agent torchrun restart (about 25 s): restarts run every time in test_readme_script and test_demo_end_to_end, two agents in test_fsdp2_two_agents_repair_in_place')
 def test_fsdp2_two_agents_restart_from_checkpoint(tmp_path, fsdp2_reference):
     """SIGKILL of rank 1 in step 4's backward: every worker exits, both agents restart theirs, the
     job resumes from the last committed checkpoint (step 4) and ends bit-identical."""
@@ -108,6 +111,7 @@ def test_an_idle_spares_death_costs_nothing(tmp_path, fsdp2_reference):
     assert_trace_accepted(out)  # told nothing of the fault
 
 
+@pytest.mark.nightly("a spare taking over a SIGKILLed rank (about 20 s): runs every time as test_faults_from_outside's SIGSTOP swap and conformance's 2x2-fsdp1-spare1-backward-crash-r1")
 def test_fsdp2_crash_hot_swapped_by_a_spare(tmp_path, fsdp2_reference):
     """Issue 13 in a user's script: 4 workers and 1 spare under one torchrun agent, each behind the
     keeper; SIGKILL of rank 1 in step 4's backward: no restart (max-restarts 0, the agent exits 0),
@@ -137,6 +141,7 @@ def test_fsdp2_crash_hot_swapped_by_a_spare(tmp_path, fsdp2_reference):
     assert proc.returncode == 1, f"a dropped RankArrive must be rejected:\n{proc.stdout[-2000:]}{proc.stderr[-1000:]}"
 
 
+@pytest.mark.nightly("a SIGSTOPped rank deposed for a spare (about 25 s): runs every time as test_faults_from_outside's sigstop case")
 def test_fsdp2_stopped_rank_deposed_for_an_idle_spare(tmp_path, fsdp2_reference):
     """Issue 25: rank 1 stops (SIGSTOP: every thread, its heartbeat too) at step 4's boundary while a
     spare is idle.  A survivor's failure detector declares it, asks its keeper to depose it, the

@@ -392,6 +392,7 @@ def test_fault_in_phases_every_survivor_exits_with_the_reasons_code(ranks, at, k
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.nightly('8 ranks (about 17 s); the same repair on 2x2 runs every time (test_hsdp_boundary_failure_repaired_in_place[ddp])')
 def test_boundary_failure_repaired_in_place_ddp_8(ranks):
     """S1/S5 at 8 ranks (4x2): repaired in place, bit-identical to an uninterrupted run."""
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [5], "group": "world"}]
@@ -403,7 +404,11 @@ def test_boundary_failure_repaired_in_place_ddp_8(ranks):
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("wrapper", ["fsdp1-hybrid", "fsdp2-hybrid", "ddp"])
+@pytest.mark.parametrize("wrapper", [
+    pytest.param("fsdp1-hybrid", marks=pytest.mark.nightly("FSDP1 repairs every time in conformance's 2x2-fsdp1-repair")),
+    pytest.param("fsdp2-hybrid", marks=pytest.mark.nightly(
+        "FSDP2 repairs every time in test_example_repairs_in_place_bit_identical[fsdp2_hsdp.py-...]")),
+    "ddp"])
 def test_hsdp_boundary_failure_repaired_in_place(ranks, wrapper):
     """S1/S5 with the real adapters: rank 1's replicate group ([1, 3]) fails at the committed
     boundary; ranks 1 and 3 rebuild and rebind it, ranks 0 and 2 only vote; every rank's shards,
@@ -438,6 +443,7 @@ def test_hsdp_boundary_failure_repaired_in_place(ranks, wrapper):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.nightly('8 ranks (about 18 s); the same repair on 2x2 runs every time (conformance 2x2-fsdp1-repair)')
 def test_fsdp1_hsdp_8_ranks_repaired_in_place(ranks):
     """S1/S5 at 8 ranks (4x2, FSDP1 HYBRID_SHARD): replicate group [1, 3, 5, 7] repaired in place."""
     from accelpact.impl.launch.workload import compare_snapshots

@@ -85,6 +85,7 @@ def test_parallel_explore_catches_mutants_as_sequential(mutant, faults):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.nightly("two search processes expand 65,536 states of 2x2-f2 before the first progress call (about 55 s)")
 def test_interrupted_parallel_search_leaves_no_worker():
     class Stop(Exception):
         pass

@@ -59,7 +59,9 @@ def test_graph_is_a_networkx_digraph_labelled_with_actions():
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("cfg", [SMALL, DDP, Config(group="world", max_faults=1), Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=1),
-                                 Config(nodes=3, max_faults=1, failing="any", faults=frozenset({"group_fail"}), points=("boundary",))],
+                                 pytest.param(Config(nodes=3, max_faults=1, failing="any", faults=frozenset({"group_fail"}),
+                                                     points=("boundary",)),
+                                              marks=pytest.mark.nightly("3x2, about 45 s; the four smaller worlds run every time"))],
                          ids=["2x2", "2x1-ddp", "2x2-world", "3x1-ddp", "3x2-any-groups"])
 def test_symmetry_reduction_agrees_with_full_search(cfg):
     """Reduced and unreduced searches give the same verdicts, depth and exit bound; reduced is not larger."""
@@ -91,6 +93,8 @@ def test_rank_classes_default_world():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.nightly("2x2, two failures of any group, about 30 s; failing='any' is searched in make test by "
+                     "tests/test_model_links.py and tests/test_checker_soundness.py")
 def test_several_groups_fail_in_one_episode_and_each_episode_chooses():
     """failing="any": two groups failing at one boundary are repaired in one generation (every rank
     resumes in generation 1 after two FaultGroupFail steps), and a second episode may fail another
@@ -108,7 +112,8 @@ def test_several_groups_fail_in_one_episode_and_each_episode_chooses():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("cfg,perms", [
     (Config(max_faults=1), ({1: 3, 3: 1},)),
-    (Config(nodes=3, max_faults=1, failing="any", points=("boundary",)), ({1: 3, 3: 1}, {2: 4, 4: 2}, {1: 5, 5: 3, 3: 1})),
+    pytest.param(Config(nodes=3, max_faults=1, failing="any", points=("boundary",)), ({1: 3, 3: 1}, {2: 4, 4: 2}, {1: 5, 5: 3, 3: 1}),
+                 marks=pytest.mark.nightly("3x2, about 17 s; 2x2 and 4x1 run every time")),
     (Config(nodes=4, ranks_per_node=1, affected_local=0, group="world", max_faults=1),
      ({1: 2, 2: 1}, {1: 3, 3: 2, 2: 1}, {1: 2, 2: 3, 3: 1})),
 ], ids=["2x2", "3x2-any", "4x1-ddp"])
@@ -220,8 +225,15 @@ def test_manifest_names_every_configuration():
         "manifest and MANIFEST_CONFIGS disagree: run `accelpact explore --update-manifest`"
 
 
+#: Fast configurations whose every-run check costs more than it adds to ``make test`` (20-35 s each
+#: on 2 cores): ``make nightly`` checks their pins; each mutant they catch is caught in ``make test``
+#: on its smallest configuration (tests/test_model_mutants.py).
+NIGHTLY_PINS = {"2x2-spare1-f1": "189k states with symmetry (about 33 s)", "2x2-store-f2": "30k states and store loss (about 20 s)"}
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", [n for n, (_cfg, fast) in MANIFEST_CONFIGS.items() if fast])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.nightly(NIGHTLY_PINS[n])) if n in NIGHTLY_PINS else n
+                                  for n, (_cfg, fast) in MANIFEST_CONFIGS.items() if fast])
 def test_manifest_fast_configuration_has_not_drifted(name):
     """The pinned state-space sizes (model/manifest.json) of a fast configuration still hold."""
     entry = load_manifest()["configs"][name]
@@ -270,6 +282,7 @@ def test_bench_dispatcher(capsys):
     assert cli_main(["bench", "explore", "--configs", "9x9"]) == 2
 
 
+@pytest.mark.nightly("make nightly's own runner; it expands 65,536 states of 2x2-f3 before its first stop (about 40 s)")
 def test_nightly_profile_stops_at_its_budget_and_says_how_far_it_got(tmp_path, capsys):
     """``make nightly``'s runner: a configuration still running at the budget is stopped there (not
     left to run for hours and fill memory), reported with the states and BFS level it reached and

@@ -174,6 +174,8 @@ def test_every_mutant_is_caught_on_a_fast_manifest_configuration_named():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.nightly("29 searches of the pinned configurations (about 95 s); make test catches every mutant on its "
+                     "smallest configuration, by BFS and by hypothesis")
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_bfs_catches_mutant_on_the_manifest(name):
     cfg = MANIFEST_CONFIGS[CAUGHT_ON_MANIFEST[name]][0].with_(mutant=name)
@@ -196,7 +198,9 @@ def test_hypothesis_catches_mutant(name):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", list(MUTANTS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.nightly(
+    "1x2 with three faults (about 12 s): test_every_rank_hung_is_no_deadlock searches the same configuration with the "
+    "correct protocol")) if n == "no-step-deadline" else n for n in MUTANTS])
 def test_correct_protocol_passes_both_on_the_same_configuration(name):
     cfg = SMALLEST[name]
     r = explore(cfg)

@@ -220,6 +220,8 @@ def test_an_uncaught_error_exits_1_never_sigabrt(tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
+@pytest.mark.nightly("a torchrun launch (about 15 s of CPU): the warning's wording and once-on-rank-0 rule run every time "
+                     "in this file's in-process tests")
 def test_the_example_without_replicas_warns_once_under_torchrun(tmp_path):
     """Issue 29 item 2: ``examples/fsdp2_hsdp.py`` without ``--replicas`` on one node is one replica;
     what the user sees is the warning, once (rank 0), naming ``replicas=``; with ``--replicas 2``, none."""

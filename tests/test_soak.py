@@ -448,6 +448,7 @@ SHORT = ["--minutes", "1.5", "--nodes", "2", "--ranks-per-node", "2", "--spares"
 @pytest.mark.multiproc
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+@pytest.mark.nightly("a soak of minutes (about 190 s); its judge's rules run every time in this file's unit tests")
 def test_short_soak_is_green(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rc = cli.main(["soak", "--seed", "3", *SHORT, "--out", str(tmp_path / "soak")])
     out = capsys.readouterr().out
@@ -463,6 +464,7 @@ def test_short_soak_is_green(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
 @pytest.mark.multiproc
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+@pytest.mark.nightly('a soak of minutes (about 300 s); the seeded bugs are caught every time by conformance/test_conformance.py')
 def test_a_seeded_engine_bug_fails_a_short_soak_naming_the_seed_and_the_episode(tmp_path: Path,
                                                                                  capsys: pytest.CaptureFixture) -> None:
     """claim-per-survivor: in a hot swap every survivor records a claim of the dead identity's spare.

@@ -29,6 +29,7 @@ def _job(out: Path, wrapper: str, nodes: int, rpn: int, steps: int, faults: list
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.nightly("torchrun L2 after an in-flight exception (about 60 s): exit 70, restart and replay run every time in test_demo_end_to_end, test_readme_script and conformance's store loss")
 def test_inflight_failure_rejected_restarted_and_replayed(tmp_path: Path) -> None:
     """C5.1/C5.2/I5: exception in backward of step 3 -> every rank exits 70 -> torchrun restarts once ->
     DCP reload of C=2 -> replay of F - C = 1 step -> final state equal to the reference."""
@@ -63,6 +64,7 @@ def test_inflight_failure_rejected_restarted_and_replayed(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.nightly('a hang ended and restarted under torchrun (about 55 s): hangs end every time in test_impl_recovery (step deadline, hang in release), restarts in test_readme_script')
 def test_hang_becomes_exit_and_restart(tmp_path: Path) -> None:
     """L2 (liveness): rank 1 hangs before the forward of step 2.  Its peer's forward collective (DDP's
     buffer broadcast) times out (collective_timeout_s); the peer observes that in flight and, the job

@@ -88,6 +88,7 @@ def test_exit_code_is_recorded_before_os_exit(tmp_path: Path) -> None:
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(400)
+@pytest.mark.nightly('the in-flight rejection and F - C replay of test_demo_end_to_end on the local launcher (about 40 s)')
 def test_worker_rejects_inflight_then_resumes_replaying_f_minus_c(tmp_path: Path) -> None:
     """C5.1/C5.2/I5 through the worker: exception in backward of step 3 -> both ranks exit 70 with
     frontier F=3; a second attempt (same store, as torchrun keeps it) resumes from C=2, replays

@@ -30,6 +30,7 @@ No torch import at module level: the launcher process itself never needs torch, 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -499,6 +500,10 @@ def run_reference(job: Job, cache_dir: str | os.PathLike, timeout_s: float = 300
 
     The reference of a job with spares is the same job without them (spares take no part in an
     uninterrupted run): it runs, and is cached under the key, of the spare-free job.
+
+    Several processes may share ``cache_dir`` (pytest-xdist workers): each key is computed by one of
+    them under an exclusive lock on ``ref-{key}.lock``, the others wait for it and reuse its folder.
+    The wait is bounded by the holder's own ``timeout_s``; a holder that dies releases the lock.
     """
     if launcher not in ("local", "torchrun"):
         raise LaunchError(f"launcher must be 'local' or 'torchrun', got {launcher!r}")
@@ -506,19 +511,22 @@ def run_reference(job: Job, cache_dir: str | os.PathLike, timeout_s: float = 300
         job = job.replace(topology=Topology(job.topology.nodes, job.topology.ranks_per_node))
     key = job_key(job)
     folder = Path(cache_dir) / f"ref-{key}"
-    cached = RunDir(folder)
-    if cached.done.exists() and all(cached.final(r).exists() for r in range(job.world)):
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"ref-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = RunDir(folder)
+        if cached.done.exists() and all(cached.final(r).exists() for r in range(job.world)):
+            return folder
+        if folder.exists():
+            shutil.rmtree(folder)
+        ref = job.replace(faults=[], scenario="reference", out=str(folder), seeded_bug=None)
+        res = (run_torchrun(ref, max_restarts=0, timeout_s=timeout_s) if launcher == "torchrun"
+               else run_local(ref, timeout_s=timeout_s))
+        if not res.ok():
+            raise LaunchError(f"reference run failed (rc={res.returncode}, timed_out={res.timed_out}); "
+                              f"see {res.log}:\n{res.log_tail(2000)}")
+        cached.done.write_text(key)
         return folder
-    if folder.exists():
-        shutil.rmtree(folder)
-    ref = job.replace(faults=[], scenario="reference", out=str(folder), seeded_bug=None)
-    res = (run_torchrun(ref, max_restarts=0, timeout_s=timeout_s) if launcher == "torchrun"
-           else run_local(ref, timeout_s=timeout_s))
-    if not res.ok():
-        raise LaunchError(f"reference run failed (rc={res.returncode}, timed_out={res.timed_out}); "
-                          f"see {res.log}:\n{res.log_tail(2000)}")
-    cached.done.write_text(key)
-    return folder
 
 
 # ----------------------------------------------------------------------------- reading a run back
