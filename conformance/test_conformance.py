@@ -150,12 +150,12 @@ def _backend_for(request, sc) -> str:
 
 
 @pytest.fixture(scope="session")
-def ref_cache(tmp_path_factory, worker_id):
+def ref_cache(tmp_path_factory):
     """The reference runs' cache: ``ACCELPACT_REF_CACHE``, else one folder for the whole session, shared
     by the xdist workers (``run_reference`` locks each key), so each workload's reference runs once."""
     env = os.environ.get("ACCELPACT_REF_CACHE")
     base = tmp_path_factory.getbasetemp()
-    return env or str((base.parent if worker_id != "master" else base) / "refs")
+    return env or str((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "refs")
 
 
 @pytest.mark.multiproc
