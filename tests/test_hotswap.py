@@ -183,10 +183,11 @@ class _Record:
         self.handle = lambda peer: Pact._handle_suspect(self.engine, peer, "hung", 0)
 
 
-def _deposed(store, rank: int) -> bool:
+def _depose_key(store, rank: int) -> str:
+    """The key a depose of ``rank``'s current holder writes (what its keeper waits for)."""
     from accelpact.impl.controlplane import depose_key
 
-    return store.check([depose_key(rank, hotswap.holder_since(store, rank))])
+    return depose_key(rank, hotswap.holder_since(store, rank))
 
 
 def test_a_suspect_whose_death_is_noticed_is_excused_and_its_new_holder_never_deposed():
@@ -199,7 +200,7 @@ def test_a_suspect_whose_death_is_noticed_is_excused_and_its_new_holder_never_de
     rec = _Record(store)
     rec.handle(1)
     assert rec.notes == [("suspect-excused", 1)] and not rec.suspected
-    assert not _deposed(store, 1), "the identity's holder was deposed although its death was already noticed"
+    assert not store.check([_depose_key(store, 1)]), "the identity's holder was deposed although its death was already noticed"
 
 
 def test_a_suspect_not_yet_noticed_is_deposed_and_excused_once_its_keeper_posts(monkeypatch):
@@ -216,17 +217,11 @@ def test_a_suspect_not_yet_noticed_is_deposed_and_excused_once_its_keeper_posts(
     import torch.distributed as dist
 
     own = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=datetime.timedelta(seconds=10))  # the keeper's
-    keeper = threading.Thread(target=lambda: (own.wait([_depose(1)]), post_death(own, 1)))
+    keeper = threading.Thread(target=lambda: (own.wait([_depose_key(own, 1)]), post_death(own, 1)))
     keeper.start()
     rec.handle(1)
     keeper.join(10)
     assert rec.notes == [("depose", 1), ("suspect-excused", 1)] and not rec.suspected
-
-
-def _depose(rank: int) -> str:
-    from accelpact.impl.controlplane import depose_key
-
-    return depose_key(rank, 0)
 
 
 def test_a_suspect_whose_keeper_never_posts_ends_the_job(monkeypatch):

@@ -148,6 +148,7 @@ def _nightly_tests() -> set[str]:
                     names.add(node.name)
     return names
 
+
 def test_every_nightly_test_is_in_the_table_of_what_runs_where() -> None:
     """Issue 38: a test that leaves ``make test`` is named in spec/implementation.md, "What runs where",
     beside what still runs its path in ``make test``."""
