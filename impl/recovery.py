@@ -70,7 +70,7 @@ from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .guard import BoundaryGuard
 from .hooks import NO_HOOKS, Hooks
 from .runtime import hotswap as _swap
-from .launch.job import DEFAULT_DEADLINE_S, default_step_deadline
+from .deadlines import DEFAULT_DEADLINE_S, default_step_deadline
 from .runtime.replace import ReplacementStrategy, choose_strategy
 from .trace import NullTrace
 from .watchdog import Watchdog

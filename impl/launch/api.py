@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterator, Mapping
 from ..runtime.backends import backend as _backend
 from ..runtime.backends import prebuilt_env_problem
 from ..controlplane import ABORT_KEY, PREFIX, progress_key
-from .job import DEFAULT_DEADLINE_S
+from ..deadlines import DEFAULT_DEADLINE_S
 
 __all__ = ["ApiError", "Settings", "Training", "TrainingJob", "build_recorded_groups", "init", "pact_groups"]
 

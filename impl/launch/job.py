@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ..deadlines import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, default_step_deadline  # noqa: F401 - re-exported
 from ..runtime.backends import BACKEND_NAMES
 from ...testing.faults import Fault, FaultError, parse_faults
 from ..runtime.wrappers import WRAPPER_NAMES, wrapper
@@ -187,23 +188,7 @@ class Workload:
 
 
 # --------------------------------------------------------------------------------------------- job
-#: Each recovery phase's wait on peers (phases 2-6), in seconds: the one default of ``Job.deadline_s``,
-#: ``accelpact.init``'s ``Settings.deadline_s`` and ``attach``'s ``deadline_s``.
-DEFAULT_DEADLINE_S = 20.0
-
-#: Floor of the default step deadline: a step (forward, backward, optimizer, boundary) that makes
-#: no progress for this long is taken to be hung (``RankExpire``).  Its compute is no wait the
-#: deadlines bound, so set ``step_deadline_s`` above the longest legitimate step when steps run longer.
-STEP_DEADLINE_FLOOR_S = 600.0
-
-
-def default_step_deadline(collective_timeout_s: float | None, deadline_s: float) -> float:
-    """The step deadline when none is set (spec/protocol.md P10.5): it outlasts a step with its waits,
-    one collective on a slow or hung peer (``collective_timeout_s``, the training groups' timeout:
-    what turns it into a recoverable error) and then up to six phase waits of ``deadline_s`` each
-    (agreement, replacement, validation, release), and at least :data:`STEP_DEADLINE_FLOOR_S` for
-    the step's own compute.  ``collective_timeout_s`` None: not known (a group that does not say)."""
-    return max(STEP_DEADLINE_FLOOR_S, (collective_timeout_s or 0.0) + 6 * deadline_s)
+# DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S and default_step_deadline live in accelpact.impl.deadlines.
 
 
 @dataclass(frozen=True, slots=True)
