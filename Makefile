@@ -30,8 +30,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m "not multiproc" tests
 
-# ruff (pyflakes, bugbear, blind except; every noqa/type: ignore names its code) and mypy over the
-# installed layout: subpackages live in top-level folders, so mypy reads them through a tree of links.
+# ruff (pyflakes, bugbear, blind except; every noqa/type: ignore names its code), the import layers
+# (import-linter, the contracts in pyproject.toml) and mypy, both over the installed layout: subpackages
+# live in top-level folders, so both read them through a tree of links (lint-imports run from inside it
+# finds the package there).
 TYPECHECK := build/typecheck
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -39,6 +41,7 @@ lint: $(STAMP)
 	cp accelpact/*.py $(TYPECHECK)/accelpact/
 	ln -s ../../../accelpact/testing $(TYPECHECK)/accelpact/testing
 	for d in model impl conformance bench; do ln -s ../../../$$d $(TYPECHECK)/accelpact/$$d; done
+	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/lint-imports --no-cache $(CURDIR)/pyproject.toml
 	MYPYPATH=$(TYPECHECK) $(BIN)/mypy -p accelpact
 
 explore: $(STAMP)

@@ -1,7 +1,8 @@
 """The ``accelpact`` command line: one subcommand per job, each owned by its package.
 
-Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int`` and is
-imported lazily, so ``accelpact explore`` never imports torch.
+Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``.  Only the chosen
+subcommand's module is imported (:data:`COMMANDS`, a table of module names), so ``accelpact explore``
+never imports torch and ``accelpact --help`` imports no subcommand at all.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,38 +24,52 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _load(name: str) -> ModuleType | str:
+    """Subcommand ``name``'s module, or why it cannot run in this installation (a missing
+    ``accelpact`` module or torch).  Any other import error propagates."""
+    module = COMMANDS[name][0]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("accelpact"):
+            return f"subcommand '{name}' is not available in this build ({exc.name} missing)"
+        if exc.name == "torch":
+            return f"subcommand '{name}' needs torch: pip install torch==2.13.0"
+        raise
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand's name and help; with ``command`` (one of :data:`COMMANDS`), that
+    subcommand's module is imported and its arguments added (``_module``: the module, or ``_missing``:
+    why it cannot run).  Importing nothing else, so that ``build_parser()`` never imports torch."""
     parser = argparse.ArgumentParser(prog="accelpact", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_) in COMMANDS.items():
+    for name, (_module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(_module=module)
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("accelpact"):
-                p.set_defaults(_missing=f"subcommand '{name}' is not available in this build ({exc.name} missing)")
-                continue
-            if exc.name == "torch":
-                p.set_defaults(_missing=f"subcommand '{name}' needs torch: pip install torch==2.13.0")
-                continue
-            raise
+        if name != command:
+            continue
+        mod = _load(name)
+        if isinstance(mod, str):
+            p.set_defaults(_missing=mod)
+            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            continue
+        p.set_defaults(_module=mod)
         mod.add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv[:1] if a in COMMANDS), None)
+    args = build_parser(command).parse_args(argv)
     if not getattr(args, "command", None):
-        parser.print_help()
+        build_parser().print_help()
         return 2
     missing = getattr(args, "_missing", None)
     if missing:
         print(f"accelpact: {missing}", file=sys.stderr)
         return 2
-    mod = importlib.import_module(args._module)
-    return int(mod.run(args) or 0)
+    return int(args._module.run(args) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import common
+from .cli import REGISTRY
 
 __all__ = ["PLAN", "add_arguments", "run"]
 
@@ -49,8 +50,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli import REGISTRY
-
     t_all = time.monotonic()
     results = Path(args.results) if args.results else (common.QUICK_DIR if args.quick else common.RESULTS_DIR)
     names = [n.strip() for n in (args.only or ",".join(PLAN)).split(",") if n.strip()]

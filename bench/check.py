@@ -24,6 +24,9 @@ import time
 from typing import Any
 
 from . import common
+from .common import meta
+from accelpact.conformance.checker import TraceChecker, check_traces
+from accelpact.conformance.checker_tamper import TAMPERINGS, repair_config, repair_traces
 
 __all__ = ["add_arguments", "run"]
 
@@ -60,8 +63,6 @@ def _stats(times: list[float]) -> dict[str, float]:
 
 def _meta() -> dict[str, Any]:
     try:
-        from .common import meta
-
         return meta(False)
     except Exception:  # noqa: BLE001 - the shared helper is optional here
         return {}
@@ -70,9 +71,6 @@ def _meta() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
-
-    from accelpact.conformance.checker import TraceChecker, check_traces
-    from accelpact.conformance.checker_tamper import TAMPERINGS, repair_config, repair_traces
 
     try:
         worlds = common.parse_worlds(args.worlds)

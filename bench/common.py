@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from accelpact.testing import run_ranks
+
 __all__ = [
     "BenchError", "QUICK_DIR", "RESULTS_DIR", "add_common", "bootstrap_ci", "fmt", "line_plot", "meta", "pct",
     "print_table", "rank_values", "rss_kb", "stats", "write_result",
@@ -253,8 +255,6 @@ def rank_values(fn: Callable[..., Any], world: int, out: str | os.PathLike, time
     loopback gloo, bounded and reaped); every rank's return value, or :class:`BenchError` with the
     run's explanation.  The ranks log c10d's C++ messages from ERROR up only: the engine's watchdog
     re-arms bounded store waits, and torch 2.13 warns at every expired one (every 5 s per rank)."""
-    from accelpact.testing import run_ranks
-
     run = run_ranks(fn, world, out, init_group=init_group, timeout_s=timeout_s, env={"TORCH_CPP_LOG_LEVEL": "ERROR"},
                     **kwargs)
     if not run.ok or len(run.returns) != world:

@@ -54,6 +54,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import common
+from accelpact.impl.controlplane import ControlPlane
+from accelpact.impl.flag import RING_MAX_WORLD, or_allreduce, rounds
+from accelpact.testing import start_ranks
 
 __all__ = ["add_arguments", "run", "proc_rank", "CountingStore", "episode"]
 
@@ -130,8 +133,6 @@ def _members(world: int, rpn: int) -> set[int]:
 def simulate(world: int, trials: int, rpn: int, prefix: str) -> dict[str, Any]:
     """``world`` threads, one TCPStore connection each, ``trials`` recoveries (generations 0..)."""
     import torch.distributed as dist
-
-    from accelpact.impl.controlplane import ControlPlane
 
     _raise_fd_limit(4 * world + 256)
     timeout = datetime.timedelta(seconds=120)
@@ -244,8 +245,6 @@ def saturate_rank(ctx, threads: int, seconds: float) -> int:
 
 def saturate_procs(procs: int, threads: int, seconds: float, out: str, timeout: float) -> dict[str, Any]:
     """The same from ``procs`` processes (``threads`` connections each) against the launcher's store."""
-    from accelpact.testing import start_ranks
-
     with start_ranks(saturate_rank, procs, out, timeout_s=timeout, env={"TORCH_CPP_LOG_LEVEL": "ERROR"}, threads=threads,
                      seconds=seconds) as ranks:
         ranks.wait_keys([f"sat/ready/{r}" for r in range(procs)], timeout_s=timeout)
@@ -265,9 +264,6 @@ def proc_rank(ctx, trials: int, iters: int, flag_len: int, rpn: int) -> dict[str
     control-plane part, on this rank's own store connection."""
     import torch
     import torch.distributed as dist
-
-    from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.flag import or_allreduce
 
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))  # as the worker builds it
     flag = torch.zeros(flag_len, dtype=torch.int64)
@@ -338,8 +334,6 @@ def flag_sim(world: int, iters: int) -> dict[str, Any]:
     os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")  # pairs connect on first use: log2 W peers per rank
     import torch
     import torch.distributed as dist
-
-    from accelpact.impl.flag import RING_MAX_WORLD, or_allreduce, rounds
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -521,7 +515,6 @@ def run(args: argparse.Namespace) -> int:
                          "milliseconds (ops / 100)", series, logx=True, logy=True)
     # The engine's flag (impl/flag.py) above RING_MAX_WORLD ranks: ceil(log2 W) sequential exchanges;
     # at W=2 the doubling is exactly one exchange, so W=1024's 10 rounds are priced at 10 x that.
-    from accelpact.impl.flag import RING_MAX_WORLD, rounds
 
     step_modelled = (w2["doubling_ms"]["median"] * rounds(1024) + w2["progress_set_ms"]["median"]) if w2 else None
     if real:

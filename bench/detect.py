@@ -64,6 +64,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import common
+from accelpact.impl.launch.job import Job, Topology, Workload
+from accelpact.impl.launch.launch import ProcessSet, WORKER_MODULE, l2_episodes, run_restarting, run_torchrun, worker_env
+from accelpact.impl.rundir import RunDir
+from accelpact.testing import inject, netns
 
 __all__ = ["FAILBENCH", "DETECT_KINDS", "add_arguments", "analyze_trial", "launch", "run", "run_failbench", "run_trial"]
 
@@ -147,8 +151,6 @@ def check_config(cfg: dict[str, Any]) -> str | None:
 
 def _job(cfg: dict[str, Any], out: Path, scenario: str, *, steps: int | None = None, ckpt_every: int = 0,
          faults: list[dict[str, Any]] | None = None):
-    from accelpact.impl.launch.job import Job, Topology, Workload
-
     return Job(topology=Topology(cfg["nodes"], cfg["ranks_per_node"]),
                workload=Workload(cfg["wrapper"], cfg["layers"], steps or cfg["steps"], 0, ckpt_every), out=str(out),
                scenario=scenario, backend=cfg["backend"], trace=True).replace(faults=faults or [])
@@ -166,9 +168,6 @@ def launch(job: Any, *, fabric: Any = None, store_timeout_s: float = 600.0) -> I
     from datetime import timedelta
 
     import torch.distributed as dist
-
-    from accelpact.impl.launch.launch import WORKER_MODULE, ProcessSet, worker_env
-    from accelpact.impl.launch.rundir import RunDir
 
     n = job.world
     run = RunDir(job.out)
@@ -212,8 +211,6 @@ def _gone(path: Path, timeout_s: float) -> bool:
 def _inject(kind: str, pid: int, victim: int, port: int, cfg: dict[str, Any], fabric: Any,
             alive: Callable[[], bool]) -> tuple[int, dict[str, Any]]:
     """Strike ``pid`` with ``kind``; (injection time ns, what happened)."""
-    from accelpact.testing import inject
-
     info: dict[str, Any] = {}
     t_cut: int | None = None
     t0 = time.monotonic_ns()
@@ -287,9 +284,6 @@ def _first_shutdown(inject_mod: Any) -> Iterator[list[int]]:
 def run_trial(kind: str, index: int, cfg: dict[str, Any], out: Path) -> dict[str, Any]:
     """One trial of ``kind``: launch, strike after ``inject_after`` committed steps, wait (bounded)
     for the outcome, kill what is left, read the traces (:func:`analyze_trial`)."""
-    from accelpact.testing import inject, netns
-    from accelpact.impl.launch.rundir import RunDir
-
     victim = (index + 1) % WORLD  # rotates over the ranks, rank 1 first
     job = _job(cfg, out / f"{kind}-{index}", f"detect-{kind}")
     run = RunDir(job.out)
@@ -405,9 +399,6 @@ def analyze_trial(trial: dict[str, Any], run: Any) -> dict[str, Any]:
 def run_failbench(cfg: dict[str, Any], out: Path, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Every FailBench set ``failbench_trials`` times; per set its runs, per run its faults (TTD,
     T_recover) and whether the outcome is the contract's (L2)."""
-    from accelpact.impl.launch.launch import l2_episodes, run_restarting, run_torchrun
-    from accelpact.impl.launch.rundir import RunDir
-
     sets: dict[str, Any] = {}
     for name, (what, faults, restarts) in FAILBENCH.items():
         runs: list[dict[str, Any]] = []
@@ -494,8 +485,6 @@ def _summarize(kinds: list[str], trials: list[dict[str, Any]], skipped: dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelpact.testing import netns
-
     t0 = time.monotonic()
     cfg = _config(args)
     problem = check_config(cfg)

@@ -12,6 +12,7 @@ import statistics
 import time
 
 from accelpact.model.explore import MANIFEST_CONFIGS, explore
+from .common import meta
 
 DEFAULT_CONFIGS = ("2x2-f1", "3x2-f1", "2x1-ddp-f2", "2x2-f2")
 
@@ -70,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"benchmark": "explore", "repeat": args.repeat, "results": rows}, indent=2))
     elif args.json:
         from pathlib import Path
-
-        from .common import meta
 
         ratio = statistics.median(r["time_ratio"] for r in rows) if rows else None
         doc = {"benchmark": "explore", "quick": False, "meta": meta(False), "config": {"repeat": args.repeat, "configs": names},

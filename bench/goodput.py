@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import common
+from . import common, recovery
+from accelpact.impl.launch.launch import l1_episodes, l2_episodes, run_torchrun, swap_episodes
 
 __all__ = ["add_arguments", "run", "find_torchft", "fault_plan"]
 
@@ -136,10 +137,6 @@ def _check(args: argparse.Namespace) -> tuple[list[int], float, int] | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelpact.impl.launch.launch import l1_episodes, l2_episodes, run_torchrun, swap_episodes
-
-    from . import recovery
-
     t0 = time.monotonic()
     checked = _check(args)
     if isinstance(checked, str):

@@ -74,6 +74,22 @@ import tempfile
 import time
 from typing import Any
 
+from accelpact.impl.controlplane import ControlPlane, PREFIX
+from accelpact.impl.hooks import Hooks
+from accelpact.impl.launch.job import Topology
+from accelpact.impl.launch.workload import build_groups
+from accelpact.impl.recovery import PactGroups, attach
+from accelpact.impl.rundir import RunDir
+from accelpact.impl.runtime import digest, revoke
+from accelpact.impl.runtime.backends import NCCL_ENV, backend, backend_error, backend_of, recorded_errors, wait_bounded
+from accelpact.impl.runtime.digest import checksum_hex, state_checksum
+from accelpact.impl.runtime.hotswap import broadcast_in_place, transfer
+from accelpact.impl.trace import Trace
+from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
+from accelpact.testing import run_ranks
+from accelpact.testing.faults import Fault, FaultContext, FaultInjector, FaultPlan
+from accelpact.testing.nccl_timeout import SPIN_MARGIN_S, cycles_per_second, nccl_timeout
+
 __all__ = ["EXIT_FAILED", "SUBCHECKS", "ddp_repair", "device_checksum", "fsdp2_boundary", "get_error_binding", "main",
            "real_timeout_repair", "swap_blob_exchange", "watchdog_timeout"]
 
@@ -98,16 +114,6 @@ def ddp_repair(ctx, steps: int = 4, fault_step: int = 1, deadline_s: float = 30.
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from accelpact.impl import revoke
-    from accelpact.impl.runtime.backends import NCCL_ENV, backend, backend_of
-    from accelpact.impl.controlplane import PREFIX, ControlPlane
-    from accelpact.testing.faults import FaultPlan
-    from accelpact.impl.hooks import FaultInjector, Hooks
-    from accelpact.impl.recovery import PactGroups, attach
-    from accelpact.impl.launch.rundir import RunDir
-    from accelpact.impl.trace import Trace
-    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
 
     be = backend("nccl")
     dev = be.prepare_process(0)
@@ -212,17 +218,6 @@ def real_timeout_repair(ctx, steps: int = 4, fault_step: int = 1, r_timeout_s: f
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from accelpact.impl import revoke
-    from accelpact.impl.controlplane import PREFIX, ControlPlane
-    from accelpact.impl.hooks import Hooks
-    from accelpact.impl.launch.rundir import RunDir
-    from accelpact.impl.recovery import PactGroups, attach
-    from accelpact.impl.runtime.backends import NCCL_ENV, backend_of
-    from accelpact.impl.trace import Trace
-    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
-    from accelpact.testing.faults import Fault, FaultContext
-    from accelpact.testing.nccl_timeout import SPIN_MARGIN_S, cycles_per_second, nccl_timeout
-
     be, dev = _start(ctx, "nccl", 60.0)
     td = datetime.timedelta
     res: dict[str, Any] = {"device": str(dev), "env": {k: os.environ.get(k) for k in NCCL_ENV},
@@ -293,8 +288,6 @@ def get_error_binding() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.runtime.backends import backend
-
     c10d = torch._C._distributed_c10d
     cls = getattr(dist, "ProcessGroupNCCL", None)
     return {"ProcessGroupNCCL": None if cls is None else callable(getattr(cls, "get_error", None)),
@@ -304,8 +297,6 @@ def get_error_binding() -> dict[str, Any]:
 def _start(ctx, backend_name: str = "nccl", timeout_s: float = 120.0):
     """``prepare_process(0)`` and the default group (world size 1) on ``backend_name``: (backend, device)."""
     import torch.distributed as dist
-
-    from accelpact.impl.runtime.backends import backend
 
     be = backend(backend_name)
     dev = be.prepare_process(0)
@@ -334,9 +325,6 @@ def watchdog_timeout(ctx, short_timeout_s: float = 2.0, sleep_s: float = 8.0, wa
 
     import torch
     import torch.distributed as dist
-
-    from accelpact.impl import revoke
-    from accelpact.impl.runtime.backends import NCCL_ENV, backend_error, recorded_errors, wait_bounded
 
     be, dev = _start(ctx, "nccl", 60.0)
     td = datetime.timedelta
@@ -435,16 +423,6 @@ def fsdp2_boundary(ctx, backend: str = "nccl", steps: int = 2, deadline_s: float
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from accelpact.impl import revoke
-    from accelpact.impl.runtime.backends import recorded_errors
-    from accelpact.impl.controlplane import PREFIX, ControlPlane
-    from accelpact.impl.launch.job import Topology
-    from accelpact.impl.recovery import PactGroups, attach
-    from accelpact.impl.launch.rundir import RunDir
-    from accelpact.impl.trace import Trace
-    from accelpact.impl.launch.workload import build_groups
-    from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
-
     be, dev = _start(ctx, backend, 120.0)
     td = datetime.timedelta
     res: dict[str, Any] = {"device": str(dev), "backend": be.name}
@@ -503,9 +481,6 @@ def swap_blob_exchange(ctx, backend: str = "nccl", timeout_s: float = 30.0) -> d
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.runtime.digest import checksum_hex, state_checksum
-    from accelpact.impl.runtime.hotswap import broadcast_in_place, transfer
-
     be, dev = _start(ctx, backend, 60.0)
     pg = dist.new_group([0], backend=be.name, timeout=datetime.timedelta(seconds=60), **be.init_kwargs(dev))
     res: dict[str, Any] = {"device": str(dev), "backend": be.name}
@@ -552,8 +527,6 @@ def device_checksum(ctx, backend: str = "nccl") -> dict:
     import copy
 
     import torch
-
-    from accelpact.impl.runtime import digest
 
     be, dev = _start(ctx, backend, 60.0)
     res: dict[str, Any] = {"device": str(dev), "backend": be.name}
@@ -611,17 +584,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SUBCHECKS]
     if unknown:
         parser.error(f"unknown sub-check(s) {unknown}; known: {', '.join(SUBCHECKS)}")
-    try:
-        import torch
-    except ImportError as exc:
-        print(json.dumps({"ok": None, "skipped": f"torch is not installed ({exc})"}))
-        return 0
+    import torch
+
     if args.backend == "nccl" and (not torch.cuda.is_available() or torch.cuda.device_count() < 1):
         print(json.dumps({"ok": None, "skipped": "no CUDA device on this machine: the NCCL check needs one GPU"}))
         return 0
     import importlib
-
-    from accelpact.testing import run_ranks
 
     # the rank functions by their importable name: under ``python -m`` this module is __main__, which a
     # child cannot import (run_ranks refuses it)

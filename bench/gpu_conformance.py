@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelpact.impl.runtime.backends import ONE_GPU_ENV
+from accelpact.impl.runtime.backends import ONE_GPU_ENV, backend, wait_bounded
+from accelpact.testing import run_ranks
 
 __all__ = ["EXIT_FAILED", "QUICK", "main", "pair", "parse_outcomes", "pytest_command"]
 
@@ -58,8 +59,6 @@ def pair(ctx) -> dict:
 
     import torch
     import torch.distributed as dist
-
-    from accelpact.impl.runtime.backends import backend, wait_bounded
 
     be = backend("nccl")
     dev = be.prepare_process(ctx.rank)
@@ -135,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     if not (root / "conformance" / "conftest.py").is_file():
         print(json.dumps({"ok": False, "explain": f"no conformance/ suite beside {root}: run from a source checkout"}))
         return EXIT_FAILED
-    from accelpact.testing import run_ranks
 
     out = Path(args.out or tempfile.mkdtemp(prefix="accelpact-gpu-conformance-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -32,10 +32,12 @@ import time
 from typing import Any
 
 from . import common
+from accelpact.impl.launch import workload
+import accelpact
 
 __all__ = ["add_arguments", "run", "guard_rank"]
 
-LAYOUT = {"ddp": (1, 2), "fsdp1-hybrid": (2, 2), "fsdp2-hybrid": (2, 2)}
+LAYOUT = {"ddp": (1, 2), "fsdp1-hybrid": (2, 2), "fsdp1-zero2": (2, 2), "fsdp2-hybrid": (2, 2)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,9 +60,6 @@ def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, s
                block_steps: int, warmup: int = 3, fence: bool = False) -> dict:
     """Rank function (``init_group=False``: it builds its job with ``accelpact.init``): per-step seconds of both arms, with their block index."""
 
-
-    import accelpact
-    from accelpact.impl.launch import workload
 
     job = accelpact.init("gloo", replicas=nodes, deadline_s=30.0, collective_timeout_s=120.0)
     topo = job.topology

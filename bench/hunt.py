@@ -16,6 +16,8 @@ import time
 
 from accelpact.model.mutants import MUTANTS
 from accelpact.model.state import Config
+from .common import meta
+from accelpact.model.stateful import make_machine
 
 #: the worlds hunted in: (nodes, ranks per node)
 WORLDS = ((2, 2), (4, 4))
@@ -38,8 +40,6 @@ def hunt(name: str, nodes: int, rpn: int, *, max_runs: int, budget_s: float, ste
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.errors import Flaky
     from hypothesis.stateful import run_state_machine_as_test
-
-    from accelpact.model.stateful import make_machine
 
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=min(1, rpn - 1), max_faults=3,
                  spares=2 if name in SWAP else 0, mutant=name)
@@ -95,8 +95,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"caught {caught} of {len(rows)} hunts", flush=True)
     if args.json:
         from pathlib import Path
-
-        from .common import meta
 
         doc = {"benchmark": "hunt", "quick": False, "meta": meta(False),
                "config": {"max_runs": args.max_runs, "budget_s": args.budget, "steps": args.steps, "worlds": [f"{n}x{r}" for n, r in WORLDS]},

@@ -26,10 +26,15 @@ import time
 from typing import Any
 
 from . import common
+from accelpact.impl.hooks import Hooks
+from accelpact.impl.launch import workload
+from accelpact.impl.runtime.wrappers import wrapper as wrapper_of
+from accelpact.testing.faults import FaultInjector, FaultPlan
+import accelpact
 
 __all__ = ["add_arguments", "run", "leaks_rank"]
 
-LAYOUT = {"ddp": (1, 2), "fsdp1-hybrid": (2, 2), "fsdp2-hybrid": (2, 2)}
+LAYOUT = {"ddp": (1, 2), "fsdp1-hybrid": (2, 2), "fsdp1-zero2": (2, 2), "fsdp2-hybrid": (2, 2)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,12 +55,6 @@ def _measure(tag: Any) -> dict[str, Any]:
 def leaks_rank(ctx, wrapper: str, nodes: int, ranks_per_node: int, repairs: int, deadline_s: float = 15.0) -> dict:
     """Rank function (``init_group=False``: it builds its job with ``accelpact.init``): the measurements after attach and after each repair."""
 
-
-    import accelpact
-    from accelpact.impl.launch import workload
-    from accelpact.testing.faults import FaultPlan
-    from accelpact.impl.hooks import FaultInjector, Hooks
-    from accelpact.impl.runtime.wrappers import wrapper as wrapper_of
 
     job = accelpact.init("gloo", replicas=nodes, deadline_s=deadline_s, collective_timeout_s=60.0)
     topo = job.topology

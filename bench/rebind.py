@@ -36,6 +36,13 @@ from typing import Any
 from accelpact.impl.runtime.wrappers import WRAPPER_NAMES
 
 from . import common
+from accelpact.impl.controlplane import ControlPlane
+from accelpact.impl.launch import workload as W
+from accelpact.impl.launch.api import build_recorded_groups, pact_groups
+from accelpact.impl.recovery import attach
+from accelpact.impl.runtime.adapters import adapter_for, find_references
+from accelpact.impl.runtime.replace import ReplaceAndRebind
+from accelpact.impl.trace import Trace
 
 __all__ = ["add_arguments", "run", "rebind_rank"]
 
@@ -55,14 +62,6 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
     import datetime
 
     import torch.distributed as dist
-
-    from accelpact.impl.launch import workload as W
-    from accelpact.impl.runtime.adapters import adapter_for, find_references
-    from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.recovery import attach
-    from accelpact.impl.runtime.replace import ReplaceAndRebind
-    from accelpact.impl.trace import Trace
-    from accelpact.impl.launch.api import build_recorded_groups, pact_groups
 
     rows: list[dict] = []
     topo = W.Topology(1, ctx.world)

@@ -30,6 +30,8 @@ from typing import Any
 from accelpact.impl.runtime.backends import BACKEND_NAMES
 from accelpact.impl.launch.job import Job, Topology, Workload
 from accelpact.impl.runtime.wrappers import WRAPPER_NAMES, wrapper
+from .common import meta
+from accelpact.impl.launch.launch import PHASES, l1_episodes, l2_episodes, run_torchrun, swap_episodes
 
 __all__ = ["add_arguments", "check_args", "measure", "run", "summarize"]
 
@@ -84,8 +86,6 @@ def measure(args: argparse.Namespace, say=print, swap: bool = True) -> tuple[dic
     """The three launches (L1 repairs, L2 restarts, hot swaps unless ``swap`` is False) and their
     summary; (result, l1, l2, swap launch or None).
     ``args``: this module's flags (:func:`add_arguments`), already checked (:func:`check_args`)."""
-    from accelpact.impl.launch.launch import PHASES, l1_episodes, l2_episodes, run_torchrun, swap_episodes
-
     nproc = args.nodes * args.ranks_per_node
     group = wrapper(args.wrapper).recovers
     victim = args.ranks_per_node - 1 if group == "replicate" else nproc - 1
@@ -147,8 +147,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from accelpact.impl.launch.launch import PHASES
-
     console = Console()
     problem = check_args(args)
     if problem:
@@ -191,8 +189,6 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]swap run incomplete[/red]: {result['swap']['swaps']}/{args.repeat} swaps, "
                       f"restarts {sw.restarts}, rc={sw.returncode}; see {sw.log}")
     if args.json:
-        from .common import meta
-
         doc = {"benchmark": "recovery", "quick": False, "meta": meta(False), **result,
                "headline": {"l2_over_l1_fault_to_frontier": result["l2_over_l1_fault_to_frontier"],
                             "l2_over_swap_fault_to_frontier": result["l2_over_swap_fault_to_frontier"]},

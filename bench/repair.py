@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from . import common
+from accelpact.impl.launch.job import Job, Topology, Workload
+from accelpact.impl.launch.launch import PHASES, l1_episodes, run_local
+from accelpact.impl.runtime.wrappers import wrapper as wrapper_of
 
 __all__ = ["add_arguments", "run", "measure_world"]
 
@@ -43,10 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def measure_world(nodes: int, rpn: int, repairs: int, wrapper: str, layers: int, out: Path, timeout: float) -> dict[str, Any]:
     """One job with ``repairs`` boundary failures of R, each repaired in place; per-phase statistics (ms)."""
-    from accelpact.impl.launch.job import Job, Topology, Workload
-    from accelpact.impl.launch.launch import PHASES, l1_episodes, run_local
-    from accelpact.impl.runtime.wrappers import wrapper as wrapper_of
-
     kind = wrapper_of(wrapper).recovers
     topo = Topology(nodes, rpn)
     members = topo.group(kind, rpn - 1 if kind == "replicate" else 0)

@@ -16,7 +16,7 @@ discarded.)
 
 The fault is AccelPact's ``collective_timeout`` at the boundary: after step ``s - 1`` committed
 (``s`` in ``--fault-steps``), replica 1 shuts down the connected sockets of its current gloo communicator
-(:func:`accelpact.impl.revoke.hard_close` on the sockets recorded while ``configure`` built it).
+(:func:`accelpact.impl.runtime.revoke.hard_close` on the sockets recorded while ``configure`` built it).
 torchft sees the failure in the next step's gradient all-reduce, votes not to commit, and
 reconfigures at the next quorum.  Each replica writes, per step: quorum start, quorum ready (the
 replica group can train again), end, committed; and the duration of every ``configure``.
@@ -40,6 +40,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from accelpact.impl.launch import workload
+from accelpact.impl.runtime import revoke
+
 __all__ = ["main"]
 
 
@@ -48,9 +51,6 @@ def replica(args: argparse.Namespace) -> int:
     import torch.distributed as dist
     from torchft import Manager, ProcessGroupGloo
     from torchft.optim import OptimizerWrapper
-
-    from accelpact.impl import revoke
-    from accelpact.impl.launch import workload
 
     torch.set_num_threads(1)
     rid = args.replica_id

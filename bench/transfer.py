@@ -19,6 +19,9 @@ import time
 from typing import Any
 
 from . import common
+from .validate import _state
+from accelpact.impl.runtime.digest import state_checksum
+from accelpact.impl.runtime.hotswap import transfer
 
 __all__ = ["add_arguments", "run", "transfer_rank"]
 
@@ -34,11 +37,6 @@ def transfer_rank(ctx, sizes_mb: list[float], repeat: int) -> list[dict]:
     """Rank function (rank 0 the replica, rank 1 the spare): per size, per repetition, seconds."""
     import torch
     import torch.distributed as dist
-
-    from accelpact.impl.runtime.digest import state_checksum
-    from accelpact.impl.runtime.hotswap import transfer
-
-    from .validate import _state
 
     rows = []
     for mb in sizes_mb:

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from . import common
+from accelpact.impl.runtime.digest import state_checksum, state_digest
 
 __all__ = ["add_arguments", "checksum_cost", "run", "validate_rank"]
 
@@ -88,8 +89,6 @@ def validate_rank(ctx, sizes_mb: list[float], repeat: int) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.runtime.digest import state_checksum, state_digest
-
     pg = ctx.group
     n_ranks = ctx.world
     rows = []
@@ -128,8 +127,6 @@ def checksum_cost(sizes_mb: list[float], repeat: int = 5, device: str = "cpu") -
     (:func:`~accelpact.impl.runtime.digest.state_digest`) over the same state, ``repeat`` times each
     (on CUDA each timing ends with a synchronize, so it covers the device work)."""
     import torch
-
-    from accelpact.impl.runtime.digest import state_checksum, state_digest
 
     def sync() -> None:
         if device != "cpu":

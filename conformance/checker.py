@@ -38,8 +38,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..model.contract import IN_FLIGHT_PHASES, without_discard
-from ..model.protocol import Action, actions_for, all_actions, enabled, link_arg, successors, true_lookup
+from ..model.contract import EnvelopeError, IN_FLIGHT_PHASES, envelope_from_mapping, without_discard
+from ..model.protocol import Action, all_actions, link_arg, true_lookup
+from ..model.transitions import actions_for, enabled, successors
 from ..model.state import (
     PC_CRASHED,
     PC_EXITED,
@@ -51,8 +52,8 @@ from ..model.state import (
 )
 from ..impl.trace import FORMAT as TRACE_FORMAT
 from ..impl.controlplane import PREFIX, comm_generation, comm_name
-from ..testing.faults import KINDS
-from ..impl.launch.rundir import RunDir
+from ..model.faults import KINDS
+from ..impl.rundir import RunDir
 from ..impl.trace import RankTrace, Record, TraceError
 from .checker_precheck import Finding, precheck
 from .mapping import Script, surfaces
@@ -88,8 +89,6 @@ def engine_contract(traces: Mapping[int, RankTrace]) -> dict[str, Any]:
     platform is not qualified there, so each failure is L2 (RankReject), not the L1 a ``cpu-gloo``
     model would demand.  :class:`TraceError` when a header's contract is malformed or the ranks'
     headers disagree."""
-    from ..model.contract import EnvelopeError, envelope_from_mapping
-
     saying = [tr.header for tr in traces.values() if "platform" in tr.header or "envelope" in tr.header]
     if not saying:
         return {}

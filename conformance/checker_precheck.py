@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..impl.controlplane import comm_generation
-from ..testing.faults import KINDS
+from ..model.faults import KINDS
 from ..impl.trace import RankTrace, Record
 from ..model.contract import IN_FLIGHT_PHASES
 from ..model.protocol import ACTIONS
@@ -60,8 +60,9 @@ __all__ = ["Finding", "LOCAL_STEPS", "EXIT_REASON", "precheck"]
 _ALIVE = frozenset((PC_TRAIN,) + RECOVERY_PCS)
 _RECOVERY = frozenset(RECOVERY_PCS)
 
-#: fault action -> the pcs it may strike in, where the fault-kind table narrows it (accelpact/testing/faults.py)
-_WINDOWS: dict[str, frozenset[str]] = {k.action: frozenset(k.windows) for k in KINDS.values() if k.windows is not None}
+#: fault action -> the pcs it may strike in, where the fault-kind table narrows it (accelpact/model/faults.py)
+_WINDOWS: dict[str, frozenset[str]] = {k.action: frozenset(k.windows) for k in KINDS.values()
+                                       if k.windows is not None and k.action is not None}
 
 #: an entry's pre-pcs are the model's own: ``ActionSpec.pcs`` (model/protocol.py)
 _MODEL = "model"
@@ -98,7 +99,7 @@ _STEPS: dict[str, tuple[frozenset[str] | str | None, str | None]] = {
     "FaultCrash": (_ALIVE, PC_CRASHED),
     "FaultHang": (_ALIVE, None),
     "FaultRaise": (_RECOVERY, None),
-    # the narrower windows of these three are the fault-kind table's (accelpact/testing/faults.py FaultKind.windows)
+    # the narrower windows of these three are the fault-kind table's (accelpact/model/faults.py FaultKind.windows)
     "FaultMismatch": (_WINDOWS["FaultMismatch"], None),
     "FaultDirtyGuard": (_WINDOWS["FaultDirtyGuard"], None),
     "FaultCorrupt": (_WINDOWS["FaultCorrupt"], None),

@@ -16,8 +16,10 @@ from typing import Any, Callable
 
 from ..impl.controlplane import PREFIX, comm_name
 from ..impl.trace import RankTrace, Record
-from ..model.protocol import Action, actions_for
+from ..model.protocol import Action
+from ..model.transitions import actions_for
 from ..model.state import Config, State, initial_state
+from .checker import project, scheduled_repair
 
 __all__ = ["TAMPERINGS", "Tampering", "abort_traces", "repair_config", "repair_traces", "scheduled_abort", "tamper"]
 
@@ -32,8 +34,6 @@ def repair_config(nodes: int, ranks_per_node: int) -> Config:
 
 def repair_traces(cfg: Config) -> Traces:
     """The traces of one boundary repair of R, rank by rank (checker.scheduled_repair + project)."""
-    from .checker import project, scheduled_repair
-
     return project(cfg, scheduled_repair(cfg))
 
 
@@ -67,8 +67,6 @@ def scheduled_abort(cfg: Config, victim: int) -> list[tuple[Action, State, State
 
 def abort_traces(cfg: Config, victim: int = 0) -> Traces:
     """The traces of :func:`scheduled_abort` (``cfg``: e.g. ``repair_config(...).with_(max_faults=2)``)."""
-    from .checker import project
-
     return project(cfg, scheduled_abort(cfg, victim))
 
 

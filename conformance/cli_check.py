@@ -8,6 +8,13 @@ accepted, 1 when rejected, 2 when the files are unusable.  No torch import.
 
 from __future__ import annotations
 
+from .checker import TraceChecker, abstraction_from_records, config_from_headers
+from .runner import check_run_traces
+from .scenario import load_scenario, scenario_from_job
+from ..impl.launch.job import FieldError, load_job
+from ..impl.rundir import RunDir
+from ..impl.trace import TraceError, load_traces
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("dir", help="run folder with trace-a<attempt>-r<rank>.ndjson files")
@@ -15,13 +22,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..impl.launch.job import FieldError, load_job
-    from ..impl.launch.rundir import RunDir
-    from ..impl.trace import TraceError, load_traces
-    from .checker import TraceChecker, abstraction_from_records, config_from_headers
-    from .runner import check_run_traces
-    from .scenario import load_scenario, scenario_from_job
-
     run_dir = RunDir(args.dir)
     sc = None
     try:

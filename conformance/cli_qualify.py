@@ -28,7 +28,7 @@ boundary ``collective_timeout`` (an abort from outside) replaced by a genuine NC
 boundary collective queued behind a device spin longer than R's timeout
 (:mod:`accelpact.testing.nccl_timeout`); the cell is L1 only if those conform too, and its evidence
 says ``real_timeout``.  Elsewhere, or while that fault kind is not registered in
-``accelpact/testing/faults.py`` ``KINDS``, the flag is skipped with the reason (:func:`real_timeout_problem`).
+``accelpact/model/faults.py`` ``KINDS``, the flag is skipped with the reason (:func:`real_timeout_problem`).
 """
 
 from __future__ import annotations
@@ -37,20 +37,28 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .generate import SCENARIO_DIR, SHORT, _classic_name
+from . import runner
+from .scenario import load_scenario
+from ..impl.runtime.backends import BACKEND_NAMES, backend, one_gpu_env
+from ..model.contract import (DEFAULT_OBJECTIVE, DISCARD_PHASES, Envelope, EnvelopeEntry, ObservationKey, decide,
+                              default_envelope, save_envelope)
+from ..testing import nccl_timeout as nt
+from ..model.faults import KINDS
+from ..testing.nccl_timeout import KIND
+
 #: The hosts a qualify run's ranks occupy: every scenario is launched on this machine
 #: (``runner.run_scenario``: the local launcher, the store on 127.0.0.1), whatever its topology says.
 QUALIFY_HOSTS = 1
 #: The profiles whose replicate group R spans nodes (HSDP): a cell of one is only qualified across
 #: nodes when its trials ran on more than one host.
-HSDP_PROFILES: tuple[str, ...] = ("hsdp", "fsdp1-hybrid", "fsdp2-hybrid")
+HSDP_PROFILES: tuple[str, ...] = ("hsdp", "fsdp1-hybrid", "fsdp1-zero2", "fsdp2-hybrid")
 #: The NCCL variables that choose its transport, in the order the evidence lists them.
 NCCL_TRANSPORT_ENV: tuple[str, ...] = ("NCCL_NET", "NCCL_SOCKET_IFNAME", "NCCL_HOSTID")
 NCCL_TRANSPORT_UNKNOWN = "unknown: set by NCCL at init"
 
 
 def add_arguments(parser) -> None:
-    from ..impl.runtime.backends import BACKEND_NAMES
-
     parser.add_argument("--backend", default="gloo", choices=BACKEND_NAMES)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--out", default="envelope.json", help="envelope file to write (default envelope.json)")
@@ -68,9 +76,6 @@ def add_arguments(parser) -> None:
 def cell_scenarios(wrapper: str, phase: str, swap: bool = False):
     """The corpus scenarios that stand for one cell (see conformance/generate.py names); ``swap``: the
     hot-swap cell (a crash of rank 1 at ``phase`` with one spare; DDP on 2x1, HSDP on 2x2)."""
-    from .generate import SCENARIO_DIR, SHORT, _classic_name
-    from .scenario import load_scenario
-
     if swap:
         name = f"{'2x1' if SHORT[wrapper] == 'ddp' else '2x2'}-{SHORT[wrapper]}-spare1-{phase}-crash-r1"
     else:
@@ -82,9 +87,6 @@ def cell_scenarios(wrapper: str, phase: str, swap: bool = False):
 def cells(backend_name: str, wrappers: str, phases: str, swap_phases: str = "") -> list[tuple[Any, list]]:
     """(observation key, its scenarios) of every cell to qualify on ``backend_name``'s platform;
     cells without a corpus scenario are left out (with a message)."""
-    from ..impl.runtime.backends import backend
-    from ..model.contract import DEFAULT_OBJECTIVE, ObservationKey
-
     platform = backend(backend_name).platform
     out = []
     for wrapper in [w for w in wrappers.split(",") if w]:
@@ -102,15 +104,12 @@ def cells(backend_name: str, wrappers: str, phases: str, swap_phases: str = "") 
 def real_timeout_problem(backend_name: str) -> str | None:
     """Why ``--real-timeout`` cannot run on ``backend_name`` here (None: it can): the fault is NCCL only
     (:func:`accelpact.testing.nccl_timeout.unavailable`), and a scenario can name it only once it is a
-    fault kind (``accelpact/testing/faults.py`` ``KINDS``)."""
-    from ..testing import nccl_timeout as nt
-    from ..testing.faults import KINDS
-
+    fault kind (``accelpact/model/faults.py`` ``KINDS``)."""
     why = nt.unavailable(backend_name)
     if why:
         return why
     if nt.KIND not in KINDS:
-        return (f"the fault kind {nt.KIND!r} is not registered in accelpact/testing/faults.py KINDS (its effect is "
+        return (f"the fault kind {nt.KIND!r} is not registered in accelpact/model/faults.py KINDS (its effect is "
                 "accelpact.testing.nccl_timeout.nccl_timeout; spec/nccl.md, 'A genuine NCCL timeout')")
     return None
 
@@ -119,8 +118,6 @@ def real_timeout_scenario(sc):
     """``sc`` (a boundary repair) with each ``collective_timeout`` at the boundary made a genuine NCCL
     timeout of the same group on the same ranks, named ``<name>-nccl_timeout``."""
     import dataclasses
-
-    from ..testing.nccl_timeout import KIND
 
     faults = tuple(dataclasses.replace(f, kind=KIND) if (f.kind == "collective_timeout" and f.at == "boundary") else f
                    for f in sc.faults)
@@ -133,8 +130,6 @@ def trial_envelope(key):
     candidate cell of ``key``'s platform and profile: L1 and L2 at the boundary, L2 in flight
     (``default_envelope`` for that platform and profile).  Running under it does not qualify anything:
     the trials' oracles do."""
-    from ..model.contract import DISCARD_PHASES, ObservationKey, decide, default_envelope
-
     # inside optimizer.step() a classic key is L2 by rule: its trials need the boundary's verdict; a swap
     # key and a discard in forward or backward (P17) their own
     probe = key if key.died or key.phase in DISCARD_PHASES else ObservationKey(key.platform, key.profile, "boundary",
@@ -161,8 +156,6 @@ def transport(backend_name: str, environ: Mapping[str, str] | None = None) -> st
     ``GLOO_SOCKET_IFNAME`` when set, else on loopback (the ranks rendezvous on 127.0.0.1).  NCCL: the
     variables of :data:`NCCL_TRANSPORT_ENV` that are set (the one-GPU mode's, which its ranks set,
     included), else :data:`NCCL_TRANSPORT_UNKNOWN` (NCCL picks NVLink/SHM/P2P/IB/socket at init)."""
-    from ..impl.runtime.backends import backend, one_gpu_env
-
     env = dict(os.environ if environ is None else environ)
     if backend(backend_name).device_type == "cpu":
         ifname = env.get("GLOO_SOCKET_IFNAME")
@@ -183,8 +176,6 @@ def cell_evidence(key, scenarios: Sequence, *, backend_name: str, trials: int, p
     machines the ranks ran on), ``inter_node`` (ranks of different nodes on different hosts: ``nodes > 1
     and hosts > 1``), ``backend``, ``torch``, ``nccl`` (the NCCL version on NCCL, :func:`nccl_version`
     unless given; None on gloo) and ``transport`` (:func:`transport`).  No process is started."""
-    from ..impl.runtime.backends import backend
-
     be = backend(backend_name)
     nodes = max((sc.topology.nodes for sc in scenarios), default=1)
     per_node = max((sc.topology.ranks_per_node for sc in scenarios), default=1)
@@ -214,9 +205,6 @@ def inter_node_warning(key, evidence: Mapping[str, Any]) -> str | None:
 def run(args) -> int:
     import platform as _platform
 
-    from ..impl.runtime.backends import backend
-    from ..model.contract import DISCARD_PHASES, Envelope, EnvelopeEntry, save_envelope
-
     if args.trials < 1:
         print("qualify: --trials must be >= 1")
         return 2
@@ -234,8 +222,6 @@ def run(args) -> int:
         print(f"qualify: {why}; use --backend gloo")
         return 2
     import torch
-
-    from .runner import run_scenario
 
     plat = {"torch": torch.__version__, "backend": args.backend, "python": _platform.python_version(),
             "driver": (torch.version.cuda or "none") if be.device_type == "cuda" else "none"}
@@ -259,7 +245,7 @@ def run(args) -> int:
         passes, trials, failures = 0, 0, []
         for sc in scs:
             for t in range(args.trials):
-                rep = run_scenario(sc, backend=args.backend, out=work / f"{sc.name}-t{t}", **extra)
+                rep = runner.run_scenario(sc, backend=args.backend, out=work / f"{sc.name}-t{t}", **extra)
                 trials += 1
                 passes += int(rep.conforms)
                 if not rep.conforms:

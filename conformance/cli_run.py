@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 
+from . import runner
+from .scenario import ScenarioError, load_scenario
+from ..testing.seeded import SEEDED_BUGS
+from ..impl.runtime.backends import BACKEND_NAMES, backend
+
 
 def add_arguments(parser) -> None:
-    from ..impl.runtime.backends import BACKEND_NAMES
-    from ..impl.hooks import SEEDED_BUGS  # no torch at import
-
     parser.add_argument("file", help="scenario JSON file (spec/scenario-format.md)")
     parser.add_argument("--backend", default="gloo", choices=BACKEND_NAMES)
     parser.add_argument("--out", default=None, help="folder for results and traces (default /tmp/accelpact-conformance/<name>)")
@@ -26,10 +28,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..impl.runtime.backends import backend
-    from .runner import run_scenario
-    from .scenario import ScenarioError, load_scenario
-
     try:
         sc = load_scenario(args.file)
     except ScenarioError as exc:
@@ -39,7 +37,7 @@ def run(args) -> int:
     if why:
         print(f"run-scenario: {why}; use --backend gloo")
         return 2
-    rep = run_scenario(sc, backend=args.backend, out=args.out, deadline_s=args.deadline, timeout_s=args.timeout,
+    rep = runner.run_scenario(sc, backend=args.backend, out=args.out, deadline_s=args.deadline, timeout_s=args.timeout,
                        seeded_bug=args.seeded_bug)
     print(rep.summary())
     if args.json:

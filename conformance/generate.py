@@ -19,14 +19,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..testing.faults import KINDS, RECOVERY_POINTS, Fault
+from ..model.faults import KINDS, RECOVERY_POINTS, Fault
 from ..impl.launch.job import Topology, Workload
 from ..impl.runtime.wrappers import WRAPPERS
 from .outcomes import check_expectation, model_outcomes
 from .scenario import Scenario
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-SHORT = {"fsdp1-hybrid": "fsdp1", "fsdp2-hybrid": "fsdp2", "ddp": "ddp"}
+SHORT = {"fsdp1-hybrid": "fsdp1", "fsdp1-zero2": "fsdp1-zero2", "fsdp2-hybrid": "fsdp2", "ddp": "ddp"}
 STEP = 5          # F for single-episode scenarios
 STEPS = 8
 EVERY = 3         # checkpoint_every: C = 3 for F = 5
@@ -153,6 +153,14 @@ def candidates() -> list[tuple[tuple, Scenario]]:
         Topology(2, 2, spares=1), "fsdp1-hybrid", [Fault(STEP, "backward", "crash", (0, 1), "replicate")])
     add(("3x1", "ddp", "backward", "crash-swap-f2", "-", 2), "3x1-ddp-spare2-backward-crash-r0-r2",
         Topology(3, 1, spares=2), "ddp", [Fault(STEP, "backward", "crash", (0, 2), "world")])
+    # FSDP1 _HYBRID_SHARD_ZERO2 through each recovery path: the repair at the boundary, the
+    # discard in place of a failure in backward (P17), a crash in backward taken over by a spare (hot swap)
+    z2 = "fsdp1-zero2"
+    for at in ("boundary", "backward"):
+        add(("2x2", z2, at, "collective_timeout", "-", 1), f"2x2-{SHORT[z2]}-{_classic_name(at)}", t22, z2,
+            [_trigger(t22, z2, at)])
+    add(("2x2", z2, "backward", "crash-swap", "-", 1), f"2x2-{SHORT[z2]}-spare1-backward-crash-r1",
+        Topology(2, 2, spares=1), z2, [Fault(STEP, "backward", "crash", (1,), WRAPPERS[z2].recovers)])
     # a swapped job meets every later fault the model allows (issue 23): a second swap (the second
     # spare), a repair of a replicate group after the swap, and a second death during the swap's own
     # agreement (no replica of the dead identities' state is left whole: L2)

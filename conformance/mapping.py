@@ -3,7 +3,7 @@
 :func:`model_config` is the model instance of a scenario (world, R, F, C, group, profile, fault
 budget); :func:`script_for` translates each scenario fault into the model ``Fault*`` actions it
 stands for, each allowed only in its episode's generation and in its pc window (:data:`WINDOWS`,
-narrowed per kind by :attr:`accelpact.testing.faults.FaultKind.windows`).  The failing group R is
+narrowed per kind by :attr:`accelpact.model.faults.FaultKind.windows`).  The failing group R is
 computed in one place, :func:`failing_group`, through :meth:`Topology.group`.
 
 The script filters successors; the model itself is unchanged.  Pure Python, no torch.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..testing.faults import IN_FLIGHT, KINDS
+from ..model.faults import IN_FLIGHT, KINDS
 from ..impl.runtime.wrappers import wrapper
 from ..model.contract import DISCARD_PHASES, without_discard
 from ..model.protocol import Action

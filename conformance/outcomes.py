@@ -16,7 +16,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from ..model.protocol import Action, all_actions, is_final, successors
+from ..model.protocol import Action, all_actions, is_final
+from ..model.transitions import successors
 from ..model.state import PC_TRAIN, Config, State, initial_state
 from ..model.symmetry import Symmetry
 from .mapping import Script, model_config, script_for

@@ -9,9 +9,10 @@
 3. Deadlines: every rank that exited did so within the bound after the first fault (``t_ns``).
 
 The run is the scenario's typed job (:meth:`Scenario.job`; a seeded bug is its ``seeded_bug``
-field, nothing else); its files are read through :class:`~accelpact.impl.launch.rundir.RunDir`.  The
+field, nothing else); its files are read through :class:`~accelpact.impl.rundir.RunDir`.  The
 reference run is cached per workload (``impl.launch.run_reference``).  Every process is reaped by
-the launcher; every wait is bounded (``timeout_s``).  torch is imported lazily.
+the launcher; every wait is bounded (``timeout_s``).  No torch import at module level (the snapshots are
+compared by :func:`accelpact.impl.launch.snapshots.compare_runs`).
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from ..impl.exitcodes import ExitCode
-from ..testing.faults import KINDS
-from ..impl.launch.rundir import RunDir
+from ..model.faults import KINDS
+from ..impl.launch.snapshots import compare_runs
+from ..impl.rundir import RunDir
 from ..impl.trace import TraceError, load_traces
 from .checker import Abstraction, TraceChecker, engine_contract
 from .mapping import model_config, script_for
 from .outcomes import model_outcomes
 from .scenario import Scenario
+from ..impl.launch import launch
+from ..impl.runtime.backends import backend
+from ..model.contract import default_envelope, save_envelope, unqualified_notice
 
 #: the fail-stop exit codes (spec/implementation.md "Exit codes"; impl/exitcodes.py)
 ABORT_CODES = frozenset(int(c) for c in ExitCode)
@@ -108,22 +113,6 @@ def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
     return ok, "\n".join(msgs)
 
 
-def _snapshots_equal(out: Path, ref: Path, world: int) -> tuple[bool, str]:
-    import torch
-
-    from ..impl.launch.workload import compare_snapshots
-
-    run, reference = RunDir(out), RunDir(ref)
-    for r in range(world):
-        a, b = run.final(r), reference.final(r)
-        if not a.exists():
-            return False, f"rank {r} wrote no final snapshot ({a.name})"
-        eq, why = compare_snapshots(torch.load(a, weights_only=False), torch.load(b, weights_only=False), f"rank {r}")
-        if not eq:
-            return False, why
-    return True, ""
-
-
 def _trace_times(out: Path, attempt: int, world: int) -> tuple[int | None, dict[int, int]]:
     """The first injected fault's ``t_ns`` in ``attempt`` and each exited rank's end ``t_ns``."""
     run = RunDir(out)
@@ -152,9 +141,6 @@ def candidate_envelope(backend_name: str, path: Path) -> Path | None:
     L2, so no scenario would test the in-place repair there, and every one expecting L1 would fail on
     the envelope, not on the engine.  The report names the file (``Report.envelope``); the traces'
     headers carry it, and the checker models it (``checker.engine_contract``)."""
-    from ..impl.runtime.backends import backend
-    from ..model.contract import default_envelope, save_envelope, unqualified_notice
-
     platform = backend(backend_name).platform
     if unqualified_notice(default_envelope(), platform) is None:
         return None
@@ -170,8 +156,6 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     ``envelope``: the envelope file the job's ranks decide with (None: the shipped default where it
     covers the backend's platform, else the platform's candidate envelope, :func:`candidate_envelope`;
     ``accelpact qualify`` passes a cell's trial envelope)."""
-    from ..impl.launch import launch
-
     t0 = time.monotonic()
     model = model_outcomes(sc)
     rep = Report(sc.name, sorted(model.outcomes))
@@ -252,7 +236,7 @@ def run_scenario(sc: Scenario, *, backend: str = "gloo", out: str | Path | None 
     if sc.expect and rep.outcome != sc.expect:
         rep.problems.append(f"observed {rep.outcome} but the scenario expects {sc.expect}")
     if rep.outcome in ("L1", "L2"):
-        eq, why = _snapshots_equal(out, ref, world)
+        eq, why = compare_runs(ref, out, world)
         rep.bit_identical = eq
         if not eq:
             rep.problems.append(f"final state differs from the reference: {why}")

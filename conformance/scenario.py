@@ -2,7 +2,7 @@
 
 A scenario is the public, implementation-independent description of one conformance run: a
 world shape (:class:`~accelpact.impl.launch.job.Topology`), a workload
-(:class:`~accelpact.impl.launch.job.Workload`), the injected faults (:class:`~accelpact.testing.faults.Fault`,
+(:class:`~accelpact.impl.launch.job.Workload`), the injected faults (:class:`~accelpact.model.faults.Fault`,
 validated by its one validator :meth:`Fault.parse`) and an optional expected outcome.  This module
 adds only what is scenario-specific: the rules that make a fault list one recovery scenario
 (below) and the episode view of it.  Where it lives in the model is :mod:`.mapping`; what the
@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..testing.faults import KINDS, RECOVERY_POINTS, TRIGGER_POINTS, Fault, FaultError
-from ..impl.launch.job import FieldError, Job, Topology, Workload, check_object
+from ..model.faults import KINDS, RECOVERY_POINTS, TRIGGER_POINTS, Fault, FaultError
+from ..impl.launch.job import FieldError, Job, JobError, Topology, Workload, check_object
+from ..testing import seeded
 
 __all__ = [
     "OUTCOMES", "SCENARIO_FIELDS", "Scenario", "ScenarioError", "load_scenario", "scenario_from_job",
@@ -129,7 +130,12 @@ class Scenario:
     def job(self, out: str | Path, *, backend: str = "gloo", deadline_s: float = 8.0,
             seeded_bug: str | None = None) -> Job:
         """The run of this scenario: a traced :class:`~accelpact.impl.launch.job.Job` writing to ``out``.
-        ``seeded_bug`` (test-only) travels as the job's field, nowhere else."""
+        ``seeded_bug`` (test-only) travels as the job's field, nowhere else; a name that is not a seeded
+        bug (:mod:`accelpact.testing.seeded`) is a JobError naming them."""
+        try:
+            seeded.check(seeded_bug)
+        except ValueError as exc:
+            raise JobError(str(exc)) from None
         job = Job(topology=self.topology, workload=self.workload, out=str(out), scenario=self.name, trace=True,
                   deadline_s=deadline_s, dead_after_s=CONFORMANCE_DEAD_AFTER_S)
         return job.replace(faults=self.faults, backend=backend, seeded_bug=seeded_bug)  # validated again: Job.parse

@@ -16,14 +16,17 @@ import pytest
 from accelpact.conformance.generate import SCENARIO_DIR
 from accelpact.conformance.scenario import load_scenario
 from accelpact.impl.runtime.backends import backend
-from accelpact.impl.hooks import SEEDED_BUGS as ALL_SEEDED_BUGS
+from accelpact.testing.seeded import SEEDED_BUGS as ALL_SEEDED_BUGS
+from accelpact.conformance.runner import run_scenario
 
 #: The default subset (``make test``), one run of each recovery path judged by every oracle, and of
 #: each fault kind no faster test makes for real: the repair in place (FSDP1), the in-flight discard
 #: in place (FSDP2 in backward), a corrupt replica (L2 by phase 6), a lost store (L2 through the
 #: restarting launcher), a crash taken over by a spare (hot swap with the discard), and a broken link
 #: between two nodes (L1, issue 25).  The other wrappers' repairs run in faster tests (spec/implementation.md,
-#: "What runs where").
+#: "What runs where").  FSDP1 ZeRO-2 (``fsdp1-zero2``, issue 39) by its in-flight discard in backward,
+#: where its state differs from HYBRID_SHARD's (parameters unsharded since forward); its repair and
+#: hot swap (``2x2-fsdp1-zero2-repair``, ``-spare1-backward-crash-r1``) run with the corpus (``--full``).
 FAST = (
     "2x2-fsdp1-repair",
     "2x2-fsdp2-inflight-backward",
@@ -31,6 +34,7 @@ FAST = (
     "2x2-fsdp1-agree-store-loss-r0",
     "2x2-fsdp1-spare1-backward-crash-r1",
     "2x2-fsdp1-link-r0-r3-boundary",
+    "2x2-fsdp1-zero2-inflight-backward",
 )
 #: Scenarios that were in FAST and run under ``make nightly`` (``--full``) since issue 38, each with the
 #: ``make test`` tests that still run its path and fault kind for real (spec/implementation.md, "What
@@ -60,7 +64,7 @@ MOVED_TO_NIGHTLY: dict[str, str] = {
     "2x2-fsdp1-spare2-crash-during-swap": "hot swap ending L2: 2x2-fsdp1-agree-store-loss-r0 (L2); flaky, see above",
     "2x2-fsdp1-spare1-boundary-stop-r1": "a stopped rank deposed and swapped: test_faults_from_outside[sigstop]",
 }
-#: R4: the oracle that must reject each seeded bug (impl/hooks.py) in the plain repair
+#: R4: the oracle that must reject each seeded bug (accelpact/testing/seeded.py) in the plain repair
 #: ``2x2-fsdp1-repair``, and the record the trace checker must report as first unmatched.  Each is
 #: caught by the trace checker (O2), deterministically:
 #: ``skip-rebind``: phase 5 leaves the wrapper's references on the revoked communicator and records
@@ -162,8 +166,6 @@ def ref_cache(tmp_path_factory):
 @pytest.mark.timeout(900)
 def test_scenario_conforms(scenario_name, ref_cache, tmp_path, request):
     """R1-R3: the run conforms (outcome allowed by the model, bit-identical, trace accepted, deadlines held)."""
-    from accelpact.conformance.runner import run_scenario
-
     if scenario_name in KNOWN_IMPL_ISSUES:
         request.applymarker(pytest.mark.xfail(reason=KNOWN_IMPL_ISSUES[scenario_name], strict=True))
     sc = load_scenario(SCENARIO_DIR / f"{scenario_name}.json")
@@ -182,7 +184,7 @@ def test_fast_and_nightly_scenarios_are_in_the_corpus():
 
 
 def test_every_seeded_bug_is_demonstrated_or_excused():
-    """R4 bookkeeping: each seeded bug of impl/hooks.py is rejected below or says why it is not."""
+    """R4 bookkeeping: each seeded bug of accelpact/testing/seeded.py is rejected below or says why it is not."""
     assert set(CAUGHT_BY_CHECKER) | set(NOT_DEMONSTRATED) == set(ALL_SEEDED_BUGS)
     assert not set(CAUGHT_BY_CHECKER) & set(NOT_DEMONSTRATED)
 
@@ -193,8 +195,6 @@ def test_every_seeded_bug_is_demonstrated_or_excused():
 def test_seeded_bug_rejected(bug, ref_cache, tmp_path, request):
     """R4: with a seeded bug the run of the plain repair completes and the oracle that must catch
     the bug (the trace checker, CAUGHT_BY_CHECKER) rejects it, not a launch or file failure."""
-    from accelpact.conformance.runner import run_scenario
-
     if request.config.getoption("--scenario"):
         pytest.skip("--scenario given: seeded-bug demonstrations run only on the default selection")
     sc = load_scenario(SCENARIO_DIR / f"{BUG_SCENARIO.get(bug, '2x2-fsdp1-repair')}.json")

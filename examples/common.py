@@ -11,7 +11,8 @@ def parse_args(doc: str, out: str) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=None, help="model replicas (default: one per node)")
     p.add_argument("--checkpoint-every", type=int, default=2)
     p.add_argument("--out", default=out)
-    p.add_argument("--fault", default=None, help="KIND@POINT:STEP[:RANKS], e.g. collective_timeout@boundary:3:0,2")
+    p.add_argument("--fault", default=None, help="KIND@POINT:STEP[:RANKS[:GROUP]], e.g. collective_timeout@boundary:3:0,2 "
+                   "(tests and demos: injected through accelpact.testing.faults.fault_hooks)")
     args = p.parse_args()
     torch.set_num_threads(1)
     return args

@@ -12,15 +12,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import accelpact
+from accelpact.testing.faults import fault_hooks  # --fault: tests and demos only
 
 
 def main() -> None:
     args = parse_args(__doc__, "runs/example-ddp")
-    job = accelpact.init(replicas=args.replicas, trace_dir=args.out, faults=args.fault)
+    job = accelpact.init(replicas=args.replicas, trace_dir=args.out)
     model = DDP(make_model(job.device), process_group=job.world_group,
                 device_ids=[job.device] if job.device.type == "cuda" else None)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    run = job.attach(model, optim, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every)
+    run = job.attach(model, optim, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every,
+                     hooks=fault_hooks(job, args.fault))
 
     for step in run.steps(args.steps):
         x, y = batch(step, job.rank, job.device)

@@ -13,16 +13,18 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStr
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 import accelpact
+from accelpact.testing.faults import fault_hooks  # --fault: tests and demos only
 
 
 def main() -> None:
     args = parse_args(__doc__, "runs/example-fsdp1")
-    job = accelpact.init(replicas=args.replicas, trace_dir=args.out, faults=args.fault)
+    job = accelpact.init(replicas=args.replicas, trace_dir=args.out)
     model = FSDP(make_model(job.device), process_group=(job.shard_group, job.replicate_group),
                  sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_id=job.device,
                  auto_wrap_policy=ModuleWrapPolicy({nn.Sequential}))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    run = job.attach(model, optim, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every)
+    run = job.attach(model, optim, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every,
+                     hooks=fault_hooks(job, args.fault))
 
     for step in run.steps(args.steps):
         x, y = batch(step, job.rank, job.device)

@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 import accelpact
+from accelpact.testing.faults import fault_hooks  # --fault: tests and demos only
 
 
 def build(job, extra):
@@ -37,8 +38,9 @@ def build(job, extra):
 
 def main() -> None:
     args = parse_args(__doc__, "runs/example-fsdp2")
-    job = accelpact.init(replicas=args.replicas, trace_dir=args.out, faults=args.fault)
-    run = job.attach(rebuild=build, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every)
+    job = accelpact.init(replicas=args.replicas, trace_dir=args.out)
+    run = job.attach(rebuild=build, checkpoint_dir=f"{args.out}/ckpt", checkpoint_every=args.checkpoint_every,
+                     hooks=fault_hooks(job, args.fault))
     if run is None:  # a spare the job never needed
         return
 

@@ -1,19 +1,28 @@
 """Reference PyTorch implementation of AccelPact; this top level is the protocol engine.
 
-The engine (``recovery``, ``controlplane``, ``guard``, ``watchdog``, ``flag``, ``revoke``,
-``detector``, ``exitcodes``, ``trace``, ``hooks``) mirrors ``accelpact.model``; the torch runtime
-is ``accelpact.impl.runtime`` (imported lazily where torch is needed), the launcher and operations
-``accelpact.impl.launch``, and the test tooling ``accelpact.testing`` (the engine imports
-``accelpact.testing.seeded`` only where it installs a named seeded bug)."""
+Layers (checked by import-linter in ``make lint``; pyproject.toml ``[tool.importlinter]``):
+
+* the engine, the modules directly here: an episode as a table of model actions and its driver
+  (``episode``), one effect per model action (``effects``), what starts an episode (``recovery``:
+  ``attach`` -> ``Pact``; ``spare``: ``SpareEngine``), and what they stand on (``controlplane``,
+  ``watchdog``, ``detector``, ``guard``, ``flag``, ``hooks``, ``trace``, ``rundir``, ``exitcodes``,
+  ``deadlines``, ``threadname``).  It imports neither the launcher nor the test tooling;
+* the torch runtime, ``accelpact.impl.runtime`` (groups, revoke, adapters, digests, checkpoints,
+  the hot swap's transfers): it imports no protocol module of the engine;
+* the launcher and the public API, ``accelpact.impl.launch``, above both.
+
+Nothing in ``accelpact.impl`` imports ``accelpact.testing``: test hooks reach the engine as an
+argument (:class:`~accelpact.impl.hooks.Hooks`) that the test tooling builds.  This package's names
+load on first use (``accelpact/__init__.py`` says why), so ``import accelpact.impl`` loads no torch."""
 
 from __future__ import annotations
+
+import importlib
 
 __all__ = ["attach", "Pact", "PactGroups", "RecoveryReport"]
 
 
 def __getattr__(name):
     if name in __all__:
-        from . import recovery
-
-        return getattr(recovery, name)
+        return getattr(importlib.import_module("accelpact.impl.recovery"), name)
     raise AttributeError(f"module 'accelpact.impl' has no attribute {name!r}")

@@ -24,12 +24,12 @@ from .exitcodes import claim_exit, release_exit
 from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_TRAIN,
                                    REASON_DEADLINE, REASON_MISMATCH)
 
-__all__ = ["ABORT_KEY", "DEATHS_KEY", "NEXT_KEY", "PREFIX", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "NEXT_KEY", "PREFIX", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
            "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "parse_assignment", "progress_key", "spare_gone_key", "state_key",
            "swap_prefix", "swap_rebuilt_key"]
 
 # ---------------------------------------------------------------------------------- store keys
-#: The one home of the job's store keys (issue 23): every ``accelpact/...`` key is spelled here and
+#: The one home of the job's store keys: every ``accelpact/...`` key is spelled here and
 #: nowhere else (``tests/test_hygiene.py``).  All are under the attempt's namespace
 #: (``attempt{TORCHELASTIC_RESTART_COUNT}/``, a PrefixStore); the per-generation ones of the protocol
 #: are :class:`ControlPlane`'s (``{prefix}g{g}/...``, spec/implementation.md).
@@ -43,6 +43,24 @@ STARTS_KEY = f"{PREFIX}starts/{{rank}}"
 DEATHS_KEY = f"{PREFIX}swap/deaths"
 #: hot swap: the count of spares taken (``add``)
 NEXT_KEY = f"{PREFIX}swap/next"
+
+# ---------------------------------------------------------------------------------- store values
+#: The abort key's value when the job ended normally (:meth:`accelpact.impl.watchdog.Watchdog.wake_and_join`): not an abort.
+CLOSED = "closed"
+
+#: Suffix of a revoke's value that says the revoke abandons the step in flight (P17): the
+#: watcher then closes every training group of its rank, not only R (``accelpact.impl.watchdog.Watchdog.step_records``).
+STEP_REVOKE = "/step"
+
+#: The revoke-log entry that says a group over all of W failed under a rank at the boundary
+#: (P18.4; :meth:`ControlPlane.publish_wide_revoke`): every watcher closes the rank's groups over W
+#: (``accelpact.impl.watchdog.Watchdog.wide_records``: the control and checkpoint groups), so a peer blocked in the failure flag
+#: or a checkpoint save wakes up.  R is not closed: it did not fail.
+WIDE_ENTRY = "wide"
+
+#: Value a rank writes into its group's revoke key of generation g after releasing g, so that
+#: a watcher still waiting on it wakes and re-arms on g+1 at once.  Never a revoke.
+RETIRED = "retired"
 
 
 def death_key(n: int) -> str:
@@ -273,10 +291,8 @@ class ControlPlane:
         """RankObserve (members of R): mark R revoked in g (single assignment on ``g{g}/revoke/{group}``)
         and, if this call wrote it, append ``{group}`` to generation g's revoke log (:meth:`revlog_key`),
         which every rank's watcher reads in order; True if this call wrote it.  ``step``: the revoke
-        abandons the step in flight (P17, suffix ``watchdog.STEP_REVOKE``): every watcher closes every
+        abandons the step in flight (P17, suffix :data:`STEP_REVOKE`): every watcher closes every
         group of its rank, not only R."""
-        from .watchdog import STEP_REVOKE
-
         suffix = STEP_REVOKE if step else ""
         value = f"{self.rank}{suffix}"
         wrote = self._decide(self.revoke_key(g, group), value) == value
@@ -290,8 +306,6 @@ class ControlPlane:
         ``wide`` to g's revoke log, on which every rank's watcher closes its groups over W (the control
         and checkpoint groups), so a peer blocked in the flag or the save wakes up.  True if this call
         wrote it."""
-        from .watchdog import WIDE_ENTRY
-
         wrote = self._decide(self.revoke_key(g, WIDE_ENTRY), str(self.rank)) == str(self.rank)
         if wrote:
             self._log_revoke(g, WIDE_ENTRY)
@@ -309,8 +323,6 @@ class ControlPlane:
         """After the release of g: no revoke of g matters any more.  ``g{g}/revoke/{group}`` is set to
         ``retired`` (single assignment: a real revoke that stands is left as it is) and ``retired`` is
         appended to g's revoke log, so a watcher still reading it moves on to g+1 at once."""
-        from .watchdog import RETIRED
-
         self._decide(self.revoke_key(g, group), RETIRED)
         self._log_revoke(g, RETIRED)
 

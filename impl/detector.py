@@ -31,7 +31,7 @@ resumes without declaring everyone dead.  The cost: detection takes longer by th
 Time to detect a crash at the defaults (interval 0.1 s, dead_after 0.8 s): the last heartbeat was
 published at most one interval before the crash and seen at most one interval after it was
 published; the silence reaches ``dead_after_s`` within one more interval: TTD <= dead_after +
-2 x interval = 1.0 s (measured in tests/test_detector.py).  Those are gloo's defaults; the defaults
+2 x interval = 1.0 s (tests/test_detector.py checks it).  Those are gloo's defaults; the defaults
 are per backend (``backend=``, :func:`detector_defaults_for`): on NCCL ``dead_after`` is 5.0 s (TTD <= 5.2 s),
 since ``Work.is_completed`` polls a CUDA event while holding the GIL and such a query can stall behind
 another thread's CUDA call, silencing every Python thread of the rank (spec/nccl.md row 19).
@@ -53,8 +53,8 @@ read per interval (see spec/detection.md for the scaling to 1,024 ranks: ``peers
 neighbourhood, or per-node aggregation).
 
 The thread has its own store connection (``store.clone()``, made in the constructor, before any
-thread starts: it never races :func:`accelpact.impl.revoke.recorded`) with the operation timeout
-``op_timeout_s``.  Measured on torch 2.13: a TCPStore call to a server that does not answer (the
+thread starts: it never races :func:`accelpact.impl.runtime.revoke.recorded`) with the operation timeout
+``op_timeout_s``.  On torch 2.13 (spec/detection.md, "Stoppable"), a TCPStore call to a server that does not answer (the
 store host SIGSTOPped, or this rank partitioned from it) blocks until the server answers, whatever
 the timeout (the timeout only logs a warning); a dead server fails the call at once.  So
 :meth:`Detector.close` joins for a bounded time and returns False if the thread is still inside
@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from .controlplane import PREFIX, heartbeat_key
+from .runtime.backends import detector_defaults
 from .threadname import EngineThread
 
 __all__ = [
@@ -149,8 +150,6 @@ def detector_defaults_for(backend: str | None) -> tuple[float, float]:
     :data:`DEAD_AFTER_S`, :data:`HANG_FLOOR_S`."""
     if backend is None:
         return DEAD_AFTER_S, HANG_FLOOR_S
-    from .runtime.backends import detector_defaults
-
     return detector_defaults(backend)
 
 

@@ -50,10 +50,10 @@ def _exchange(group: Any, mine: Any, into: Any, peer: int, tag: int, wait: Calla
         wait(w)
 
 
-#: Up to this many ranks the flag is gloo's own all-reduce: measured here (``accelpact bench
-#: controlplane``, W = 2..8 processes on 2 cores), one exchange of two Python-level p2p works costs
-#: about two ring hops, so the ring's 2(W-1) hops win below about 2 log2 W ... at W <= 16; above, the
-#: doubling's ceil(log2 W) rounds win by a factor that grows with W (W = 1024: 10 rounds, 2046 hops).
+#: Up to this many ranks the flag is gloo's own all-reduce: one exchange of two Python-level p2p works
+#: costs about two ring hops, so the ring's 2(W-1) hops win at W <= 16; above, the doubling's
+#: ceil(log2 W) rounds win by a factor that grows with W (W = 1024: 10 rounds, 2046 hops).  The
+#: crossover was measured by ``accelpact bench controlplane`` (bench/README.md, "Why the code is as it is").
 RING_MAX_WORLD = 16
 
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .runtime import backends as _backends
+
 __all__ = ["BoundaryGuard", "GuardReport", "POINTS", "SYNC_TIMEOUT_S"]
 
 POINTS = ("boundary", "forward", "backward", "optimizer")
@@ -119,12 +121,10 @@ class BoundaryGuard:
 
     def undrained(self) -> list[str]:
         """The devices whose current stream still had the step's work queued after ``sync_timeout_s``."""
-        from .runtime.backends import for_device
-
         devices = {p.device for p in self.module.parameters() if p.device.type != "cpu"}
         return [f"the step's work on {d} did not finish within {self.sync_timeout_s} s (a kernel is still queued, "
                 "e.g. a hung collective): not a clean boundary"
-                for d in sorted(devices, key=str) if not for_device(d).drain(d, self.sync_timeout_s)]
+                for d in sorted(devices, key=str) if not _backends.for_device(d).drain(d, self.sync_timeout_s)]
 
     def _wrapper_busy(self) -> list[str]:
         out: list[str] = []

@@ -1,37 +1,36 @@
 """The recovery engine: ``attach`` -> ``Pact``; ``Pact.step()`` and ``Pact.boundary()``.
 
-This module reads like ``model/protocol.py``: one method per model action, in the same
-order, each writing one trace record named as the model names it, with the post-state in
-model vocabulary (``pc``, ``gen``, ``frontier``, ``tau``, ``point``, ``comm``,
-``refs_stale``, ``reason``).
+Read beside ``model/protocol.py``: an episode is a table of (point, model action) steps
+(:mod:`accelpact.impl.episode`: ``REPAIR``, ``SWAP``, ``SPARE_SWAP``) run by one driver, each action's
+effect one method in the model's order (:mod:`accelpact.impl.effects`).  This module is what starts
+an episode: the step loop, the boundary's probe and failure flag, the observation of a failure
+(``RankObserve``) and the suspicion of a peer.
 
 Ordering requirements (the step loop, spec/implementation.md):
 
 * ``with pact.step(step):`` wraps forward, backward and ``optimizer.step()``; an exception
-  inside it is an in-flight failure: RankObserve, RankReject (the contract says L2) and a
-  job-wide abort, so every rank exits 70 (the others through their watchdog).
+  inside it is an in-flight failure: a hot swap with spares and a death notice, a discard in place
+  where the contract allows it, else RankObserve, RankReject and a job-wide abort (every rank exits
+  70, the others through their watchdog).
 * ``pact.boundary(loss)`` is called after the optimizer step committed and the grads were
   cleared, before the next forward.  It runs the post-commit collective on R, then the
-  failure-flag all-reduce on the control group (all of W), and on a non-zero flag the six
-  phases.  Every rank of W enters recovery together.
-* Any exception or expired deadline in phases 2-6 writes the abort (the phase's decision
-  key and the job key) and exits at once with the reason's code (RankFail / RankTimeout).
+  failure-flag all-reduce on the control group (all of W), and on a non-zero flag the repair.
+  Every rank of W enters recovery together.
+* Any exception or expired deadline in an episode writes the abort (the phase's decision key and
+  the job key) and exits at once with the reason's code (RankFail / RankTimeout).
 
-The failure flag has one element per group of R's kind (``PactGroups.count``; one for DDP),
-so that every rank learns *which* replicate group failed: its members rebuild it,
-everybody else only votes.
+The failure flag has one element per group of R's kind (``PactGroups.count``; one for DDP), so that
+every rank learns *which* replicate group failed: its members rebuild it, everybody else only votes.
 
-Test-only hooks (:mod:`accelpact.impl.hooks`, passed at attach, never read from the environment)
-run at the named points between actions (fault injection); a seeded bug (:mod:`accelpact.testing.seeded`)
-replaces engine methods on the instance at attach, and nothing here branches on one.
+Test-only hooks (:mod:`accelpact.impl.hooks`, passed at attach, never read from the environment) run
+at the named points between actions; what a test installs through them (a seeded bug) replaces
+engine methods on the instance at attach, and nothing here branches on one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import queue
 import sys
 import threading
 import time
@@ -39,52 +38,33 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 from accelpact.model.contract import (DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, DEFAULT_PROFILE, DISCARD_PHASES, ObservationKey,
                                       decide, default_envelope, unqualified_notice, without_discard)
-from accelpact.model.state import (
-    DECISION_COMMIT,
-    DECISION_RELEASE,
-    PC_AGREED,
-    PC_ARRIVED,
-    PC_EXITED,
-    PC_GUARDED,
-    PC_JOINED,
-    PC_OBSERVED,
-    PC_READY,
-    PC_REBOUND,
-    PC_REPLACED,
-    PC_TRAIN,
-    PC_VALIDATED,
-    REASON_DEADLINE,
-    REASON_EXCEPTION,
-    REASON_MISMATCH,
-    REASON_REJECTED,
-)
+from accelpact.model.state import PC_TRAIN
 
-from . import revoke as _revoke
-from .runtime.adapters import adapter_for
-from .runtime.backends import backend_of, is_comm_failure, wait_bounded
-from .controlplane import ControlPlane, swap_prefix, swap_rebuilt_key
+from .runtime import revoke as _revoke
+from .controlplane import ControlPlane
+from .deadlines import DEFAULT_DEADLINE_S, default_step_deadline
 from .detector import Detector
-from .exitcodes import claim_exit, code_for, exit_now, holding_exit
+from .effects import Effects, RebindError, ValidationError
+from .episode import REPAIR, SWAP, Episode, Exited, RecoveryReport, SwapFacts, drive
+from .exitcodes import claim_exit
+from .flag import or_allreduce
 from .guard import BoundaryGuard
 from .hooks import NO_HOOKS, Hooks
 from .runtime import hotswap as _swap
-from .deadlines import DEFAULT_DEADLINE_S, default_step_deadline
+from .runtime.adapters import adapter_for, find_references, site_set
+from .runtime.backends import AbortedCommunicator, backend_of, is_comm_failure, recorded_errors, wait_bounded
 from .runtime.replace import ReplacementStrategy, choose_strategy
+from .runtime.retire import reap, start_retirer
+from .threadname import EngineThread
 from .trace import NullTrace
 from .watchdog import Watchdog
-from .threadname import EngineThread
 
-__all__ = ["attach", "Pact", "PactGroups", "RecoveryReport", "RebindError", "SpareEngine", "ValidationError"]
-
-
-class RebindError(RuntimeError):
-    """Phase 5: references to the old communicator remain after rebinding."""
-
-
-class ValidationError(RuntimeError):
-    """Phase 6: the validation collective or the replica digests disagree."""
+__all__ = ["attach", "Pact", "PactGroups", "RecoveryReport", "RebindError", "ValidationError", "retired_watchdogs",
+           "swap_record"]
 
 
 class RevokedWhilePending(RuntimeError):
@@ -92,17 +72,12 @@ class RevokedWhilePending(RuntimeError):
     and the failure observed (phase 1), as if the op had raised."""
 
 
-#: Grace between R's revoke (its sockets shut down by the watchdog) and giving up on an op on R
-#: that is still pending.  Normally the op fails within milliseconds of the shutdown; but a gloo op
-#: on sockets that were cut while no op was pending (the fault's own rank) may stay blocked, in
-#: 5-8 repairs of 100 for 50 ms or more (measured: ``accelpact bench repair``, 2x2, an unloaded
-#: machine), some until the group's timeout (5 of 16 runs of ``test_ten_repairs_no_leak`` had one),
-#: and the repair then waits this grace out.  R is revoked (it failed, and is being replaced), so
-#: nothing is lost by abandoning its op early: the slowest of 100 repairs took 1,089 ms at 1.0 s,
-#: 216 ms at 0.2 s, 113 ms at 0.05 s and 59 ms at 0.02 s.  The grace counts from when the revoke
-#: took effect here (the watcher's shutdown).  An abandoned op goes to a reaper thread that holds its group until the op ends;
-#: :meth:`Pact.wait_retired` waits for the reapers too (graces under 0.2 s once showed as +4 fds in
-#: ``test_ten_repairs_no_leak`` under load, when it did not: the reaper had not let go yet).
+#: Grace between R's revoke (its sockets shut down by the watchdog) and giving up on an op on R that
+#: is still pending.  Normally the op fails within milliseconds of the shutdown, but a gloo op on
+#: sockets cut while no op was pending may stay blocked until the group's timeout; R is being
+#: replaced, so nothing is lost by abandoning its op early (the op and its group go to a reaper).
+#: Counts from when the revoke took effect here (the watcher's shutdown).  Measurements that chose
+#: it: bench/README.md, "Revoke grace".
 REVOKE_GRACE_S = 0.02
 #: How often a pending op on R looks for R's revoke (the watcher's record, else the store key): the
 #: first look after one interval, so a healthy op (about 1 ms) makes no store round trip.
@@ -112,20 +87,10 @@ REVOKE_CHECK_S = 0.02
 #: notice (after asking it to depose the peer: a stopped process is killed first) before it ends the job.
 NOTICE_WAIT_S = 3.0
 
-
-def _reap(box: list, done: threading.Event) -> None:
-    """Hold an abandoned op's group until the op ends (its own timeout at the latest): dropping
-    the last reference to a gloo group joins its worker threads, which would block the caller.
-    ``box`` = [work, group], emptied here (a thread's ``args`` tuple would hold them until the thread
-    ends, after ``done``); ``done`` is set once the op ended and the references went
-    (:meth:`Pact.wait_retired`)."""
-    try:
-        box[0].wait()
-    except Exception:  # noqa: BLE001 - the op failed, as expected of an abandoned op
-        pass
-    finally:
-        _drop(box, done)
-
+#: How much sooner than R's NCCL collective timeout a wait on R gives up: more than two of NCCL's
+#: watchdog polls (100 ms), so the engine's own timeout raises before NCCL's watchdog can abort the
+#: communicator and leave the work completing normally (spec/nccl.md).
+NCCL_WATCHDOG_MARGIN_S = 0.25
 
 @dataclass(frozen=True, slots=True)
 class PactGroups:
@@ -154,577 +119,26 @@ class PactGroups:
         return self.name if self.count == 1 else f"{self.name}{self.index}"
 
 
-@dataclass(frozen=True, slots=True)
-class RecoveryReport:
-    """One repair.  Durations in ns; measured, never asserted."""
-
-    generation: int            # the generation that was repaired (the pact now runs in generation + 1)
-    member: bool               # this rank rebuilt R
-    observe_ns: int            # boundary collective start -> failure observed (phase 1)
-    agree_ns: int              # guard + contract + frontier agreement (phases 2-3)
-    rebuild_ns: int            # phase 4
-    rebind_ns: int             # phase 5
-    validate_ns: int           # phase 6 validation
-    release_ns: int            # release vote -> resume
-    retire_ns: int             # dropping the old communicator
-    total_ns: int              # observed -> resumed
-    refs_rebound: int
-    revoke_to_observe_ns: int  # this rank's revoke hard-close -> observed (-1: observed directly, before the revoke)
-
-
-class _Exited(BaseException):
-    """Never escapes: exit paths end the process."""
-
-
-def _group_name(pg) -> str:
-    """A process group's c10d name."""
-    return str(pg.group_name)
-
-
-#: Issue 26: how much sooner than R's NCCL collective timeout a wait on R gives up: more than two
-#: of NCCL's watchdog polls (``kWatchdogThreadSleepMillis``, 100 ms), so the engine's own timeout
-#: raises before the watchdog can abort the communicator and leave the work completing normally.
-NCCL_WATCHDOG_MARGIN_S = 0.25
-
-
-def _state_checksum(module, optimizer, device):
-    """Phase 6's replica check of this rank's state, on ``device`` (:func:`digest.state_checksum`)."""
-    from .runtime.digest import state_checksum
-
-    return state_checksum(module, optimizer, device)
-
-
-@dataclass(slots=True)
-class _Episode:
-    """One recovery episode of this rank (generation ``g``): what the phase actions pass on."""
-
-    g: int
-    member: bool                      # this rank is in a failed group: it rebuilds R
-    failed: tuple[int, ...]           # indices of the failed groups of R's kind
-    t_boundary: int                   # boundary collective start (ns)
-    t_observed: int                   # failure observed (ns)
-    error: BaseException | None
-    revoke_to_observe_ns: int = -1
-    frontier: int = 0
-    last_arriver: bool = False
-    last_ready: bool = False
-    #: R's generation-(g+1) communicator between phases 4 and the resume.  The old one is never
-    #: kept here: the episode is reachable from the module (guard hooks -> pact), and phase 5's
-    #: check would find it as a stale reference.
-    new_pg: Any = None
-    refs_rebound: int = 0
-    durations: dict[str, int] = field(default_factory=dict)
-    #: a hot swap's facts (None: the classic repair)
-    swap: "_Swap | None" = None
-
-
-@dataclass(slots=True)
-class _Swap:
-    """What a hot swap's actions pass on along its episode (``_Episode.swap``).  ``job``: the
-    :class:`~accelpact.impl.launch.api.TrainingJob` whose groups the swap rebuilds; ``rebuild``: the
-    user's factory ``(job, extra) -> (module, optimizer)``; ``extra``/``rng``: the state published
-    at F; ``old``: a survivor's committed module and optimizer (moved into the rebuilt ones, then
-    dropped); ``held``: a survivor's old R (the engine holds it, not the job)."""
-
-    role: str                         # "survivor" or "spare"
-    point: str                        # where the death struck
-    dead: tuple[int, ...]
-    job: Any
-    rebuild: Callable[[Any, Any], tuple[Any, Any]]
-    extra: Any
-    rng: Any
-    old: tuple[Any, Any] | None = None
-    held: tuple = ()
-    decision: str = ""
-    claims: dict[int, int] = field(default_factory=dict)
-    module: Any = None
-    optimizer: Any = None
-    kind: str = ""
-    sources: dict[int, int] = field(default_factory=dict)
-
-
-_RETIRE_QUEUE: "queue.SimpleQueue[tuple[list | None, threading.Event]]" = queue.SimpleQueue()
-_RETIRE_LOCK = threading.Lock()
-_RETIRER: threading.Thread | None = None
-
-
-def _drop(box: list | None, done: threading.Event) -> None:
-    """Empty ``box`` (a group's destructor runs here, if this was its last reference), or, for None,
-    collect the interpreter's reference cycles (:func:`collect_off_path`); then set ``done``, even if
-    a destructor raised (it must end neither the thread nor a wait on ``done``)."""
-    try:
-        if box is None:
-            gc.collect()
-        else:
-            box.clear()
-    except Exception:  # noqa: BLE001 - a destructor's error must not end the retiring or reaping thread
-        pass
-    done.set()
-
-
-def _retirer() -> None:
-    while True:
-        _drop(*_RETIRE_QUEUE.get())
-
-
-def start_retirer() -> None:
-    """Start this process's retiring thread (``accelpact-retire``) unless it runs.  Every engine calls
-    it at attach: started on first use instead (a repair's phase 5, a swap's), it appeared in a rank's
-    thread count only at the first episode that retired a group, which the soak's leak check read as
-    growth between two later episodes (30-minute soak, stop 37: "threads 38 -> 39" in six processes,
-    each once)."""
-    global _RETIRER
-    with _RETIRE_LOCK:
-        if _RETIRER is None or not _RETIRER.is_alive():
-            _RETIRER = EngineThread(target=_retirer, name="accelpact-retire", daemon=True)
-            _RETIRER.start()
-
-
-def _retire_off_path(box: list) -> threading.Event:
-    """Drop the references in ``box`` (a replaced communicator) on the retiring thread (one per
-    process, started at attach, :func:`start_retirer`; a queue put costs microseconds, where starting a thread per
-    repair cost 0.1-0.4 ms in phase 5).  Destroying a gloo ``ProcessGroup`` tears down its pairs
-    and worker threads: 20-25 ms per group between two processes here, with the GIL released (the
-    main thread stalls 0.15 ms), which inside phase 5 sat on the repair's critical path.  If
-    something else still holds the group (a reaped work, a socket record), it is destroyed where
-    that reference goes, as before.  Returns the event set once ``box`` was emptied."""
-    start_retirer()
-    done = threading.Event()
-    _RETIRE_QUEUE.put((box, done))
-    return done
-
-
-def collect_off_path() -> threading.Event:
-    """Collect reference cycles on the retiring thread; the event is set once done.  Called once after
-    an episode that rebuilt the model (a hot swap, a discard), at the second boundary of the new
-    generation (``Training.boundary``; at the first, some of the old generation's groups are still
-    reachable): the retired engine, its guard's hooks and the old wrapper
-    refer to each other, so they, and through the wrapper every group of the old generation (its
-    threads, sockets, listening sockets), are freed only by a collection of the cycles; the
-    interpreter's own came 25-40 s later in the 30-minute soak (stop 39: 3 listening sockets, 9
-    threads and 15 fds held that long after every episode).  Contrast :func:`_retire_off_path`, which
-    drops a replaced communicator that nothing else holds."""
-    start_retirer()
-    done = threading.Event()
-    _RETIRE_QUEUE.put((None, done))
-    return done
-
-
 #: The watchdogs of engines retired by a swap or a discard: stopped and detached, their threads leave at
 #: the end of their store waits' slices.  A job that ends within a slice of its last episode must wake
 #: them, or a thread still inside a C++ store wait at the interpreter's teardown aborts the process
-#: ("terminate called without an active exception", exit -6; Watchdog.wake_and_join).  Weak: a
-#: watchdog whose threads ended is gone (a strong list kept every retired engine and its groups).
+#: (``Watchdog.wake_and_join``).  Weak: a watchdog whose threads ended is gone.
 _RETIRED_WATCHDOGS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def retired_watchdogs() -> list:
-    """The retired engines' watchdogs (see :data:`_RETIRED_WATCHDOGS`), for the job's end."""
+    """The retired engines' watchdogs, for the job's end."""
     return list(_RETIRED_WATCHDOGS)
 
 
-#: Threads of the engine that the job's end need not wait for: the retiring thread idles in a queue's
-#: get (it never returns into C++ code) once the queue is drained.
-_IDLE_AT_END = ("accelpact-retire",)
-
-
-def settle_threads(timeout_s: float = 10.0) -> list[str]:
-    """At the job's normal end, after every watchdog was stopped and woken: wait (at most
-    ``timeout_s`` in all) until the retiring thread dropped every replaced group and every other
-    ``accelpact-*`` thread of this process ended (a suspended engine's detector, a swap watcher, a
-    reaper holding an abandoned op); the names of those still running after that.
-
-    Why: a daemon thread still inside a C++ call when the interpreter finalizes (a group's destructor,
-    a store wait, an op's wait) is ended by ``pthread_exit`` once the call returns, and the forced
-    unwind through torch's C++ frames aborts the process ("terminate called without an active
-    exception", exit -6)."""
-    deadline = time.monotonic() + timeout_s
-    _retire_off_path([]).wait(timeout_s)  # a sentinel: set once every box queued before it was dropped
-    me = threading.current_thread()
-    for t in threading.enumerate():
-        if t is not me and t.daemon and t.name.startswith("accelpact-") and t.name not in _IDLE_AT_END:
-            t.join(max(0.0, deadline - time.monotonic()))
-    return sorted(t.name for t in threading.enumerate()
-                  if t is not me and t.daemon and t.is_alive() and t.name.startswith("accelpact-")
-                  and t.name not in _IDLE_AT_END)
-
-
-class _Engine:
-    """What every engine of a rank shares, survivor's and spare's: the trace records of model
-    actions (``_act``), the write/record hold (``_hold``), the control-plane actions of phase 3 and
-    of the release, and the one exit path of each kind (``_reject``, ``_decided_abort``, ``_fail``).
-    The hot swap's actions (model ``RankClaimSpare`` ... ``RankTransferState``) are here too: a
-    survivor (:class:`Pact`) and a spare (:class:`SpareEngine`) run the same episode.
-
-    A subclass sets ``rank``, ``control``, ``trace``, ``hooks``, ``gen``, ``pc``, ``deadline_s``,
-    ``watchdog``, ``_hold``, ``_episode`` and provides ``frontier`` and ``tau``."""
-
-    rank: int
-    control: ControlPlane
-    trace: Any
-    hooks: Hooks
-    gen: int
-    pc: str
-    deadline_s: float
-    watchdog: Watchdog
-    _episode: "_Episode | None"
-    #: the heartbeat detector, and R's collective timeout (s), that the straggler wait reads
-    #: (:meth:`_await_stragglers`); a spare's engine has neither, and so never stretches its wait
-    detector: Any = None
-    collective_timeout_s: float | None = None
-
-    @property
-    def frontier(self) -> int:  # pragma: no cover - every engine defines it
-        raise NotImplementedError
-
-    @property
-    def tau(self) -> int:  # pragma: no cover - every engine defines it
-        raise NotImplementedError
-
-    #: the write/record hold of one model action: exitcodes.holding_exit (a seeded bug may replace it)
-    _hold: Callable[[], Any]
-
-    # ---- plumbing -------------------------------------------------------------------------------
-    def _arm(self) -> None:
-        """Each control-plane write and its trace record form one model action (exitcodes.holding_exit),
-        and an expired wait claims the exit before it writes the abort; then a seeded bug, if the hooks
-        name one, replaces what it replaces (test-only, :mod:`accelpact.testing.seeded`)."""
-        self._hold = holding_exit
-        self.control.claims_exit = True
-        if self.hooks.seeded_bug is not None:
-            from ..testing import seeded  # test tooling: only when the hooks name a seeded bug
-
-            seeded.install(self.hooks.seeded_bug, engine=self, control=self.control)
-
-    def _st(self, pc: str, **more) -> dict:
-        self.pc = pc
-        return {"pc": pc, **more}
-
-    def _act(self, action: str, state: dict, detail: dict | None = None, outcome: str = "ok", gen: int | None = None) -> None:
-        self.trace.action(action, self.gen if gen is None else gen, outcome, state, detail)
-
-    def _at(self, point: str) -> None:
-        """Between actions: the hooks' point ``point`` (an external injector may act there; the
-        engine applies nothing it says)."""
-        self.hooks.point(point, self)
-
-    def _at_point(self, point: str) -> None:
-        """The guard's hooks (forward, backward, optimizer): the hooks' point, between actions."""
-        self._at(point)
-
-    # ---- Phase 3: RankArrive, RankDecideAgreement, RankAwaitAgreement -----------------------------
-    def _arrive(self, ep: _Episode) -> None:
-        """Report (F, g) at the control barrier.  Each store write is recorded under the exit claim
-        (exitcodes.holding_exit): a peer may act on it at once, and our watchdog must not exit
-        between write and record."""
-        ep.frontier = self.frontier
-        with self._hold():
-            count, last = self.control.arrive(ep.g, ep.frontier)
-            self.hooks.written()
-            self._act("RankArrive", self._st(PC_ARRIVED, frontier=ep.frontier, tau=self.tau),
-                      {"count": count, "last": last})
-        ep.last_arriver = last
-
-    def _decide_agreement(self, ep: _Episode) -> None:
-        """The last arriver compares every (F, g) with rank 0's and decides commit or abort:mismatch."""
-        if not ep.last_arriver:
-            return
-        with self._hold():
-            dec = self.control.decide_agreement(ep.g)
-            self.hooks.written()
-            if dec != DECISION_COMMIT:  # mismatch: record, then the job abort, then exit (RankExit)
-                self.watchdog.exit_on_abort(dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH,
-                                            before=lambda: self._act("RankDecideAgreement", {"pc": PC_ARRIVED},
-                                                                     {"decision": dec}, outcome="fail"))
-                raise _Exited
-            self._act("RankDecideAgreement", {"pc": PC_ARRIVED}, {"decision": dec})
-
-    def _await_agreement(self, ep: _Episode) -> None:
-        """RankAwaitAgreement: the decision, or ``abort:deadline`` (RankTimeout) once the wait expires.
-        The wait is ``deadline_s``, stretched for a step abandoned in flight (:meth:`_await_stragglers`)."""
-        until = time.monotonic() + self.deadline_s
-        if ep.swap is not None and ep.swap.point in DISCARD_PHASES:
-            until = self._await_stragglers(ep, until)
-        dec = self.control.await_agreement(ep.g, until)
-        if dec != DECISION_COMMIT:
-            self._decided_abort(dec, expired=self.control.last_expired)
-        self._act("RankAwaitAgreement", self._st(PC_AGREED), {"decision": dec})
-
-    def _await_stragglers(self, ep: _Episode, until: float) -> float:
-        """When the agreement wait of an episode that abandoned a step in flight (a discard, or a swap
-        from forward or backward) expires with peers still absent: the absent peers may be held in a
-        collective of the abandoned step that the revoke did not wake (a gloo op on sockets shut down
-        under it can stay blocked until its own timeout, K6 in bench/README.md); such a peer arrives
-        once that collective times out.  So while every absent peer still beats
-        (:meth:`~accelpact.impl.detector.Detector.beating`), the wait goes on, at most R's collective
-        timeout past ``until``; a silent one (dead, stopped, its GIL held) ends it at ``until`` as
-        before.  Decides nothing: returns when the caller's wait is to end (the RankTimeout, if
-        any, is the caller's).  Contrast the release wait, which is never stretched: by then every
-        rank has arrived, so none is held in the abandoned step."""
-        if self.detector is None or not self.collective_timeout_s:
-            return until
-        limit = until + self.collective_timeout_s
-        noted = False
-        while True:
-            if self.control.decided_by(ep.g, "agree", until):
-                return until
-            now = time.monotonic()
-            if now >= limit:
-                return now
-            absent = set(range(self.control.world_size)) - self.control.arrived(ep.g)
-            if not absent and noted:
-                # the straggler arrived just now: its decision (it is the last arriver) is due at once,
-                # and is waited for as any decision is
-                return time.monotonic() + self.deadline_s
-            if not absent or self.detector.beating(absent) != absent:
-                return time.monotonic()
-            if not noted:
-                self.trace.note("await-straggler", gen=ep.g, absent=sorted(absent), limit_s=round(limit - now, 3))
-                noted = True
-            until = min(time.monotonic() + 1.0, limit)
-
-    # ---- Release: RankReady, RankDecideRelease, RankResume ---------------------------------------
-    def _ready(self, ep: _Episode) -> None:
-        with self._hold():
-            count, last = self.control.ready(ep.g)
-            self.hooks.written()
-            self._act("RankReady", self._st(PC_READY), {"count": count, "last": last})
-        ep.last_ready = last
-
-    def _decide_release(self, ep: _Episode) -> None:
-        """The last ready rank decides the release (every rank of W voted)."""
-        if not ep.last_ready:
-            return
-        with self._hold():
-            dec = self.control.decide_release(ep.g)
-            self.hooks.written()
-            self._act("RankDecideRelease", {"pc": PC_READY}, {"decision": dec},
-                      outcome="ok" if dec == DECISION_RELEASE else "fail")
-
-    def _await_release(self, ep: _Episode) -> None:
-        dec = self.control.await_release(ep.g, time.monotonic() + self.deadline_s)
-        if dec != DECISION_RELEASE:
-            self._decided_abort(dec, expired=self.control.last_expired)
-
-    # ---- exits (fail-stop) ----------------------------------------------------------------------
-    def _which(self) -> str:
-        return self.control.decision_for(self.pc)
-
-    def _reject(self, why: str, guard_reasons=()) -> None:
-        """RankReject: the contract says L2; abort the job (every rank exits 70)."""
-        claim_exit()
-        g, which = self.gen, self._which()
-
-        def record():
-            self._act("RankReject", {"pc": PC_EXITED, "reason": REASON_REJECTED},
-                      {"why": why, "guard": list(guard_reasons)}, outcome="fail", gen=g)
-            self._store_abort(g, which, REASON_REJECTED)
-
-        exit_now(code_for(REASON_REJECTED), REASON_REJECTED, self.trace, record=record, claimed=True)
-        raise _Exited
-
-    def _decided_abort(self, dec: str, expired: bool) -> None:
-        """A decision key says abort.  If our own wait expired we are the RankTimeout;
-        otherwise a peer decided and we exit on the job abort (RankExit)."""
-        reason = dec[len("abort:"):] if dec.startswith("abort:") else REASON_EXCEPTION
-        if expired and reason == REASON_DEADLINE:
-            claim_exit()
-            g, which = self.gen, self._which()
-
-            def record():
-                self._act("RankTimeout", {"pc": PC_EXITED, "reason": REASON_DEADLINE}, {"decision": dec}, outcome="fail", gen=g)
-                self._store_abort(g, which, REASON_DEADLINE)
-
-            exit_now(code_for(REASON_DEADLINE), REASON_DEADLINE, self.trace, record=record, claimed=True)
-        self.watchdog.exit_on_abort(reason)
-        raise _Exited
-
-    def _fail(self, exc: BaseException) -> None:
-        """RankFail (exception in phases 2-6), or RankTimeout if a collective outlived the deadline."""
-        claim_exit()
-        g, which = self.gen, self._which()
-        if not self.control.reachable():
-            # the store is gone: no decision or abort can be read or written (model RankLoseStore)
-            self.watchdog.lose_store(exc, claimed=True)
-            raise _Exited
-        # Building R's communicator (phase 4, pc "agreed") and the validation collective (phase
-        # 6, pc "rebound") are waits on peers (model: RankTimeout there).  A communication error
-        # in them -- a peer died or never came -- is that wait failing: deadline.  Our own errors
-        # (stale references, digest mismatch, an injected exception) are exceptions.
-        # The boundary's control-group all-reduce (pc "train") is such a wait too.
-        # a communication failure (c10d raises RuntimeError subclasses, sockets OSError) is a wait
-        # on peers failing; anything else is an error of the phase itself
-        own_error = isinstance(exc, (RebindError, ValidationError, _swap.SwapError)) or not isinstance(exc, (RuntimeError, OSError))
-        if not own_error:
-            # a wait on peers failed: if a peer already aborted the job, this is that abort
-            # reaching us (RankExit with its reason), not a new failure
-            try:
-                standing = self.control.read_abort()
-            except Exception:  # noqa: BLE001 - store lost: no standing abort can be read
-                standing = ""
-            if standing:
-                self.watchdog.exit_with(standing, claimed=True)  # records RankExit, os._exit
-                raise _Exited
-        # every rank builds the groups over all of W in phase 4 (P18.3): a rendezvous from "agreed" too
-        timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error
-        if timed_out and not self._first_to_expire(g, which):
-            # a peer's wait on the same decision failed first: its RankTimeout writes the abort (the
-            # model has one timeout per decision, then no more: an abort stands); we exit on it
-            standing = self.control.wait_abort(self.deadline_s)
-            self.watchdog.exit_on_abort(standing or REASON_DEADLINE)  # RankExit (writes the abort if none came)
-            raise _Exited
-        reason = REASON_DEADLINE if timed_out else REASON_EXCEPTION
-        action = "RankTimeout" if timed_out else "RankFail"
-
-        def record():
-            self._act(action, {"pc": PC_EXITED, "reason": reason}, {"error": f"{type(exc).__name__}: {exc}"[:500]},
-                      outcome="fail", gen=g)
-            self._store_abort(g, which, reason)
-
-        exit_now(code_for(reason), reason, self.trace, record=record, claimed=True)
-        raise _Exited
-
-    def _first_to_expire(self, g: int, which: str) -> bool:
-        """Whether this rank is the first whose wait on ``which`` of g failed (a store counter, as
-        for an expired decision wait: ``ControlPlane.first_expirer``)."""
-        try:
-            return self.control.first_expirer(g, which)
-        except Exception:  # noqa: BLE001 - store lost: nobody else can write the abort; it is ours
-            return True
-
-    def _store_abort(self, g: int, which: str, reason: str) -> None:
-        try:
-            self.control.write_abort_decision(g, which, reason)
-            self.control.abort(reason)
-        except Exception:  # noqa: BLE001 - store lost: peers' watchdogs exit DEADLINE on their own
-            pass  # store lost: peers' watchdogs exit DEADLINE on their own
-
-    # ---- hot swap: phases 3-6 of a swap episode (model "Hot swap"; spec/hotswap.md) -------------------
-    # A survivor (Pact.swap) and a spare (SpareEngine.swap) run the same actions, in the order the
-    # implementation is physically held to: the agreement over all of W (the spare arrives under the
-    # dead identity), every group rebuilt in g+1 (each contains the dead rank), the model rebuilt on
-    # them, the state sent by a live replica, validation, the release.
-
-    def _run_swap(self, ep: _Episode) -> Any:
-        """The swap's phase loop (as :meth:`Pact._recover` for a repair): the hooks' point before each
-        phase, then its actions; any exception ends the rank (fail-stop).  Returns the
-        :class:`~accelpact.impl.runtime.hotswap.SwapRecord`; the rebuilt model is on ``ep.swap``."""
-        sw = ep.swap
-        assert sw is not None
-        phases = (
-            ("agree", (self._arrive, self._decide_agreement, self._await_agreement)),
-            ("replace", (self._replace_every_group,)),
-            ("rebind", (self._rebuild_model,)),
-            ("validate", (self._transfer_state, self._validate_replicas)),
-            ("release", (self._ready, self._decide_release, self._await_release)),
-        )
-        try:
-            for point, actions in phases:
-                self._at(point)
-                t = time.monotonic_ns()
-                for action in actions:
-                    action(ep)
-                ep.durations[point] = time.monotonic_ns() - t
-        except _Exited:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any exception in the swap's phases ends the rank (fail-stop)
-            self._fail(exc)
-        self._resume_swapped(ep)
-        return _swap.SwapRecord(generation=ep.g, point=sw.point, dead=list(sw.dead), spares=dict(sw.claims),
-                          sources=dict(sw.sources), frontier=ep.frontier, role=sw.role,
-                          durations_ms={k: round(v / 1e6, 3) for k, v in ep.durations.items()},
-                          t_resume=time.monotonic())
-
-    def _replace_every_group(self, ep: _Episode) -> None:
-        """RankReplace of a swap: every group of the job built anew in generation g+1 by its members
-        (:func:`~accelpact.impl.runtime.hotswap.rebuild_groups`; the default, control and checkpoint groups
-        and every training group contain the dead identity, so none can be kept).  ``comm``: the
-        generation-(g+1) namespace all of them are built under."""
-        sw = ep.swap
-        assert sw is not None
-        t = time.monotonic_ns()
-        _swap.rebuild_groups(sw.job, ep.g + 1, sw.held)
-        sw.held = ()
-        self._act("RankReplace", self._st(PC_REPLACED, comm=swap_prefix(ep.g + 1), wide=ep.g + 1),
-                  {"groups": sorted(sw.job.groups) + ["default", "control", "checkpoint"], "swap": True,
-                   "duration_ns": time.monotonic_ns() - t})
-
-    def _rebuild_model(self, ep: _Episode) -> None:
-        """RankRebind of a swap: the model is built anew on the new groups (the user's ``rebuild``),
-        so no reference to an old group can remain (``refs_stale`` 0); RNG back to F; a survivor moves
-        its own committed state into it (the discarded step's runtime state stays with the old
-        wrapper).  Then every rank of W waits until all have rebuilt (a spare's first build is slow:
-        it is waited for under the phase deadline, not inside a transfer's collective)."""
-        import torch
-
-        from .runtime.wrappers import wrapper_of
-
-        sw = ep.swap
-        assert sw is not None
-        t = time.monotonic_ns()
-        sw.module, sw.optimizer = sw.rebuild(sw.job, sw.extra)
-        sw.kind = wrapper_of(sw.module).recovers
-        if sw.rng is not None:
-            torch.set_rng_state(sw.rng)
-        if sw.old is not None:
-            manifest, tensors = _swap.export_state(*sw.old)
-            _swap.import_state(sw.module, sw.optimizer, manifest, tensors)
-            adapter_for(sw.old[0]).release(sw.old[0], keep=sw.module)  # what a failed backward left (soak K3)
-            sw.old = None
-        self._act("RankRebind", self._st(PC_REBOUND, refs_stale=0),
-                  {"rebuilt": True, "duration_ns": time.monotonic_ns() - t})
-        _swap.store_barrier(sw.job.attempt_store, swap_rebuilt_key(ep.g), sw.job.world, self.deadline_s, "rebuilt its model")
-
-    def _transfer_state(self, ep: _Episode) -> None:
-        """RankTransferState: for each dead identity, the first live member of its new group of R's
-        kind broadcasts its state (:func:`~accelpact.impl.runtime.hotswap.transfer`); the spare loads it, other
-        members receive and drop it.  Recorded by the sender."""
-        sw = ep.swap
-        assert sw is not None
-        job, topo = sw.job, sw.job.topology
-        done: set[tuple[int, ...]] = set()
-        for d in sw.dead:
-            members = topo.group(sw.kind, d)
-            if self.rank not in members or members in done:
-                continue
-            done.add(members)
-            src = [m for m in members if m not in sw.dead][0]
-            sw.sources.update({x: src for x in members if x in sw.dead})
-            holds = self.rank in sw.dead or self.rank == src  # the spare loads the state, the source sends it
-            t = time.monotonic_ns()
-            moved = _swap.transfer(job.groups[sw.kind], members, src, self.rank, sw.module if holds else None,
-                             sw.optimizer if holds else None, job.device, self.deadline_s)
-            if self.rank == src:
-                self._act("RankTransferState", {"pc": self.pc},
-                          {"to": [x for x in members if x in sw.dead], "bytes": moved,
-                           "duration_ns": time.monotonic_ns() - t})
-
-    def _validate_replicas(self, ep: _Episode) -> None:
-        """RankValidate of a swap: on the new group of R's kind, the all-reduce that counts its members
-        and every replica's state checksum compared (:func:`~accelpact.impl.runtime.hotswap.validate`)."""
-        sw = ep.swap
-        assert sw is not None
-        t = time.monotonic_ns()
-        digest = _swap.validate(sw.job.groups[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank, sw.module,
-                          sw.optimizer, self.deadline_s)
-        self._act("RankValidate", self._st(PC_VALIDATED), {"digest": digest, "duration_ns": time.monotonic_ns() - t})
-
-    def _resume_swapped(self, ep: _Episode) -> None:
-        """RankResume of a swap: generation g+1 at F, on the rebuilt model (an engine of g+1 is
-        attached to it by the caller; this one retires)."""
-        self.gen = ep.g + 1
-        self._episode = None
-        self._act("RankResume", self._st(PC_TRAIN, gen=self.gen, point=""), {"from_gen": ep.g, "swap": True}, gen=ep.g)
-
-
-
-class Pact(_Engine):
+class Pact(Effects):
     """The attached engine of one rank.  Create with :func:`attach`.
 
-    Read beside ``model/protocol.py``: one method per model action of this rank (``_observe`` is
-    ``RankObserve``, ``_guard`` is ``RankGuard``/``RankReject``, ... ``_resume`` is ``RankResume``),
-    each writing the trace record of its action.  :meth:`_recover` is the phase loop around them:
-    the test hooks' point before each phase, and the phase's duration."""
+    Its episodes are tables (``REPAIR_STEPS``, ``SWAP_STEPS``: :mod:`accelpact.impl.episode`) run by
+    the one driver over the effects of :class:`~accelpact.impl.effects.Effects`."""
+
+    REPAIR_STEPS = REPAIR
+    SWAP_STEPS = SWAP
 
     def __init__(self, module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,
                  key: ObservationKey | None = None, deadline_s: float = DEFAULT_DEADLINE_S, adapter=None, frontier: int = 0,
@@ -769,11 +183,11 @@ class Pact(_Engine):
         self.reports: list[RecoveryReport] = []
         self.last_loss: float | None = None
         self._step = frontier
-        self._episode: _Episode | None = None  # the recovery in progress
+        self._episode: Episode | None = None  # the recovery in progress
         self._observed_gen = -1  # the generation whose failure this rank last recorded (RankObserve)
         self._retiring: list[threading.Event] = []  # replaced communicators being destroyed (phase 5)
         self._pg = groups.affected
-        self._record: _revoke.SocketRecord | None = groups.record
+        self._r_record: _revoke.SocketRecord | None = groups.record
         # keep no second reference to R's communicator: after a repair the adapters' walker would
         # find it (the guard's hooks make the pact reachable from the module) and the old group
         # could never be freed
@@ -783,7 +197,7 @@ class Pact(_Engine):
         self.strategy = strategy or choose_strategy(self._pg, control.prefix)
         self.sites: list = []
         self._sites_settled = False  # re-discovered once after the first step (wrappers cache lazily)
-        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at_point, sync_timeout_s=deadline_s,
+        self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at, sync_timeout_s=deadline_s,
                                    before_commit=self._before_commit)
         self.sites = self._discover()  # at attach: rebinding reuses them (and the first boundary settles them)
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc,
@@ -800,7 +214,7 @@ class Pact(_Engine):
         if self.detector is not None:
             self.detector.set_progress(frontier)
             self.detector.start()
-        self.watchdog.watch(self.gen, self.groups.key, self._record)
+        self.watchdog.watch(self.gen, self.groups.key, self._r_record)
         self._closed = False
 
     # ---- views for hooks and callers ----------------------------------------------------------
@@ -831,10 +245,7 @@ class Pact(_Engine):
 
     def group_records(self) -> dict[str, Any]:
         """Group name -> socket record of this rank's groups (R under its name and its key)."""
-        return {self.groups.name: self._record, self.groups.key: self._record, **self.groups.others}
-
-    def _key(self, point: str) -> ObservationKey:
-        return ObservationKey(self.key.platform, self.key.profile, point, self.key.objective)
+        return {self.groups.name: self._r_record, self.groups.key: self._r_record, **self.groups.others}
 
     # ---- the step loop -----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -866,7 +277,8 @@ class Pact(_Engine):
         t_obs = time.monotonic_ns()
         if observed:
             # a member observes before any effect of its observation (revoke, flag) reaches a peer
-            self._observe(self.gen, member=True, failed=(self.groups.index,), error=err)
+            self._observe("boundary", err, cause="boundary", member=True, failed_groups=[self.groups.index])
+            self._publish_revoke_or_lose_store(self.gen)
         failed = self._failure_flag(observed)
         if failed is not None and not failed:
             self.watchdog.disarm()
@@ -894,8 +306,6 @@ class Pact(_Engine):
         already committed: replicas then differ (first lent GPU, stop 38: every boundary repair of the
         NCCL corpus failed its validation, "replica checksums differ").  Past the bound the step's
         results are not known: :class:`AbortedCommunicator` as above."""
-        from .runtime.backends import AbortedCommunicator, recorded_errors
-
         if undrained := self.guard.undrained():
             raise AbortedCommunicator(f"before the commit: {undrained[0]}; the step's collectives' results are not known")
         records = self.group_records()
@@ -923,10 +333,6 @@ class Pact(_Engine):
         while no op was pending can stay blocked until the group's timeout (spec/torch-facts.md):
         without the bound it missed the episode and the job ended at the arrival deadline (the
         demo's path (e) under CI's load)."""
-        import torch
-
-        from .flag import or_allreduce
-
         control = self.groups.control
         or_allreduce(control, torch.zeros(1, dtype=torch.int64),
                      wait=lambda work: self._wait_unless_revoked(work, "the commit fence", group=control))
@@ -937,8 +343,6 @@ class Pact(_Engine):
         training group whose backend recorded an error (:func:`backends.recorded_errors`; R left out
         when its probe failed: that is the boundary's own, repairable failure) is an in-flight failure
         of the step: the contract rejects it (L2, exit 70)."""
-        from .runtime.backends import recorded_errors
-
         skip = (self.groups.name, self.groups.key) if observed else ()
         if bad := recorded_errors(self.group_records(), skip=skip):
             exc = RuntimeError(f"NCCL recorded an error on group(s) {bad} during the step (aborted by its watchdog, "
@@ -954,8 +358,6 @@ class Pact(_Engine):
 
     def _probe(self, loss) -> tuple[bool, BaseException | None]:
         """The post-commit collective on R (it carries the loss, on R's device): (failed, its error)."""
-        import torch
-
         t = loss.detach().reshape(-1)[:1].float().clone() if loss is not None else torch.zeros(1)
         try:
             t = backend_of(self._pg).place(t, self._pg)
@@ -977,17 +379,13 @@ class Pact(_Engine):
                 raise
             claim_exit()
             self.watchdog.lose_store(exc, claimed=True)
-            raise _Exited from exc
+            raise Exited from exc
 
     def _failure_flag(self, observed: bool) -> list[int] | None:
         """The failure flag OR-ed over W (control group, :func:`accelpact.impl.flag.or_allreduce`:
         O(log W) rounds on large worlds): which groups of R's kind failed; None when the flag itself
         failed (P18.4: observed, and the failed groups are read from their revoke keys after the
-        agreement, :meth:`_read_failed`)."""
-        import torch
-
-        from .flag import or_allreduce
-
+        agreement, ``Effects._await_agreement``)."""
         flag = torch.zeros(self.groups.count, dtype=torch.int64)
         if observed:
             flag[self.groups.index] = 1
@@ -1029,7 +427,7 @@ class Pact(_Engine):
                                           f"generation {self.gen}'s revoke")
 
         pg = self._pg if group is None else group
-        record = self._record if group is None else None
+        record = self._r_record if group is None else None
         be = backend_of(pg)
         timeout = be.timeout_of(pg)
         budget = (timeout or self.deadline_s) + REVOKE_GRACE_S
@@ -1043,9 +441,7 @@ class Pact(_Engine):
                 # raises the op's own error, if any
                 wait_bounded(work, budget, check=revoke_check, check_every_s=REVOKE_CHECK_S, sliced=be.sliced_wait)
             except RevokedWhilePending:
-                reaped = threading.Event()
-                self._retiring.append(reaped)
-                EngineThread(target=_reap, args=([work, pg], reaped), name="accelpact-reaper", daemon=True).start()
+                self._retiring.append(reap(work, pg))
                 raise
             if _revoke.aborted(record):
                 raise RevokedWhilePending(f"{what} on {self.groups.key} completed on a communicator that generation "
@@ -1069,10 +465,7 @@ class Pact(_Engine):
         if not dead:
             return
         self.watchdog.disarm()
-        if self._observed_gen != self.gen:  # a member at the boundary has recorded it already
-            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
-                      {"error": repr(exc)[:300], "dead": list(dead), "swap": True})
-            self._observed_gen = self.gen
+        self._observe(point, exc, cause="death", dead=list(dead))  # a member at the boundary has recorded it already
         raise _swap.SwapNeeded(point, dead, exc) from exc
 
     def _on_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
@@ -1158,160 +551,58 @@ class Pact(_Engine):
         """A survivor's hot swap after ``need`` (:class:`~accelpact.impl.runtime.hotswap.SwapNeeded`: the ranks
         that died, and where; its ``RankObserve`` is recorded): the contract on the dead-rank key
         (``RankReject`` if L2), ``RankClaimSpare``, ``RankDiscardStep`` of a step in flight,
-        ``RankGuard``, then the swap's phases (:meth:`_run_swap`) on ``job``'s groups and the model
-        ``rebuild(job, extra)`` builds, RNG ``rng``.  Returns the rebuilt module and optimizer and the
+        ``RankGuard``, then the swap's phases on ``job``'s groups and the model
+        ``rebuild(job, extra)`` builds, RNG ``rng`` (the table ``SWAP_STEPS``).  Returns the rebuilt module and optimizer and the
         :class:`~accelpact.impl.runtime.hotswap.SwapRecord`; this engine is retired (the caller attaches one
         of generation g+1 to the rebuilt model).  Any failure ends the rank, and with it the job (L2)."""
         self.suspend()
         t = time.monotonic_ns()
-        sw = _Swap(role="survivor", point=need.point, dead=tuple(sorted(need.dead)), job=job, rebuild=rebuild,
-                   extra=extra, rng=rng, old=(self.module, self.optimizer), held=(self._pg,))
-        ep = _Episode(self.gen, True, tuple(range(self.groups.count)), t, t, need.error, swap=sw)
+        sw = SwapFacts(role="survivor", point=need.point, dead=tuple(sorted(need.dead)), job=job, rebuild=rebuild,
+                       extra=extra, rng=rng, old=(self.module, self.optimizer), held=(self._pg,))
+        ep = Episode(self.gen, True, tuple(range(self.groups.count)), t, t, need.error, swap=sw)
         self._episode = ep
-        try:
-            self._at("guard")
-            self._decide_swap(ep)
-            self._claim_spares(ep)
-            self._discard_step(ep)
-            self._guard_swapped(ep)
-        except _Exited:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any exception in phase 2 ends the rank (fail-stop)
-            self._fail(exc)
-        record = self._run_swap(ep)
+        drive(self, ep, self.SWAP_STEPS)
+        record = swap_record(ep)
         module, optimizer = sw.module, sw.optimizer
         sw.module = sw.optimizer = None
         self.retire()
         return module, optimizer, record
 
-    def _decide_swap(self, ep: _Episode) -> None:
-        """The contract on the dead-rank key (:func:`accelpact.model.hotswap.decide`: died, a spare in
-        the job, a live replica of every dead rank in its group of R's kind): L2 is ``RankReject``."""
-        from accelpact.model import hotswap as model_swap
-
-        sw = ep.swap
-        assert sw is not None
-        if not sw.dead:  # a communicator failure in flight with every rank alive (P17): the plain key
-            dec = decide(self.envelope, self._key(sw.point), True)
-            if not dec.preserve:
-                self._reject(dec.reason)
-            sw.decision = dec.level
-            return
-        topo = sw.job.topology
-        replica = all(any(m not in sw.dead for m in topo.group(self.groups.name, d)) for d in sw.dead)
-        spare = _swap.pool_covers(self.control.store, ep.g, sw.dead, sw.job.spares)
-        dec = model_swap.decide(self.envelope, self._key(sw.point), True, died=True, spare=spare, replica=replica)
-        if not dec.preserve:
-            self._reject(dec.reason)
-        sw.decision = dec.level
-
-    def _claim_spares(self, ep: _Episode) -> None:
-        """RankClaimSpare: for each dead rank, the first survivor to claim takes a spare from the pool
-        and tells it (:func:`~accelpact.impl.runtime.hotswap.claim_write`, single assignment); its writes and
-        record are one action under the hold, and only a rank whose claim stood records it (the
-        model's one claim for each dead identity).  Every survivor then reads the claims that stand;
-        a dead rank left without a spare is the contract's L2 (``RankReject``)."""
-        sw = ep.swap
-        assert sw is not None
-        if not sw.dead:  # nobody died: no identity to hand over
-            return
-        store = self.control.store
-        with self._hold():
-            mine = {}
-            for d in sw.dead:
-                first, k = _swap.claim_write(store, ep.g, d, sw.job.spares, sw.point)
-                if first and k is not None:
-                    mine[d] = k
-            self.hooks.written()
-            if mine:
-                self._act("RankClaimSpare", {"pc": self.pc}, {"claims": mine, "decision": sw.decision})
-        claims = {d: _swap.claim_read(store, ep.g, d, self.deadline_s) for d in sw.dead}
-        missing = [d for d, k in claims.items() if k is None]
-        if missing:
-            self._reject(f"rank(s) {missing} died and no spare is left to take their identity")
-        sw.claims = {d: int(k) for d, k in claims.items() if k is not None}
-
-    def _discard_step(self, ep: _Episode) -> None:
-        """RankDiscardStep (a death inside forward or backward): the step's gradients are dropped and
-        the rank stands at the committed boundary F again; the wrapper's runtime state of the step
-        stays with the old wrapper, which :meth:`_rebuild_model` replaces, and RNG and data cursor
-        come back to F there.  Nothing to discard after a commit (the optimizer or the boundary)."""
-        from accelpact.model.hotswap import DISCARDABLE
-
-        sw = ep.swap
-        assert sw is not None
-        if sw.point not in DISCARDABLE:
-            return
-        self.optimizer.zero_grad(set_to_none=True)
-        self._act("RankDiscardStep", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier),
-                  {"from": sw.point})
-
-    def _guard_swapped(self, ep: _Episode) -> None:
-        """RankGuard of a swap: at the committed boundary (nothing uncommitted is kept: a step in
-        flight was discarded) and the contract said L1 (:meth:`_decide_swap`)."""
-        sw = ep.swap
-        assert sw is not None
-        self._act("RankGuard", self._st(PC_GUARDED), {"decision": sw.decision, "swap": True})
-
     def rebind(self, new_pg: Any) -> int:
         """Phase 5 alone (``RankRebind``) onto ``new_pg``, outside any episode: for the phase-5
         benchmark (``accelpact bench rebind``), which measures it in an attached engine.  Returns the
-        references rebound; a stale one is a :class:`RebindError`."""
-        ep = _Episode(self.gen, True, (self.groups.index,), 0, 0, None, new_pg=new_pg)
-        self._rebind(ep)
+        references rebound; a stale one is a :class:`RebindError` (raised: no exit)."""
+        ep = Episode(self.gen, True, (self.groups.index,), 0, 0, None, new_pg=new_pg)
+        drive(self, ep, tuple(dataclasses.replace(s, point=None) for s in self.REPAIR_STEPS if s.action == "RankRebind"),
+              raising=True)
         return ep.refs_rebound
 
-    # ---- the phase loop --------------------------------------------------------------------------
+    # ---- the repair ------------------------------------------------------------------------------
     def _recover(self, failed: list[int] | None, t0: int, t_obs: int, err: BaseException | None) -> RecoveryReport:
-        """Phases 2-6 and the release, in the order of spec/protocol.md.  Before each phase the
-        hooks' point of that name runs (a fault strikes *between* actions, as the model's Fault*
-        actions do); outside R a rank waits in ``replaced`` while R is rebuilt, so the points of
-        phases 5-6 strike it there.  Any exception or expired wait ends the rank (fail-stop).
-        ``failed`` None: the failure flag failed (P18.4): the failed groups of R's kind are read from
-        their revoke keys after the agreement (:meth:`_read_failed`)."""
-        ep = _Episode(self.gen, failed is not None and self.groups.index in failed, tuple(failed or ()), t0, t_obs, err)
+        """The repair (``REPAIR_STEPS``: phases 2-6 and the release, spec/protocol.md).  A rank outside
+        the failed groups, or a member whose probe passed while a peer's failed, learns of the failure
+        from the flag and observes it now (a member then publishes R's revoke).  ``failed`` None: the
+        failure flag failed (P18.4): the failed groups are read after the agreement."""
+        ep = Episode(self.gen, failed is not None and self.groups.index in failed,
+                     tuple(failed) if failed is not None else None, t0, t_obs, err)
         ep.revoke_to_observe_ns = self._revoke_latency(ep)
         self._episode = ep
         if self._observed_gen != ep.g:
-            # a member whose own probe failed recorded its RankObserve at the boundary, before its flag;
-            # a rank outside the failed groups, or a member whose probe passed while a peer's failed,
-            # learns of the failure from the flag and records it now (a member then publishes R's revoke)
-            self._observe(ep.g, member=ep.member, failed=ep.failed, error=None)
-        agree: tuple = (self._arrive, self._decide_agreement, self._await_agreement)
-        if failed is None:
-            agree += (self._read_failed,)
-        phases = (
-            ("guard", (self._guard,)),
-            ("agree", agree),
-            ("replace", (self._replace,)),
-            ("rebind", (self._rebind_member,)),
-            ("validate", (self._validate_member,)),
-            ("release", (self._ready, self._decide_release, self._await_release)),
-        )
-        try:
-            for point, actions in phases:
-                self._at(point)
-                t = time.monotonic_ns()
-                for action in actions:
-                    action(ep)
-                ep.durations[point] = time.monotonic_ns() - t
-        except _Exited:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any exception in phases 2-6 ends the rank (fail-stop)
-            self._fail(exc)
-        t_ret = time.monotonic_ns()
-        self._resume(ep)
+            self._observe("boundary", None, cause="flag", member=ep.member, failed_groups=list(ep.failed or ()))
+            if ep.member:
+                self._publish_revoke_or_lose_store(ep.g)
+        drive(self, ep, self.REPAIR_STEPS)
         self._episode = None
-        t_end = time.monotonic_ns()
         d = ep.durations
         return RecoveryReport(
             generation=ep.g, member=ep.member, observe_ns=t_obs - t0, agree_ns=d["guard"] + d["agree"],
-            rebuild_ns=d["replace"], rebind_ns=d["rebind"], validate_ns=d["validate"], release_ns=d["release"],
-            retire_ns=t_end - t_ret, total_ns=t_end - t_obs, refs_rebound=ep.refs_rebound,
+            rebuild_ns=d["replace"], rebind_ns=d["rebind"], validate_ns=d["validate"],
+            release_ns=d["release"] - d.get("resume", 0), retire_ns=d.get("resume", 0),
+            total_ns=time.monotonic_ns() - t_obs, refs_rebound=ep.refs_rebound,
             revoke_to_observe_ns=ep.revoke_to_observe_ns,
         )
 
-    def _revoke_latency(self, ep: _Episode) -> int:
+    def _revoke_latency(self, ep: Episode) -> int:
         """This rank's revoke hard-close -> observed (-1: observed directly, before the revoke reached it)."""
         if ep.member and ep.error is not None:
             revs = [r for r in self.watchdog.revocations if r[0] == ep.g]
@@ -1319,46 +610,26 @@ class Pact(_Engine):
                 return ep.t_observed - revs[0][3]
         return -1
 
-    # ---- Phase 1: RankObserve -------------------------------------------------------------------
-    def _observe(self, g: int, *, member: bool, failed: tuple[int, ...], error: BaseException | None) -> None:
-        """RankObserve at the boundary.  A member of a failed group (its collective on R failed)
-        records it first and then publishes R's revoke, so that peers blocked on R wake up: the
-        record precedes every effect of the observation (the revoke, its failure flag), as in the
-        model a peer can only learn of a failure that a member observed.  If the store is gone
-        the publish ends the rank by RankLoseStore, after its RankObserve.  A rank outside the
-        failed groups records it once the failure flag told it which groups failed."""
-        with self._hold():
-            self._act("RankObserve", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier,
-                                              tau=self.guard.tau),
-                      {"member": member, "failed_groups": list(failed),
-                       "error": repr(error)[:200] if error else None})
-            self._observed_gen = g
-        if member:
-            self._publish_revoke_or_lose_store(g)  # after its record: no write-to-record window here
-
+    # ---- RankObserve's causes (the effect: Effects._observe) ---------------------------------------
     def _observe_wide(self, exc: BaseException) -> None:
         """RankObserve at the boundary through a failed group over all of W (P18.4): the failure flag,
         or a checkpoint save after a boundary that found nothing.  A standing abort is what reached us
         (``RankExit``).  Otherwise the rank records its observation, if it has not observed this
         generation's failure yet, and publishes the wide revoke (every watcher closes its groups over
         W: a peer blocked in the flag or the save wakes up); which groups of R's kind failed is read
-        after the agreement (:meth:`_read_failed`)."""
+        after the agreement (``Effects._await_agreement``)."""
         g = self.gen
         try:
             standing = self.control.read_abort()
         except Exception as err:  # noqa: BLE001 - store lost: RankLoseStore
             claim_exit()
             self.watchdog.lose_store(err, claimed=True)
-            raise _Exited from err
+            raise Exited from err
         if standing:
             self.watchdog.exit_with(standing)  # RankExit on the abort that ended the collective
-            raise _Exited
+            raise Exited
         self.watchdog.disarm()
-        if self._observed_gen != g:
-            with self._hold():
-                self._act("RankObserve", self._st(PC_OBSERVED, point="boundary", frontier=self.frontier, tau=self.guard.tau),
-                          {"member": None, "wide": True, "error": repr(exc)[:200]})
-                self._observed_gen = g
+        self._observe("boundary", exc, cause="wide", member=None, wide=True)
         try:
             self.control.publish_wide_revoke(g)
         except Exception as err:  # noqa: BLE001 - store lost: RankLoseStore (after its RankObserve)
@@ -1366,7 +637,7 @@ class Pact(_Engine):
                 raise
             claim_exit()
             self.watchdog.lose_store(err, claimed=True)
-            raise _Exited from err
+            raise Exited from err
 
     def repair_after_save(self, exc: BaseException) -> RecoveryReport:
         """A checkpoint save at the boundary failed (P18.4): a group over all of W failed after a
@@ -1403,10 +674,7 @@ class Pact(_Engine):
             return
         self.watchdog.disarm()
         g = self.gen
-        with self._hold():
-            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
-                      {"error": repr(exc)[:300], "in_flight": True, "discard": True})
-            self._observed_gen = g
+        self._observe(point, exc, cause="discard", in_flight=True)
         try:
             for i in range(self.groups.count):  # peers blocked on any group of the step wake up
                 key = self.groups.name if self.groups.count == 1 else f"{self.groups.name}{i}"
@@ -1420,112 +688,22 @@ class Pact(_Engine):
         Held from the revoke to the exit: the guard check and the contract are local (no wait on
         peers), and a peer's rejection must not end this rank between its RankObserve and the
         RankReject it is about to record (the model allows both; the record then says which)."""
-        g = self.gen
         with self._hold():
+            self._observe(point, exc, cause="in_flight", in_flight=True)
             try:
-                self.control.publish_revoke(g, self.groups.key)  # peers blocked on R wake up
+                self.control.publish_revoke(self.gen, self.groups.key)  # peers blocked on R wake up
             except Exception:  # noqa: BLE001 - store lost: the watchdog exits DEADLINE
                 pass
-            self._act("RankObserve", self._st(PC_OBSERVED, point=point, frontier=self.guard.frontier, tau=self.guard.tau),
-                      {"error": repr(exc)[:300], "in_flight": True})
             report = self.guard.check()
             decision = decide(self.envelope, self._key(point), report.ok)
             self._reject(decision.reason, report.reasons)
 
-    # ---- Phase 2: RankGuard / RankReject ----------------------------------------------------------
-    def _guard(self, ep: _Episode) -> None:
-        """Guard check (no outstanding gradients, wrapper idle, tau == F), then the contract on K."""
-        report = self.guard.check()
-        decision = decide(self.envelope, self._key("boundary"), report.ok)
-        if not decision.preserve:
-            self._reject(decision.reason, report.reasons)
-        self._act("RankGuard", self._st(PC_GUARDED), {"decision": decision.level, "why": decision.reason})
-
-    # ---- Phase 4: RankReplace --------------------------------------------------------------------
-    def _replace(self, ep: _Episode) -> None:
-        """Every rank: the groups over all of W for generation g+1 (P18.3: a broken link inside R
-        crosses them too, and nothing tells a link from R's communicator alone).  A member of a failed
-        group first builds R's generation-(g+1) communicator with the same members (replacement
-        strategy); every member of R builds in that order, so no rendezvous waits on a rank that
-        waits on it."""
-        t = time.monotonic_ns()
-        state: dict[str, Any] = {}
-        built: list[str] = []
-        if ep.member:
-            members, key = self._new_members(ep)
-            ep.new_pg = self.strategy.replace(self._pg, ep.g + 1, members, self.rank, self.control.store,
-                                              self.deadline_s, name=key)
-            # the record names the real group object: its c10d name (controlplane.comm_name), which the
-            # checker reads the generation from
-            state["comm"] = _group_name(ep.new_pg)
-            built.append(key)
-        built += self._replace_wide(ep.g + 1)
-        self._act("RankReplace", self._st(PC_REPLACED, **state, wide=ep.g + 1),
-                  {"groups": built, "duration_ns": time.monotonic_ns() - t})
-
-    def _replace_wide(self, g_next: int) -> list[str]:
-        """The groups over all of W built for ``g_next`` (the job's :meth:`TrainingJob.rebuild_wide`);
-        this engine's control group becomes the new one.  Nothing without a job (a bare engine)."""
-        if self.wide is None:
-            return []
-        names, control, records = self.wide(g_next)
-        self.groups = dataclasses.replace(self.groups, control=control, others={**self.groups.others, **records})
-        return names
-
-    def _new_members(self, ep: _Episode) -> tuple[tuple[int, ...], str]:
-        """R's members in g+1 (the same as in g) and its name in store keys."""
-        return self.groups.members, self.groups.key
-
-    def _read_failed(self, ep: _Episode) -> None:
-        """After the agreement of an episode whose failure flag failed (P18.4): the failed groups of R's
-        kind are those whose revoke stands; every member of a failed group published its group's
-        revoke before it arrived, and every rank has arrived."""
-        keys = [self.groups.name if self.groups.count == 1 else f"{self.groups.name}{i}" for i in range(self.groups.count)]
-        ep.failed = tuple(i for i, k in enumerate(keys) if self.control.revoked(ep.g, k))
-        ep.member = self.groups.index in ep.failed
-
-    def _rebind_member(self, ep: _Episode) -> None:
-        if ep.member:
-            self._rebind(ep)
-
-    def _validate_member(self, ep: _Episode) -> None:
-        if ep.member:
-            self._validate(ep)
-
-    # ---- Phase 5: RankRebind ---------------------------------------------------------------------
-    def _rebind(self, ep: _Episode) -> None:
-        """Every cached reference to the old communicator names the new one (sites discovered once,
-        at attach), verified: a stale reference is a :class:`RebindError`."""
-        t = time.monotonic_ns()
-        stale = 0
-        # the engine's own reference moves first: it is one of the references to rebind
-        old_pg, self._pg, self._record = self._pg, ep.new_pg, self.strategy.last_record
-        if self.strategy.needs_rebind:
-            stale, total = self._rebind_sites(old_pg, ep.new_pg)
-            ep.refs_rebound = total - stale
-        retiring = [old_pg]  # this frame's last reference: the old group is destroyed off the critical path
-        del old_pg
-        self._retiring = [ev for ev in self._retiring if not ev.is_set()] + [_retire_off_path(retiring)]
-        self._act("RankRebind", self._st(PC_REBOUND, refs_stale=stale),
-                  {"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t})
-
-    def _rebind_sites(self, old_pg: Any, new_pg: Any) -> tuple[int, int]:
-        """Rebind every known site from ``old_pg`` to ``new_pg`` and verify: (stale, total); a stale
-        reference left is a :class:`RebindError`."""
-        self.adapter.rebind(self.module, self.sites, old_pg, new_pg)
-        check = self.adapter.verify_sites(self.sites, old_pg, new_pg)
-        if not check.ok:
-            raise RebindError(f"{int(check.stale)} of {check.total} cached references still name the old "
-                              f"communicator after rebinding: {check.detail}")
-        return int(check.stale), int(check.total)
-
+    # ---- phase 5's sites ---------------------------------------------------------------------------
     def _discover(self) -> list:
         """Every cached reference to R reachable from the module: the adapter's sites united with the
         generic walker's (which stops at the engine's own objects), so phase 5 can check them in
         O(sites).  Run at attach and once more after the first committed step, when the wrappers'
         lazily built state (FSDP's lazy init, DDP's reducer) exists."""
-        from .runtime.adapters import find_references, site_set
-
         sites = list(self.adapter.discover(self.module, self._pg))
         known = site_set(sites)
         sites += [s for s in find_references(self.module, self._pg, stop=self._own_objects())
@@ -1542,39 +720,6 @@ class Pact(_Engine):
                                  getattr(self, "detector", None), self.control, self.trace, self.hooks, self.adapter,
                                  self.strategy, self.sites, self.envelope) if o is not None)
 
-    # ---- Phase 6: RankValidate -------------------------------------------------------------------
-    def _validate(self, ep: _Episode) -> None:
-        """An all-reduce on the new group, then every replica's state checksum compared (one
-        all-gather), on the new group's device; each wait bounded by the phase deadline."""
-        import torch
-
-        from .runtime.digest import checksum_hex
-
-        t = time.monotonic_ns()
-        n = len(self.groups.members)
-        device = backend_of(ep.new_pg).device_for(ep.new_pg)
-        one = torch.ones(1, device=device)
-        wait_bounded(ep.new_pg.allreduce([one]), self.deadline_s)
-        if int(one[0]) != n:
-            raise ValidationError(f"validation all-reduce on generation-{ep.g + 1} R gave {int(one[0])}, expected {n}")
-        mine = _state_checksum(self.module, self.optimizer, device)
-        outs = [torch.empty_like(mine) for _ in range(n)]
-        wait_bounded(ep.new_pg.allgather([outs], [mine]), self.deadline_s)
-        differing = [self.groups.members[i] for i, o in enumerate(outs) if not torch.equal(o, mine)]
-        if differing:
-            raise ValidationError(f"replica checksums differ from rank {self.rank}'s on rank(s) {differing}: "
-                                  "replicas of R do not hold identical shards; restart from the checkpoint (L2)")
-        self._act("RankValidate", self._st(PC_VALIDATED),
-                  {"digest": checksum_hex(mine), "duration_ns": time.monotonic_ns() - t})
-
-    def _resume(self, ep: _Episode) -> None:
-        """RankResume: generation g+1, R's communicator swapped, the old one dropped."""
-        ep.new_pg = None
-        self.gen = ep.g + 1
-        self.watchdog.watch(self.gen, self.groups.key, self._record)
-        self.control.retire_revoke(ep.g, self.groups.key)
-        self._act("RankResume", self._st(PC_TRAIN, gen=self.gen, point=""), {"from_gen": ep.g}, gen=ep.g)
-
     # ---- end -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Normal end of training: stop the watchdog, remove the hooks, end the trace."""
@@ -1588,72 +733,14 @@ class Pact(_Engine):
         self.trace.end("released", gen=self.gen, frontier=self.guard.frontier)
 
 
-class SpareEngine(_Engine):
-    """A spare's engine for the one episode in which it takes a dead rank's identity: ``SpareJoin``
-    (:meth:`join`), then the swap's phases 3-6 as that rank (:meth:`swap`, the same actions a
-    survivor runs).  Afterwards the identity trains under a :class:`Pact` of generation g+1 attached
-    to the model the episode built; this engine stops.  ``job``: the
-    :class:`~accelpact.impl.launch.api.TrainingJob`, already under the dead identity (``job.rank``);
-    ``published``: what that rank published at its last commit (F, RNG, extra state).
-
-    Unlike a survivor it has no fault points (a fault plan names the job's ranks at their steps; this
-    process held no rank until now) and no step deadline; its watchdog ends it on the job's abort."""
-
-    def __init__(self, job: Any, *, control: ControlPlane, spare: int, generation: int, published: dict,
-                 trace=None, hooks: Hooks | None = None, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
-        self.job = job
-        self.rank = job.rank
-        self.control = control
-        self.trace = trace if trace is not None else NullTrace()
-        self.hooks = hooks if hooks is not None else NO_HOOKS
-        self.gen = generation
-        self.pc = PC_JOINED
-        self.deadline_s = deadline_s
-        self.spare = spare
-        self.published = published
-        self._episode = None
-        self._arm()
-        self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc)
-
-    @property
-    def frontier(self) -> int:
-        """F of the identity taken: what its predecessor published at its last commit."""
-        return int(self.published["frontier"])
-
-    @property
-    def tau(self) -> int:
-        return self.frontier
-
-    def _at(self, point: str) -> None:
-        """No fault points on a spare (see the class doc)."""
-
-    def join(self) -> None:
-        """SpareJoin: this process holds the dead rank's identity in its generation, with no state
-        yet; then its watchdog runs.  If the job already aborted, it never took the identity: it
-        exits on the abort with no record as that rank (the model's SpareJoin needs no abort)."""
-        with self._hold():
-            reason = self.control.read_abort()
-            if not reason:
-                self._act("SpareJoin", self._st(PC_JOINED), {"spare": self.spare, "identity": self.rank})
-        if reason:
-            exit_now(code_for(reason), f"spare {self.spare}: the job aborted ({reason}) before it took rank "
-                     f"{self.rank}'s identity", None)
-        self.watchdog.start()
-
-    def swap(self, *, point: str, rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any) -> tuple[Any, Any, Any]:
-        """The swap's phases as the identity taken (:meth:`_Engine._run_swap`), with the claims of the
-        episode as they stand; returns the rebuilt module, optimizer and the swap's record."""
-        claims = _swap.read_claims(self.control.store, self.gen, self.job.world)
-        t = time.monotonic_ns()
-        sw = _Swap(role="spare", point=point, dead=tuple(sorted(claims)), job=self.job, rebuild=rebuild, extra=extra,
-                   rng=self.published.get("rng"), claims=claims)
-        ep = _Episode(self.gen, True, (), t, t, None, swap=sw)
-        self._episode = ep
-        record = self._run_swap(ep)
-        self.watchdog.stop()
-        module, optimizer = sw.module, sw.optimizer
-        sw.module = sw.optimizer = None
-        return module, optimizer, record
+def swap_record(ep: Episode) -> _swap.SwapRecord:
+    """What the run's result says of a swap (or a discard) this rank took part in."""
+    sw = ep.swap
+    assert sw is not None
+    return _swap.SwapRecord(generation=ep.g, point=sw.point, dead=list(sw.dead), spares=dict(sw.claims),
+                            sources=dict(sw.sources), frontier=ep.frontier, role=sw.role,
+                            durations_ms={k: round(v / 1e6, 3) for k, v in ep.durations.items()},
+                            t_resume=time.monotonic())
 
 
 def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trace=None, envelope=None,

@@ -20,17 +20,16 @@ from typing import Any, Iterable, Mapping
 
 from accelpact.model.protocol import ACTIONS
 
-__all__ = ["FORMAT", "NullTrace", "RankTrace", "Record", "Trace", "TraceError", "load_traces", "parse_trace", "read_records",
-           "trace_path"]
+from .rundir import RunDir
+
+__all__ = ["FORMAT", "NullTrace", "RankTrace", "Record", "Trace", "TraceError", "load_traces", "parse_trace", "trace_path"]
 
 FORMAT = "accelpact-trace/1"
 OUTCOMES = ("ok", "fail", "info")
 
 
 def trace_path(directory: str | os.PathLike, attempt: int, rank: int) -> Path:
-    """This rank's trace file in run folder ``directory`` (:class:`~accelpact.impl.launch.rundir.RunDir`)."""
-    from .launch.rundir import RunDir
-
+    """This rank's trace file in run folder ``directory`` (:meth:`accelpact.impl.rundir.RunDir.trace`)."""
     return RunDir(directory).trace(attempt, rank)
 
 
@@ -154,19 +153,6 @@ class RankTrace:
     end: dict[str, Any] | None = None
 
 
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record of a trace file as a dict, for progress displays and diagnosis of a live run:
-    a line still being written (or torn by a kill) is skipped.  Not for checking: use
-    :func:`parse_trace`, which rejects what this forgives."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
 def parse_trace(lines: Iterable[str], source: str, *, complete: bool = True) -> RankTrace:
     """Parse one rank's trace (format :data:`FORMAT`); :class:`TraceError` names file, line and field.
 
@@ -227,8 +213,6 @@ def load_traces(path: str | os.PathLike) -> dict[int, dict[int, RankTrace]]:
     by the generation it joined in), records renumbered gap-free, with the first file's header and
     the last one's ``end`` record.  Each incarnation before the last must end where a successor can
     take the identity: with no ``end`` record (it died)."""
-    from .launch.rundir import RunDir
-
     run = RunDir(path)
     files = run.trace_files()
     if not files:

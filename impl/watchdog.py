@@ -33,29 +33,13 @@ from typing import Any, Callable
 
 from accelpact.model.state import PC_EXITED, PC_TRAIN, REASON_DEADLINE
 
-from . import revoke as _revoke
+from .controlplane import CLOSED, RETIRED, STEP_REVOKE, WIDE_ENTRY
+from .runtime import revoke as _revoke
 from .exitcodes import claim_exit, code_for, exit_now, release_exit
 from .trace import NullTrace
 from .threadname import EngineThread
 
-__all__ = ["CLOSED", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "Watchdog"]
-
-#: The abort key's value when the job ended normally (:meth:`Watchdog.wake_and_join`): not an abort.
-CLOSED = "closed"
-
-#: Suffix of a revoke's value that says the revoke abandons the step in flight (issue 27, P17): the
-#: watcher then closes every training group of its rank, not only R (``Watchdog.step_records``).
-STEP_REVOKE = "/step"
-
-#: The revoke-log entry that says a group over all of W failed under a rank at the boundary (issue 25,
-#: P18.4; ``ControlPlane.publish_wide_revoke``): every watcher closes the rank's groups over W
-#: (``Watchdog.wide_records``: the control and checkpoint groups), so a peer blocked in the failure flag
-#: or a checkpoint save wakes up.  R is not closed: it did not fail.
-WIDE_ENTRY = "wide"
-
-#: Value a rank writes into its group's revoke key of generation g after releasing g, so that
-#: a watcher still waiting on it wakes and re-arms on g+1 at once.  Never a revoke.
-RETIRED = "retired"
+__all__ = ["Watchdog"]
 
 
 def _s(v) -> str:
@@ -67,9 +51,9 @@ class _AbortWatch:
 
     The abort key is the attempt's, not a generation's: when a swap or a discard retires an engine,
     the next engine's watchdog takes over its predecessor's thread (:meth:`adopt`) instead of
-    starting one of its own beside it, whose predecessor would otherwise wait out its store slice
-    (up to ``slice_s``, 30 s) after its stop: a thread per retired engine, which the soak counted as
-    growth (stop 38).  ``owner`` is read under ``lock`` each time the thread acts; the thread ends as
+    starting one of its own beside it: otherwise each retired engine's abort thread would wait out its
+    store slice (up to ``slice_s``) after its stop, a thread and a store connection per retired engine.
+    ``owner`` is read under ``lock`` each time the thread acts; the thread ends as
     soon as it finds its owner stopped and nobody adopted it (``ended``), after which :meth:`adopt`
     refuses and the new watchdog starts a thread of its own."""
 
@@ -107,8 +91,7 @@ class _AbortWatch:
     def _loop(self) -> None:
         """The wait itself holds no reference to the owner: an adopted thread's predecessor (a retired
         engine's watchdog, with its two store connections) is freed at its retire, not at the end of
-        the slice this thread was waiting in when it was adopted (the soak counted those connections,
-        up to ``slice_s`` after each episode).  The owner is looked up again at each action."""
+        the slice this thread was waiting in when it was adopted.  The owner is looked up again at each action."""
         import torch.distributed as dist
 
         while self._current() is not None:
@@ -168,8 +151,8 @@ class Watchdog:
         self._target: tuple[int, str, _revoke.SocketRecord] | None = None
         #: the records of the watched generation's other groups, taken when it was watched: (every
         #: training group, the groups over W).  A revoke of generation g closes g's groups only: read
-        #: late (a loaded machine), a step revoke must not close the groups the episode built for g+1
-        #: (the goodput benchmark met that: a second discard of the rerun step)
+        #: late (a loaded machine), a step revoke must not close the groups the episode built for g+1,
+        #: or the rerun step fails on them and is discarded a second time
         self._snapshot: tuple[tuple, tuple] = ((), ())
         self._target_changed = threading.Event()
         self._wake: tuple[int, str] | None = None  # the watched (generation, group) once detached
@@ -233,7 +216,7 @@ class Watchdog:
         (a swap's, a discard's): retire that generation's revoke log (``ControlPlane.retire_revoke``:
         a standing revoke is left as it is), so the revoke thread leaves now instead of at the end of
         its slice (``revoke_slice_s``); its peers' retired watchers of that generation leave with it.
-        A store error is ignored: the thread then leaves at its slice's end, as before."""
+        A store error is ignored: the thread then leaves at its slice's end, as without this call."""
         with self._target_lock:
             target = self._wake
         if target is None:
@@ -249,8 +232,7 @@ class Watchdog:
 
         Why: a daemon thread still inside a C++ store wait when the interpreter finalizes is ended
         by ``pthread_exit`` once the wait returns, and the forced unwind through torch's C++ frames
-        aborts the process ("terminate called without an active exception", exit -6; seen at the
-        end of FSDP1 jobs).  The abort key is written ``closed`` only if no abort stands (single
+        aborts the process ("terminate called without an active exception", exit -6).  The abort key is written ``closed`` only if no abort stands (single
         assignment), which no stopped watchdog acts on; the revoke key of the watched generation is
         retired, which watchers ignore."""
         with self._target_lock:

@@ -14,6 +14,8 @@ import time
 from .mutants import MUTANTS
 from .protocol import FAULT_KINDS
 from .state import Config
+from .explore import MANIFEST_PATH, explore, write_manifest
+from .stateful import make_machine
 
 POINTS = ("boundary", "forward", "backward", "optimizer")
 USES_R = ("backward", "boundary")   # Config's default: HSDP's gradient all-reduce and the boundary probe
@@ -120,8 +122,6 @@ def _describe(cfg: Config) -> str:
 
 
 def _run_bfs(cfg: Config, args: argparse.Namespace) -> int:
-    from .explore import explore
-
     if args.workers not in (1, 2):
         raise SystemExit(f"--workers: 1 or 2 (the parallel search exchanges states between two workers), got {args.workers}")
     result = explore(cfg, symmetry=not args.no_symmetry, stop_on_violation=not args.keep_going, workers=args.workers)
@@ -183,8 +183,6 @@ def _run_hypothesis(cfg: Config, args: argparse.Namespace) -> int:
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from .stateful import make_machine
-
     s = settings(
         derandomize=True, database=None, print_blob=True, deadline=None, max_examples=args.max_examples,
         stateful_step_count=args.steps, suppress_health_check=list(HealthCheck),
@@ -220,8 +218,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"accelpact explore: {exc}", file=sys.stderr)
         return 2
     if args.update_manifest:
-        from .explore import MANIFEST_PATH, write_manifest
-
         data = write_manifest()
         for name, entry in data["configs"].items():
             a, b = entry["symmetry"], entry.get("no_symmetry")

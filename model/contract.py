@@ -125,7 +125,7 @@ DEFAULT_PROFILE = "hsdp"
 #: one per data-parallel wrapper, named as the wrapper table names it
 #: (``impl/runtime/wrappers.py`` ``WRAPPERS``; ``tests/test_hygiene.py`` checks the two agree, and
 #: that the shipped envelope ``model/envelopes/default.json`` covers exactly these).
-PROFILES: tuple[str, ...] = (DEFAULT_PROFILE, "fsdp1-hybrid", "fsdp2-hybrid", "ddp")
+PROFILES: tuple[str, ...] = (DEFAULT_PROFILE, "fsdp1-hybrid", "fsdp1-zero2", "fsdp2-hybrid", "ddp")
 DEFAULT_OBJECTIVE = "zero-replay"
 
 

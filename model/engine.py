@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
 from .invariants import EDGE_INVARIANTS, INVARIANTS
-from .protocol import ACTIONS, Action, actions_for, all_actions, enabled, is_final, step
+from .protocol import ACTIONS, Action, all_actions, is_final
+from .transitions import actions_for, enabled, step
 from .state import Config, State, initial_state
 from .symmetry import Symmetry
 

@@ -1,7 +1,7 @@
 """Deliberately broken protocol variants: each one replaces actions in the action table.
 
 A mutant never edits :mod:`accelpact.model.protocol`: it is a table in which some actions are
-replaced by broken ones (``Config.mutant`` selects it; :func:`accelpact.model.protocol.actions_for`
+replaced by broken ones (``Config.mutant`` selects it; :func:`accelpact.model.transitions.actions_for`
 returns it).  The spec reads clean, and each mutant is read here, in one place, as "the spec, except
 that this action does that".  The exploration must reject every one of them: each safety property
 has at least one mutant that breaks it, caught by the exhaustive search and by hypothesis

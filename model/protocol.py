@@ -4,7 +4,8 @@ Every spec action is one pair ``enabled(config, state, rank, arg) -> bool`` and
 ``step(config, state, rank, arg) -> State``, registered in :data:`ACTIONS` under the
 name the spec uses.  Actions are named actor + verb, as in tlaplus/Examples TwoPhase:
 ``Rank*`` are protocol steps a rank takes, ``Fault*`` are injected faults,
-``Supervisor*`` is torchrun.  Three drivers use this one transition function: the
+``Supervisor*`` is torchrun.  Three drivers use this one transition function, through
+:mod:`accelpact.model.transitions` (the table of a config, a mutant's included): the
 exhaustive search (``explore``), the hypothesis state machine (``stateful``) and the
 trace checker (``accelpact.conformance``).
 
@@ -17,7 +18,7 @@ Phases: 1 Observe, 2 Guard, 3 Agree, 4 Replace, 5 Rebind, 6 Validate (+ Release)
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Callable, Iterator
+from typing import Callable
 
 from . import hotswap
 from .contract import DISCARD_PHASES, IN_FLIGHT_PHASES, decide
@@ -61,20 +62,15 @@ __all__ = [
     "FAULT_KINDS",
     "HOTSWAP_ACTIONS",
     "LINK_ACTIONS",
-    "actions_for",
     "all_actions",
-    "enabled",
     "initial_state",
     "is_final",
     "link_arg",
     "stalled",
-    "step",
-    "successors",
 ]
 
 #: Fault kinds (spec/fault-model.md).  Config.faults selects a subset; empty means all.
-FAULT_KINDS = ("group_fail", "crash", "hang", "raise", "mismatch", "dirty_guard", "delay", "drop", "corrupt",
-               "store_loss", "link")
+from .faults import MODEL_KINDS as FAULT_KINDS  # noqa: E402 - the one fault table (model/faults.py) derives them
 
 
 @dataclass(frozen=True, slots=True)
@@ -1238,36 +1234,6 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
         else:
             out.extend(Action(spec.name, r) for r in cfg.world)
     return tuple(out)
-
-
-def actions_for(cfg: Config) -> dict[str, ActionSpec]:
-    """The action table of ``cfg``: :data:`ACTIONS`, or, with a mutant (``cfg.mutant``), the table in
-    which :mod:`accelpact.model.mutants` replaced some actions.  Every driver goes through this."""
-    if cfg.mutant is None:
-        return ACTIONS
-    from .mutants import table
-
-    return table(cfg.mutant)
-
-
-def enabled(cfg: Config, s: State, a: Action) -> bool:
-    return actions_for(cfg)[a.name].enabled(cfg, s, a.rank, a.arg)
-
-
-def step(cfg: Config, s: State, a: Action) -> State:
-    """Apply an enabled action.  Raises ``ValueError`` if it is not enabled (a driver bug)."""
-    spec = actions_for(cfg)[a.name]
-    if not spec.enabled(cfg, s, a.rank, a.arg):
-        raise ValueError(f"{a} is not enabled in this state")
-    return spec.step(cfg, s, a.rank, a.arg)
-
-
-def successors(cfg: Config, s: State, actions: tuple[Action, ...] | None = None) -> Iterator[tuple[Action, State]]:
-    table = actions_for(cfg)
-    for a in actions if actions is not None else all_actions(cfg):
-        spec = table[a.name]
-        if spec.enabled(cfg, s, a.rank, a.arg):
-            yield a, spec.step(cfg, s, a.rank, a.arg)
 
 
 def is_final(cfg: Config, s: State) -> bool:

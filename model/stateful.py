@@ -1,7 +1,7 @@
 """Property-based exploration of larger worlds with a hypothesis state machine.
 
 The exhaustive search (:mod:`accelpact.model.explore`) covers small worlds; this machine
-drives the SAME transition function (:func:`accelpact.model.protocol.step`) through random
+drives the SAME transition function (:func:`accelpact.model.transitions.step`) through random
 walks over worlds up to 4 nodes x 4 ranks.  Rules are protocol steps and injected faults
 (each draws one *enabled* action, ``@precondition`` = something is enabled), ``@invariant``
 checks every state invariant, each rule checks the edge invariants of its step, and
@@ -21,7 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from .explore import STEPS_PER_RANK
 from .invariants import check_edge, check_state
-from .protocol import Action, actions_for, all_actions, is_final
+from .protocol import Action, all_actions, is_final
+from .transitions import actions_for
 from .state import RECOVERY_PCS, Config, State, initial_state
 
 __all__ = ["ProtocolMachine", "configs", "drain", "drain_bound", "make_machine"]

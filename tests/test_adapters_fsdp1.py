@@ -26,6 +26,20 @@ def test_fsdp1_hybrid_2x2_rebind_after_real_failure(ranks):
     check_rebind_results(res, "fsdp1-hybrid", 2, 2)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.nightly('fsdp1-zero2 2x2 (about 13 s); its in-flight discard runs every time (conformance '
+                     '2x2-fsdp1-zero2-inflight-backward), the same adapter in the fsdp1-hybrid 2x2 rebind')
+def test_fsdp1_zero2_2x2_rebind_after_real_failure(ranks):
+    """Issue 39: _HYBRID_SHARD_ZERO2 caches both groups where HYBRID_SHARD does (the same counts), so
+    the one FSDP1 adapter rebinds it, bit-identically."""
+    L = 4
+    res = ranks.run(rebind_scenario, 4, init_group=True, timeout_s=240, wrapper="fsdp1-zero2", layers=L).values()
+    for r in res:
+        assert r["adapter"] == "fsdp1" and len(r["r_sites"]) == 2 * (L + 1), r["r_sites"]
+        assert r["shard_sites"] == r["shard_walker"] == 2 * (L + 1) + 1
+    check_rebind_results(res, "fsdp1-zero2", 2, 2)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 @pytest.mark.nightly('4x2 (about 16 s); the 2x2 rebind runs every time')
@@ -74,25 +88,43 @@ def test_fsdp1_hybrid_device_mesh_counts(ranks):
 
 
 def full_shard_wrapper(ctx):
-    """FSDP1 FULL_SHARD over the world group: what ``wrapper_of`` says of it (and of HYBRID_SHARD)."""
+    """FSDP1 under each sharding strategy: what ``wrapper_of`` says of it (a wrapper's name, or the
+    error's message): FULL_SHARD over the world group, the two hybrid strategies over (the world as
+    the shard group, a one-rank replicate group), and a model whose units mix the two."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
 
     from accelpact.impl.runtime.wrappers import wrapper_of
 
+    replicate = [dist.new_group([r], backend="gloo") for r in range(ctx.world)][ctx.rank]
+    hybrid = {"process_group": (ctx.group, replicate), "device_id": torch.device("cpu")}
+
+    def named(m):
+        try:
+            return wrapper_of(m).name
+        except ValueError as exc:
+            return str(exc)
+
     torch.manual_seed(0)
-    m = FSDP(torch.nn.Linear(4, 4), process_group=ctx.group, sharding_strategy=ShardingStrategy.FULL_SHARD,
-             device_id=torch.device("cpu"))
-    try:
-        wrapper_of(m)
-    except ValueError as exc:
-        return str(exc)
-    return "accepted"
+    out = {"FULL_SHARD": named(FSDP(torch.nn.Linear(4, 4), process_group=ctx.group,
+                                    sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=torch.device("cpu")))}
+    for s in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        out[s.name] = named(FSDP(torch.nn.Linear(4, 4), sharding_strategy=s, **hybrid))
+    inner = FSDP(torch.nn.Linear(4, 4), sharding_strategy=ShardingStrategy._HYBRID_SHARD_ZERO2, **hybrid)
+    out["mixed"] = named(FSDP(torch.nn.Sequential(inner, torch.nn.Linear(4, 4)),
+                              sharding_strategy=ShardingStrategy.HYBRID_SHARD, **hybrid))
+    return out
 
 
 @pytest.mark.timeout(120)
 def test_full_shard_fsdp1_is_not_taken_for_hybrid(ranks):
     """Issue 23: ``wrapper_of`` reads FSDP1's sharding_strategy: FULL_SHARD has no replicate group to
-    repair, so it is refused with what to do, not taken for ``fsdp1-hybrid``."""
-    for msg in ranks.run(full_shard_wrapper, 2, init_group=True, timeout_s=90).values():
+    repair, so it is refused with what to do, not taken for ``fsdp1-hybrid``.  Issue 39: the two hybrid
+    strategies share the FSDP1 adapter and are two wrappers (two contract profiles): HYBRID_SHARD is
+    ``fsdp1-hybrid``, _HYBRID_SHARD_ZERO2 ``fsdp1-zero2``; a model mixing them is neither."""
+    for out in ranks.run(full_shard_wrapper, 2, init_group=True, timeout_s=90).values():
+        msg = out["FULL_SHARD"]
         assert "FULL_SHARD has no replicate group" in msg and "HYBRID_SHARD" in msg, msg
+        assert out["HYBRID_SHARD"] == "fsdp1-hybrid" and out["_HYBRID_SHARD_ZERO2"] == "fsdp1-zero2", out
+        assert "mixes" in out["mixed"] or "in one model" in out["mixed"], out["mixed"]

@@ -1,4 +1,4 @@
-"""The public API (``accelpact.init`` -> ``TrainingJob.attach`` -> ``Training``), impl/launch/api.py.
+"""The public API (``accelpact.init`` -> ``Session.attach`` -> ``Training``), impl/launch/api.py.
 
 Single-process: settings from arguments and ``ACCELPACT_*`` variables and their errors, what
 ``init`` needs from the launcher, the fault flag, a user's own mesh on gloo.  Multi-process (2x2 on
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.impl.launch.api import ApiError, Settings
-from accelpact.testing.faults import Fault, FaultError
+from accelpact.model.faults import Fault, FaultError
 
 torch = pytest.importorskip("torch")
+
+from accelpact.impl.launch.api import ApiError, Settings  # noqa: E402 - after the importorskip of torch
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -119,13 +120,14 @@ def api_rank(ctx, steps: int, fault: str | None, ckpt: str) -> dict:
     """A user's loop on the workload's FSDP2 HSDP model, built only through the public API."""
     import accelpact
     from accelpact.impl.launch import workload
+    from accelpact.testing.faults import fault_hooks
 
-    job = accelpact.init("gloo", replicas=2, faults=fault, deadline_s=20.0, collective_timeout_s=60.0)
+    job = accelpact.init("gloo", replicas=2, deadline_s=20.0, collective_timeout_s=60.0)
     before = {k: job.groups[k] for k in ("shard", "replicate", "world")}
     spec = workload.WorkloadSpec(wrapper="fsdp2-hybrid", layers=2, dim=16, heads=2, seq=8, batch=2)
     app = workload.build_job(spec, job.topology, workload.groups_of(job))
     run = job.attach(app.module, app.optimizer, checkpoint_dir=ckpt, checkpoint_every=2,
-                     extra_state=lambda: ("cursor-at", app.cursor.kappa))
+                     extra_state=lambda: ("cursor-at", app.cursor.kappa), hooks=fault_hooks(job, fault))
     if run.restored_extra is not None:
         app.cursor.kappa = run.restored_extra[1]
     start = run.start_step

@@ -34,7 +34,9 @@ import torch
 from accelpact.impl.runtime import backends as B
 from accelpact.impl.runtime import digest as D
 from accelpact.impl import recovery as R
-from accelpact.impl import revoke
+from accelpact.impl import effects as E
+from accelpact.impl.episode import Episode
+from accelpact.impl.runtime import revoke
 from accelpact.model.contract import (
     DEFAULT_OBJECTIVE,
     ObservationKey,
@@ -91,7 +93,7 @@ def fake_pact(*, revoked: bool = False, record=None, deadline_s: float = 30.0, b
     """What ``Pact._wait_unless_revoked`` reads of its pact; R is a group of ``backend`` (NCCL: the
     polled wait; gloo: the sliced blocking wait, :attr:`Backend.sliced_wait`)."""
     return types.SimpleNamespace(
-        gen=0, deadline_s=deadline_s, _pg=types.SimpleNamespace(name=lambda: backend), _record=record, _retiring=[],
+        gen=0, deadline_s=deadline_s, _pg=types.SimpleNamespace(name=lambda: backend), _r_record=record, _retiring=[],
         watchdog=types.SimpleNamespace(revocations=[]),
         control=types.SimpleNamespace(revoked=lambda g, key: revoked),
         groups=types.SimpleNamespace(key="world", members=(0, 1)))
@@ -232,12 +234,12 @@ def test_validation_tensors_are_placed_on_the_backends_device(monkeypatch):
         def device_for(self, pg):
             return torch.device("meta")
 
-    monkeypatch.setattr(R, "backend_of", lambda pg: OnMeta())  # the engine binds backend_of at import
+    monkeypatch.setattr(E, "backend_of", lambda pg: OnMeta())  # the engine binds backend_of at import
     from accelpact.impl.hooks import NO_HOOKS
 
     pact = types.SimpleNamespace(hooks=NO_HOOKS, groups=types.SimpleNamespace(members=(0, 1)), deadline_s=5.0)
     with pytest.raises(Placed):
-        R.Pact._validate(pact, R._Episode(0, True, (0,), 0, 0, None, new_pg=Group()))
+        R.Pact._validate(pact, Episode(0, True, (0,), 0, 0, None, new_pg=Group()))
     assert seen == [torch.device("meta")]
     m, opt = tiny_state()
     assert D.state_checksum(m, opt, torch.device("meta")).device.type == "meta"

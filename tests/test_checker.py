@@ -15,10 +15,11 @@ import pytest
 
 from accelpact.conformance.checker import Abstraction, check_traces, project, write_dir
 from accelpact.conformance.checker_tamper import TAMPERINGS
-from accelpact.impl.launch.rundir import RunDir
+from accelpact.impl.rundir import RunDir
 from accelpact.impl.trace import RankTrace, TraceError
 from accelpact.impl.trace import load_traces as load_dir
-from accelpact.model.protocol import all_actions, is_final, successors
+from accelpact.model.protocol import all_actions, is_final
+from accelpact.model.transitions import successors
 from accelpact.model.state import PC_TRAIN, Config, initial_state
 
 CONFIGS = [
@@ -536,7 +537,7 @@ def _episode_ok(trs) -> tuple[bool, str]:
 
 
 def test_the_checker_models_the_contract_the_engine_had():
-    """The trace header's ``platform`` and ``envelope`` (written by the job: ``TrainingJob.contract``)
+    """The trace header's ``platform`` and ``envelope`` (written by the job: ``Session.contract``)
     are the model's.  A swap released in place is accepted under an envelope that qualifies the
     platform, and rejected when the headers say the engine ran on ``cuda-nccl`` under the shipped
     envelope (which has no ``cuda-nccl`` entry: every failure there is L2, so no L1 swap).  Found on

@@ -21,7 +21,8 @@ from accelpact.conformance import checker as ck
 from accelpact.conformance.checker import _held, project
 from accelpact.conformance.checker_precheck import EXIT_REASON, LOCAL_STEPS, precheck
 from accelpact.impl.trace import RankTrace
-from accelpact.model.protocol import ACTIONS, all_actions, enabled, step, successors, true_lookup
+from accelpact.model.protocol import ACTIONS, all_actions, true_lookup
+from accelpact.model.transitions import enabled, step, successors
 from accelpact.model.state import PC_CRASHED, PC_EXITED, PC_RESTARTED, Config, Rank, State, initial_state
 
 #: the fault kinds one at a time (each reaches its own corner: the walks are short), then all of them

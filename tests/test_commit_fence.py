@@ -72,7 +72,7 @@ def test_a_fence_op_still_pending_after_the_steps_revoke_is_given_up() -> None:
     group = _ControlGroup()
     revoked_at = time.monotonic_ns()
     engine = types.SimpleNamespace(
-        gen=4, deadline_s=5.0, _pg=None, _record=None, _retiring=[],
+        gen=4, deadline_s=5.0, _pg=None, _r_record=None, _retiring=[],
         groups=types.SimpleNamespace(control=group, key="replicate0", name="replicate"),
         watchdog=types.SimpleNamespace(revocations=[(4, "replicate0", 6, revoked_at)]),  # its watcher shut them
         control=types.SimpleNamespace(revoked=lambda g, key: g == 4))
@@ -104,7 +104,7 @@ def late_fence_body(ctx, job) -> int:
     generation 0 only: rank 1's step fails as its fence starts (a communicator failure of the step,
     as a cut control link would raise), and rank 0's fence is posted only once that failure's step
     revoke shut its sockets down (bounded)."""
-    from accelpact.impl.launch.worker import run_job
+    from accelpact.testing.worker import run_job
     from accelpact.impl.recovery import Pact
     from accelpact.impl.runtime.backends import AbortedCommunicator
 

@@ -131,7 +131,7 @@ def test_c1_default_envelope_shape():
     C1.2: and one hot-swap entry (died, spare, replica) per swappable phase, L1 and L2."""
     env = default_envelope()
     profiles = {e.key.profile for e in env.entries}
-    assert profiles == {"hsdp", "fsdp1-hybrid", "fsdp2-hybrid", "ddp"}
+    assert profiles == {"hsdp", "fsdp1-hybrid", "fsdp1-zero2", "fsdp2-hybrid", "ddp"}
     classic = [e for e in env.entries if not e.key.died]
     swaps = [e for e in env.entries if e.key.died]
     assert len(classic) == len(profiles) * len(FAILURE_PHASES)

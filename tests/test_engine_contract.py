@@ -36,7 +36,7 @@ def test_a_run_under_an_envelope_without_its_platform_is_modelled_as_it_ran(tmp_
     from accelpact.conformance.runner import run_scenario
     from accelpact.conformance.scenario import load_scenario
     from accelpact.conformance.generate import SCENARIO_DIR
-    from accelpact.impl.launch.rundir import RunDir
+    from accelpact.impl.rundir import RunDir
 
     env = tmp_path / "nccl-only.json"
     save_envelope(Envelope(default_envelope(platform="cuda-nccl").entries), env)

@@ -43,10 +43,10 @@ def sampling_body(ctx, job) -> dict:
     import torch.distributed as dist
 
     from accelpact.impl.launch.api import Training
-    from accelpact.impl.launch.worker import run_job
+    from accelpact.testing.worker import run_job
     from accelpact.testing.soak.live import proc_counts
 
-    from accelpact.impl.recovery import _retire_off_path
+    from accelpact.impl.runtime.retire import retire_off_path
 
     # no automatic collection: what frees the retired engine and its groups must be the engine's own
     # collection after each episode (recovery.collect_off_path; the interpreter's came 25-40 s late in the soak)
@@ -65,7 +65,7 @@ def sampling_body(ctx, job) -> dict:
                          optimizer=weakref.ref(self.pact.optimizer))
             first.update({f"unit {name or 'root'}": weakref.ref(m) for name, m in self.pact.module.named_modules()
                           if type(m).__name__ == "FullyShardedDataParallel" and name})
-        _retire_off_path([]).wait(30)  # the retiring thread has run what was queued (the episode's collection)
+        retire_off_path([]).wait(30)  # the retiring thread has run what was queued (the episode's collection)
         seen["counts"][g] = proc_counts(os.getpid())
         w = dist.distributed_c10d._world
         seen["alive"] = sorted(k for k, r in first.items() if r() is not None)

@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.impl.launch.rundir import RunDir  # noqa: E402 - after the torch skip
+from accelpact.impl.rundir import RunDir  # noqa: E402 - after the torch skip
 from accelpact.testing.examples import (TIMEOUT_S, assert_bit_identical, assert_trace_accepted,  # noqa: E402 - after the torch skip
                                         torchrun, worker_pid)
 

@@ -25,7 +25,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.impl.launch.rundir import RunDir  # noqa: E402 - after the torch skip
+from accelpact.impl.rundir import RunDir  # noqa: E402 - after the torch skip
 from accelpact.impl.runtime.checkpoint import MARKER  # noqa: E402 - after the torch skip
 from accelpact.testing import inject  # noqa: E402 - after the torch skip
 

@@ -138,9 +138,10 @@ def test_get_error_binding_is_reported_without_a_device():
 
 def test_the_real_timeout_fault_is_nccl_only(tmp_path):
     """``accelpact.testing.nccl_timeout``: on gloo it refuses with the reason, never stalls anything."""
-    from accelpact.impl.revoke import SocketRecord
+    from accelpact.impl.runtime.revoke import SocketRecord
     from accelpact.testing import nccl_timeout as nt
-    from accelpact.testing.faults import Fault, FaultContext, FaultError
+    from accelpact.model.faults import Fault, FaultError
+    from accelpact.testing.faults import FaultContext
 
     assert "NCCL only" in (nt.unavailable("gloo") or "")
     if torch.cuda.is_available():

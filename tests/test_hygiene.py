@@ -36,17 +36,15 @@ def test_one_home_per_concept() -> None:
     homes = {
         r"^WRAPPERS\s*[:=]": "impl/runtime/wrappers.py",
         r"^BACKENDS\s*[:=]": "impl/runtime/backends.py",
-        r"^(FAULT_KINDS|KINDS)\s*[:=]": "accelpact/testing/faults.py",
-        r"^FAULT_POINTS\s*[:=]": "accelpact/testing/faults.py",
+        # the one fault table and every vocabulary of kinds derived from it (model, scenario, soak)
+        r"^(FAULTS|FAULT_KINDS|KINDS|MODEL_KINDS|MODEL_KIND|SOAK_KINDS)\s*[:=]": "model/faults.py",
+        r"^FAULT_POINTS\s*[:=]": "model/faults.py",
         r"^SEEDED_BUGS\s*[:=]": "accelpact/testing/seeded.py",
         # a file name built or globbed in code (a quote right before it); prose in docstrings may name them
-        r"[\"'](trace-a|result-a|final-r|job\.json)": "impl/launch/rundir.py",
+        r"[\"'](trace-a|result-a|final-r|job\.json)": "impl/rundir.py",
     }
-    impl_side = [p for p in SOURCES if "model" not in p.relative_to(ROOT).parts[:1]]
     for pattern, home in homes.items():
-        # the model has its own fault vocabulary (model.protocol.FAULT_KINDS: its Fault* actions),
-        # which accelpact/testing/faults.py maps onto; only the implementation side is checked here
-        hits = _grep(pattern, impl_side)
+        hits = _grep(pattern)
         where = {h.split(":")[0] for h in hits}
         assert where == {home}, f"{pattern!r} must be defined in {home} only; found:\n" + "\n".join(hits)
 
@@ -85,12 +83,23 @@ def test_store_keys_live_in_the_control_plane() -> None:
     assert pending or not STORE_KEY_PENDING, f"{sorted(STORE_KEY_PENDING)} spell no key any more: empty STORE_KEY_PENDING"
 
 
+def test_the_implementation_never_imports_the_test_tooling() -> None:
+    """Test hooks reach the engine through ``impl/hooks.py`` ``Hooks``, which the test tooling builds and
+    passes at attach: no module of ``accelpact.impl`` imports ``accelpact.testing``, at its top or inside
+    a function (the harness's rank program is ``accelpact.testing.worker``, which the launcher names)."""
+    files = sorted((ROOT / "impl").rglob("*.py"))
+    hits = _grep(r"^\s*(from|import)\s+(accelpact\.testing\b|\.{2,}testing\b|\.{2,}\s+import\s+testing\b)", files)
+    hits += _grep(r"^\s*from\s+(accelpact|\.{2,})\s+import\s+.*\btesting\b", files)
+    assert not hits, "impl imports the test tooling:\n" + "\n".join(hits)
+
+
 def test_seeded_bugs_replace_methods_and_nothing_branches_on_them() -> None:
     """Issue 23: a seeded bug is a table entry of replaced engine/control-plane methods
     (accelpact/testing/seeded.py); no engine module asks which bug is on, and every replaced name exists on the
     class it replaces (a renamed method would leave the bug silently inert)."""
     from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.recovery import Pact, SpareEngine
+    from accelpact.impl.recovery import Pact
+    from accelpact.impl.spare import SpareEngine
     from accelpact.testing.seeded import SEEDED_BUGS
 
     for name in ("recovery.py", "controlplane.py", "runtime/hotswap.py", "launch/api.py", "watchdog.py"):
@@ -158,3 +167,121 @@ def test_every_nightly_test_is_in_the_table_of_what_runs_where() -> None:
     assert "test_short_soak_is_green" in nightly and "test_bfs_catches_mutant_on_the_manifest" in nightly
     missing = sorted(n for n in nightly if f"`{n}" not in table)
     assert not missing, "nightly tests missing from spec/implementation.md \"What runs where\": " + ", ".join(missing)
+
+
+# ---- imports: every import of the package's own modules at module top, and no cycle -----------------------
+#: import root -> its folder (pyproject.toml package-dir)
+PACKAGE_DIRS = {"accelpact": "accelpact", "accelpact.model": "model", "accelpact.impl": "impl",
+                "accelpact.conformance": "conformance", "accelpact.bench": "bench"}
+#: the most function-local imports of the package's own modules the project may hold outside tests/
+LOCAL_IMPORT_LIMIT = 20
+
+
+def _package_modules() -> dict[str, Path]:
+    """Module name -> file of every module of the package (test modules and conftest left out: nothing
+    imports them)."""
+    out: dict[str, Path] = {}
+    for root, folder in PACKAGE_DIRS.items():
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(p.relative_to(ROOT / folder).with_suffix("").parts)
+            if root == "accelpact" and parts[0] in PACKAGE_DIRS.values():
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if any(x.startswith("test_") or x == "conftest" for x in parts):
+                continue
+            out[".".join([root, *parts])] = p
+    return out
+
+
+def _own_imports(name: str, path: Path, modules: dict[str, Path]):
+    """``(imported module, line, in a function)`` for every import statement of ``name`` (``path``) that
+    names a module of the package, wherever it stands (in a function, under ``if TYPE_CHECKING``).  As
+    grimp reads them: ``from a import b`` imports ``a.b`` when that is a module, else ``a``."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    in_function = {id(n) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(fn) if n is not fn}
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]).strip(".") if node.level else node.module or ""
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target, node.lineno, id(node) in in_function
+
+
+def test_no_import_cycle_among_the_packages_modules() -> None:
+    """The package's modules import each other without a cycle, counting the imports inside functions
+    (which hide a cycle from whoever reads the top of a module) and those under ``if TYPE_CHECKING``;
+    the layers themselves are import-linter's contracts (pyproject.toml, ``make lint``)."""
+    import networkx as nx
+
+    modules = _package_modules()
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        graph.add_node(name)
+        for target, line, _ in _own_imports(name, path, modules):
+            graph.add_edge(name, target, where=f"{path.relative_to(ROOT)}:{line}")
+    cycles = []
+    for component in nx.strongly_connected_components(graph):
+        if len(component) > 1:
+            cycle = nx.find_cycle(graph.subgraph(component))
+            cycles.append(" -> ".join(f"{a} ({graph.edges[a, b]['where']})" for a, b in cycle) + f" -> {cycle[0][0]}")
+    assert not cycles, "import cycles among the package's modules:\n" + "\n".join(cycles)
+
+
+def test_the_package_imports_its_own_modules_at_module_top() -> None:
+    """A function-local import of the package's own modules hides a cycle or a layer violation; the one
+    lazy mechanism is a table of module names loaded with importlib (the ``accelpact`` docstring).  Fewer
+    than :data:`LOCAL_IMPORT_LIMIT` are left, tests/ aside."""
+    modules = _package_modules()
+    files = {**{str(p): p for p in sorted((ROOT / "examples").rglob("*.py"))}, **{str(p): p for p in modules.values()}}
+    names = {str(p): n for n, p in modules.items()}
+    local = sorted({(str(p.relative_to(ROOT)), line): target for key, p in files.items()
+                    for target, line, in_function in _own_imports(names.get(key, p.stem), p, modules) if in_function}.items())
+    assert len(local) < LOCAL_IMPORT_LIMIT, (f"{len(local)} function-local import statements of the package's own modules "
+                                             f"(at most {LOCAL_IMPORT_LIMIT - 1}); move them to the module's top:\n"
+                                             + "\n".join(f"{f}:{line}: imports {target}" for (f, line), target in local))
+
+
+def test_the_model_and_the_command_line_load_without_torch_or_the_implementation() -> None:
+    """``import accelpact``, every module of ``accelpact.model`` and ``accelpact explore``'s parser load
+    neither torch nor ``accelpact.impl``."""
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, sys\n"
+            "import accelpact, accelpact.cli, accelpact.model\n"
+            "for m in pkgutil.iter_modules(accelpact.model.__path__):\n"
+            "    importlib.import_module('accelpact.model.' + m.name)\n"
+            "accelpact.cli.build_parser(); accelpact.cli.build_parser('explore')\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('accelpact.impl')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_module_a_lazy_table_names_loads_and_has_what_its_loader_takes() -> None:
+    """The lazy tables (the ``accelpact`` docstring) name modules by string, which no import checks: each
+    subcommand and benchmark module defines ``add_arguments`` and ``run``, and each public name of
+    ``accelpact`` is defined where ``_PUBLIC`` says."""
+    import importlib
+
+    import accelpact
+    from accelpact.bench.cli import REGISTRY
+    from accelpact.cli import COMMANDS
+
+    for module in [m for m, _help in COMMANDS.values()] + list(REGISTRY.values()):
+        mod = importlib.import_module(module)
+        assert callable(getattr(mod, "add_arguments", None)) and callable(getattr(mod, "run", None)), module
+    for name, module in accelpact._PUBLIC.items():
+        assert getattr(importlib.import_module(module), name) is getattr(accelpact, name), name

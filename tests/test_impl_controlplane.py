@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
 
@@ -17,6 +18,7 @@ pytest.importorskip("torch")
 from accelpact.impl.controlplane import ControlPlane  # noqa: E402 - after the importorskip of torch
 from accelpact.testing import seeded  # noqa: E402 - after the importorskip of torch
 from accelpact.impl.hooks import Hooks  # noqa: E402 - after the importorskip of torch
+from accelpact.testing.faults import hooks_for  # noqa: E402 - after the importorskip of torch
 
 
 def planes(connect, world, prefix="job/", seeded_bug=None):
@@ -148,11 +150,18 @@ def test_no_fence_seeded_bug_reads_stale_decision(connect):
     assert cps[0].await_agreement(1, time.monotonic() + 0.2) == "commit"  # stale: nobody arrived in g1
 
 
-def test_seeded_bug_is_validated():
-    with pytest.raises(ValueError, match="not a seeded bug"):
-        Hooks(seeded_bug="nonsense")
-    assert Hooks().seeded_bug is None and not Hooks().bug("no-fence")
-    assert Hooks(seeded_bug="no-fence").bug("no-fence")
+def test_seeded_bug_is_validated_and_installed_through_the_hooks():
+    """A seeded bug reaches the engine only as the hooks' installer (``Hooks.install``, run by
+    ``Hooks.arm`` at attach); its name is checked on the test tooling's side, naming the seeded bugs."""
+    with pytest.raises(ValueError, match=r"'nonsense' is not a seeded bug; use one of \('skip-rebind'"):
+        hooks_for(seeded_bug="nonsense")
+    with pytest.raises(ValueError, match="install must be a callable"):
+        Hooks(install="no-fence")  # type: ignore[arg-type]  # a name is not an installer
+    assert seeded.installer(None) is None and hooks_for().install is None
+    Hooks().arm(engine=None, control=None)  # no hooks: nothing to install
+    control = types.SimpleNamespace(prefix="p/")
+    hooks_for(seeded_bug="no-fence").arm(engine=None, control=control)
+    assert control.key(3, "commit") == "p/commit"  # the bug's replacement, bound to this instance
     # every seeded bug replaces something (a bug that replaces nothing would test nothing); that each
     # replaced name exists is tests/test_hygiene.py's
     unread = [b for b, entry in seeded.SEEDED_BUGS.items() if not (entry.engine or entry.control)]

@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.testing.faults import FAULT_ACTION, FaultContext, FaultPlan, InjectedFault  # noqa: E402 - after the importorskip of torch
+from accelpact.model.faults import FAULT_ACTION  # noqa: E402 - after the importorskip of torch
+from accelpact.testing.faults import FaultContext, FaultPlan, InjectedFault  # noqa: E402 - after the importorskip of torch
 from accelpact.impl.guard import BoundaryGuard  # noqa: E402 - after the importorskip of torch
 from accelpact.impl.trace import Trace  # noqa: E402 - after the importorskip of torch
 from accelpact.model.protocol import ACTIONS  # noqa: E402 - after the importorskip of torch
@@ -32,7 +33,7 @@ def test_fault_actions_are_model_actions():
 def test_one_fault_vocabulary_table():
     """Issue 23: ``MODEL_KIND`` is the one translation of implementation kinds into the model's; every
     kind on each side is in it, and it agrees with each kind's model action."""
-    from accelpact.testing.faults import KINDS, MODEL_KIND, MODEL_ONLY_KINDS, model_kinds
+    from accelpact.model.faults import KINDS, MODEL_KIND, MODEL_ONLY_KINDS, model_kinds
     from accelpact.model.protocol import FAULT_KINDS as MODEL_FAULT_KINDS
 
     assert set(MODEL_KIND) == set(KINDS)
@@ -42,6 +43,31 @@ def test_one_fault_vocabulary_table():
     assert model_kinds(["collective_timeout", "exception", "corrupt_state"]) == {"group_fail", "raise", "corrupt"}
     with pytest.raises(Exception, match="meteor"):
         model_kinds(["meteor"])
+
+
+def test_every_vocabulary_of_fault_kinds_is_derived_from_the_one_table():
+    """Issue 39: the model's kinds, the scenario kinds and their translation, and the soak's kinds are
+    derived from model/faults.py ``FAULTS`` (the soak's ``cut_group`` is the scenario's
+    ``collective_timeout`` is the model's ``group_fail``); every kind a fault names has an effect."""
+    from accelpact.model import faults as F
+    from accelpact.model import protocol
+    from accelpact.testing import faults as injector
+    from accelpact.testing.soak import schedule
+
+    assert protocol.FAULT_KINDS is F.MODEL_KINDS
+    assert schedule.SOAK_KINDS is F.SOAK_KINDS
+    assert len({k.name for k in F.FAULTS}) == len(F.FAULTS), "a kind's name appears twice in the table"
+    for k in F.FAULTS:
+        if k.action is not None:
+            assert ACTIONS[k.action].fault_kind == k.model, (k.name, k.action, k.model)
+        assert (k.action is None) == (k.model is None), k.name
+        assert set(k.points) <= set(F.FAULT_POINTS), k.name
+    assert all(k.model is not None and k.action is not None for k in F.KINDS.values())
+    assert set(injector.EFFECTS) == set(F.KINDS), "each kind a scenario may name takes effect in accelpact/testing/faults.py"
+    assert F.SOAK_KIND["cut_group"] is F.KINDS["collective_timeout"] and F.MODEL_KIND["collective_timeout"] == "group_fail"
+    assert F.SOAK_KIND["cut_link"] is F.KINDS["link_cut"] and F.MODEL_KIND["link_cut"] == "link"
+    assert F.MODEL_KINDS == tuple(dict.fromkeys(k.model for k in F.FAULTS if k.model))
+    assert set(schedule.SoakConfig().kinds) == set(F.SOAK_KINDS)
 
 
 @pytest.mark.parametrize("bad,msg", [
@@ -109,8 +135,8 @@ def test_no_fault_kind_hands_the_engine_an_effect():
     from accelpact.testing import faults
     from accelpact.impl import hooks, recovery
 
-    for kind in faults.KINDS.values():
-        assert inspect.signature(kind.effect).return_annotation in (None, "None"), kind.name
+    for name, effect in faults.EFFECTS.items():
+        assert inspect.signature(effect).return_annotation in (None, "None"), name
     assert inspect.signature(hooks.Hooks.point).return_annotation in (None, "None")
     src = inspect.getsource(recovery)
     for name in ("InjectedFault", "FaultPlan", "FaultInjector", "group_failed", "frontier_delta"):

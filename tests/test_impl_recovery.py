@@ -47,13 +47,11 @@ def snapshot(module, optimizer, step: int) -> dict:
 
 def hooks_for(faults, seeded_bug=None, write_to_record_s: float = 0.0):
     """The engine's test hooks: the faults, each fenced at its own point (see the module doc)."""
-    from accelpact.testing.faults import FaultPlan
-    from accelpact.impl.hooks import FaultInjector, Hooks
+    from accelpact.model.faults import parse_faults
+    from accelpact.testing import faults as F
 
-    plan = FaultPlan.from_list(faults)
-    fenced = tuple(dict.fromkeys(("boundary",) + tuple(f.at for f in plan.faults)))
-    return Hooks(injector=FaultInjector(plan, fenced_points=fenced) if plan.faults else None, seeded_bug=seeded_bug,
-                 write_to_record_s=write_to_record_s)
+    fenced = tuple(dict.fromkeys(("boundary",) + tuple(f.at for f in parse_faults(list(faults)))))
+    return F.hooks_for(faults, seeded_bug=seeded_bug, fenced_points=fenced, write_to_record_s=write_to_record_s)
 
 
 def _measure(step: int, report=None) -> dict:
@@ -413,7 +411,7 @@ def test_hsdp_boundary_failure_repaired_in_place(ranks, wrapper):
     """S1/S5 with the real adapters: rank 1's replicate group ([1, 3]) fails at the committed
     boundary; ranks 1 and 3 rebuild and rebind it, ranks 0 and 2 only vote; every rank's shards,
     AdamW state, RNG, step and data cursor equal an uninterrupted run."""
-    from accelpact.impl.launch.workload import compare_snapshots
+    from accelpact.impl.launch.snapshots import compare_snapshots
 
     group = "world" if wrapper == "ddp" else "replicate"
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [1], "group": group}]
@@ -446,7 +444,7 @@ def test_hsdp_boundary_failure_repaired_in_place(ranks, wrapper):
 @pytest.mark.nightly('8 ranks (about 18 s); the same repair on 2x2 runs every time (conformance 2x2-fsdp1-repair)')
 def test_fsdp1_hsdp_8_ranks_repaired_in_place(ranks):
     """S1/S5 at 8 ranks (4x2, FSDP1 HYBRID_SHARD): replicate group [1, 3, 5, 7] repaired in place."""
-    from accelpact.impl.launch.workload import compare_snapshots
+    from accelpact.impl.launch.snapshots import compare_snapshots
 
     faults = [{"step": 1, "at": "boundary", "kind": "collective_timeout", "ranks": [5], "group": "replicate"}]
     run = ranks.run(hsdp_worker, 8, init_group=True, timeout_s=280, wrapper="fsdp1-hybrid", steps=3, faults=faults)

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from accelpact.impl import revoke  # noqa: E402 - after the importorskip of torch
+from accelpact.impl.runtime import revoke  # noqa: E402 - after the importorskip of torch
 
 
 def revoke_peers(ctx, gloo_timeout_s: float) -> None:
@@ -25,7 +25,7 @@ def revoke_peers(ctx, gloo_timeout_s: float) -> None:
     must be unblocked by their watchdog's hard close."""
     import torch.distributed as dist
 
-    from accelpact.impl import revoke
+    from accelpact.impl.runtime import revoke
     from accelpact.impl.controlplane import ControlPlane
     from accelpact.impl.watchdog import Watchdog
 
@@ -86,7 +86,7 @@ def post_after_revoke(ctx, gloo_timeout_s: float) -> None:
 
     import torch.distributed as dist
 
-    from accelpact.impl import revoke
+    from accelpact.impl.runtime import revoke
 
     raw, rec = revoke.recorded(lambda: dist.ProcessGroupGloo(dist.PrefixStore("pr", ctx.store), ctx.rank, ctx.world,
                                                             datetime.timedelta(seconds=gloo_timeout_s)))

@@ -257,7 +257,7 @@ def test_a_late_step_revoke_closes_its_own_generations_groups_only():
     step revoke 67 ms late, after the discard had built generation 1's groups, and closed those (the
     groups over W are read through the job, which by then named the new ones): the rerun step failed
     and was discarded a second time.  A revoke of generation g closes the groups g was watched with."""
-    from accelpact.impl import revoke
+    from accelpact.impl.runtime import revoke
     from accelpact.impl.controlplane import ControlPlane
     from accelpact.impl.watchdog import Watchdog
     from accelpact.testing import HOST

@@ -338,7 +338,7 @@ def test_malformed_environment_exits_2_naming_the_variable(tmp_path: Path, var: 
 def test_keeper_constants_match_the_engine() -> None:
     """The keys and the ``closed`` value the keeper uses are those the engine writes."""
     from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.watchdog import CLOSED
+    from accelpact.impl.controlplane import CLOSED
 
     assert keeper.CLOSED == CLOSED
     assert ControlPlane(None, 0, 1).abort_key == keeper.ABORT_KEY
@@ -408,7 +408,7 @@ info["parent"] = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(error
 
 @pytest.fixture
 def fake_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``accelpact.impl.launch.worker`` replaced by a module that records its environment and its parent."""
+    """The harness's rank program (``launch.WORKER_MODULE``) replaced by a module that records its environment and its parent."""
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / "fake_accelpact_worker.py").write_text(_FAKE_WORKER)

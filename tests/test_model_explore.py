@@ -25,7 +25,7 @@ from accelpact.model.explore import (
     manifest_modes,
 )
 from accelpact.model.invariants import EDGE_INVARIANTS, INVARIANTS
-from accelpact.model.protocol import enabled, step
+from accelpact.model.transitions import enabled, step
 from accelpact.model.state import Config, initial_state
 from accelpact.model.symmetry import Symmetry, apply, rank_classes
 

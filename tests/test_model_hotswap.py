@@ -33,7 +33,8 @@ from accelpact.model.invariants import (
     spare_state_exact,
     swap_qualified,
 )
-from accelpact.model.protocol import ACTIONS, HOTSWAP_ACTIONS, Action, all_actions, enabled, is_final, step, successors
+from accelpact.model.protocol import ACTIONS, HOTSWAP_ACTIONS, Action, all_actions, is_final
+from accelpact.model.transitions import enabled, step, successors
 from accelpact.model.state import DEPOSED_ACTING, DEPOSED_AWAKE, DEPOSED_STOPPED, PC_JOINED, PC_TRAIN, Config, State, initial_state
 from accelpact.model.stateful import make_machine
 from accelpact.model.symmetry import Symmetry, apply, rank_classes

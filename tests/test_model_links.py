@@ -12,7 +12,8 @@ import pytest
 
 from accelpact.model.explore import all_resumed, explore
 from accelpact.model.invariants import check_edge, check_state, wide_replaced
-from accelpact.model.protocol import LINK_ACTIONS, Action, all_actions, enabled, initial_state, is_final, step
+from accelpact.model.protocol import LINK_ACTIONS, Action, all_actions, initial_state, is_final
+from accelpact.model.transitions import enabled, step
 from accelpact.model.state import PC_TRAIN, Config
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from accelpact.model.protocol import Action, all_actions, enabled, is_final, step
+from accelpact.model.protocol import Action, all_actions, is_final
+from accelpact.model.transitions import enabled, step
 from accelpact.model.state import (
     PC_AGREED,
     PC_ARRIVED,
@@ -386,7 +387,8 @@ def test_nothing_reads_what_an_exit_forgets(cfg):
 
     from accelpact.model.engine import Search
     from accelpact.model.invariants import EDGE_INVARIANTS, INVARIANTS
-    from accelpact.model.protocol import _EXIT_FORGETS, actions_for
+    from accelpact.model.protocol import _EXIT_FORGETS
+    from accelpact.model.transitions import actions_for
 
     assert set(_PERTURBED) == set(_EXIT_FORGETS) - {"hung", "raised"}
     search = Search(cfg, symmetry=False)

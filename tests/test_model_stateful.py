@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from accelpact.model.protocol import Action, step
+from accelpact.model.protocol import Action
+from accelpact.model.transitions import step
 from accelpact.model.contract import default_envelope, without_discard
 from accelpact.model.state import PC_TRAIN, Config, initial_state
 from accelpact.model.stateful import configs, drain, drain_bound, make_machine

@@ -238,7 +238,7 @@ def test_the_boundary_consults_every_recorded_groups_error_state():
     """``recorded_errors`` over the engine's revoke records (``Pact.group_records``): a group whose
     NCCL backend recorded an error is named; R is skipped when asked (its probe failed: the boundary's
     own failure), revoked (closed) records and gloo records (no group reference) are left out."""
-    from accelpact.impl.revoke import SocketRecord, record_group
+    from accelpact.impl.runtime.revoke import SocketRecord, record_group
 
     class Raw:
         def __init__(self, name):
@@ -357,12 +357,13 @@ def test_set_timeout_sets_a_groups_later_collective_timeout():
 # ------------------------------------------------------- qualify --real-timeout (issue 26 item 5)
 def test_real_timeout_is_nccl_only_and_waits_for_its_fault_kind(monkeypatch):
     from accelpact.conformance import cli_qualify as Q
-    from accelpact.testing import faults, nccl_timeout as nt
+    from accelpact.model import faults
+    from accelpact.testing import nccl_timeout as nt
 
     assert "NCCL only" in (Q.real_timeout_problem("gloo") or "")
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None, raising=False)
     monkeypatch.delitem(faults.KINDS, nt.KIND, raising=False)
-    assert "not registered in accelpact/testing/faults.py KINDS" in (Q.real_timeout_problem("nccl") or "")
+    assert "is not registered in" in (Q.real_timeout_problem("nccl") or "")
     monkeypatch.setitem(faults.KINDS, nt.KIND, faults.KINDS["collective_timeout"])
     assert Q.real_timeout_problem("nccl") is None
 
@@ -386,8 +387,9 @@ def test_qualify_real_timeout_runs_the_extra_trials_or_says_why_not(tmp_path, mo
 
     from accelpact.conformance import cli_qualify as Q
     from accelpact.conformance import runner
+    from accelpact.model import faults
     from accelpact.model.contract import load_envelope
-    from accelpact.testing import faults, nccl_timeout as nt
+    from accelpact.testing import nccl_timeout as nt
 
     ran: list[str] = []
 

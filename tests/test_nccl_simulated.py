@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from accelpact.impl.runtime import backends
 from accelpact.impl.recovery import Pact
-from accelpact.impl.revoke import SocketRecord, record_group
+from accelpact.impl.runtime.revoke import SocketRecord, record_group
 
 
 class _Err:
@@ -86,7 +86,7 @@ def _judge(groups: dict[str, object], observed: bool = False):
     others = {k: record_group(g) for k, g in groups.items() if k != "replicate"}
     others["control"] = SocketRecord(backend="gloo")
     stub = types.SimpleNamespace(groups=types.SimpleNamespace(name="replicate", key="replicate/0", others=others),
-                                 _record=r, _observe_in_flight=lambda point, exc: failed.append(exc),
+                                 _r_record=r, _observe_in_flight=lambda point, exc: failed.append(exc),
                                  _swap_if_died=lambda point, exc: None)  # no spares: no death notice
     stub.group_records = types.MethodType(Pact.group_records, stub)
     Pact._fail_on_backend_errors(stub, observed)
@@ -145,7 +145,7 @@ def silent_abort_worker(ctx, seeded_bug: str | None = None, steps: int = 3, fail
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from accelpact.impl.controlplane import ControlPlane
-    from accelpact.impl.hooks import Hooks
+    from accelpact.testing.faults import hooks_for
     from accelpact.impl.recovery import PactGroups, attach
     from accelpact.impl.trace import Trace, trace_path
 
@@ -161,7 +161,7 @@ def silent_abort_worker(ctx, seeded_bug: str | None = None, steps: int = 3, fail
               "attempt": 0, "scenario": "simulated-nccl-silent-abort", "seed": 0, "backend": "gloo", "frontier_at_start": 0}
     trace = Trace(trace_path(ctx.out, 0, rank), rank, header)
     pact = attach(model, opt, groups=groups, control=ControlPlane(ctx.store, rank, world, prefix="job/"), trace=trace,
-                  deadline_s=8.0, hooks=Hooks(seeded_bug=seeded_bug))
+                  deadline_s=8.0, hooks=hooks_for(seeded_bug=seeded_bug))
     stood = []
     for step in range(steps):
         with pact.step(step):

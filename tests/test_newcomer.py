@@ -2,7 +2,7 @@
 
 Single-process: a ``Training`` on a stand-in engine (the API's own bookkeeping is what is tested,
 not the engine), the single-replica warning from the topology and the wrapper alone, and a spare's
-``TrainingJob`` as ``init`` returns it (no group, no store needed).
+``Session`` as ``init`` returns it (no group, no store needed).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import warnings
 
 import pytest
 
-from accelpact.impl.launch.api import ApiError, Settings, Training, TrainingJob, single_replica_message
 from accelpact.impl.launch.job import Topology
 
 torch = pytest.importorskip("torch")
+
+from accelpact.impl.launch.api import ApiError, Session, Settings, Training, single_replica_message  # noqa: E402 - after the importorskip of torch
 
 
 class _Engine:
@@ -71,7 +72,7 @@ def test_the_last_step_without_its_boundary_is_refused_at_close():
         pass
     job = types.SimpleNamespace(spare=None, training=run)
     with pytest.raises(ApiError) as err:
-        TrainingJob.close(job)  # type: ignore[arg-type]  # a stand-in job: close refuses before any collective
+        Session.close(job)  # type: ignore[arg-type]  # a stand-in job: close refuses before any collective
     assert str(err.value) == (
         "job.close(): the last step (1) was never closed by run.boundary(loss): write run.boundary(loss) after each "
         "`with run.step(step):` block, the last one too (its optimizer step is not committed without it: not "
@@ -141,11 +142,11 @@ def test_no_warning_where_r_has_peers_or_the_world_is_one_rank(topo, wrapper):
 
 
 # ------------------------------------------------------------------------- 3. a spare without rebuild=
-def _spare_job() -> TrainingJob:
+def _spare_job() -> Session:
     """What ``accelpact.init`` returns on the launcher's last process when ``spares=1``, world 4 + 1."""
-    return TrainingJob(settings=Settings(backend="gloo", spares=1), rank=-1, world=4, local_rank=4, attempt=0,
-                       replicas=2, device=torch.device("cpu"), store=None, attempt_store=None, control_group=None,
-                       checkpoint_group=None, topology=Topology(2, 2), spares=1, spare=0)
+    return Session(settings=Settings(backend="gloo", spares=1), rank=-1, world=4, local_rank=4, attempt=0,
+                   replicas=2, device=torch.device("cpu"), store=None, attempt_store=None, control_group=None,
+                   checkpoint_group=None, topology=Topology(2, 2), spares=1, spare=0)
 
 
 SPARE = ("this process is spare 0: it holds no replicate group until it takes a dead rank's identity, inside attach. "

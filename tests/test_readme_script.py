@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from accelpact.impl.launch.launch import ProcessSet, worker_env  # noqa: E402 - after the torch skip
-from accelpact.impl.launch.rundir import RunDir  # noqa: E402 - after the torch skip
+from accelpact.impl.rundir import RunDir  # noqa: E402 - after the torch skip
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from accelpact.conformance.generate import SCENARIO_DIR, generate
 from accelpact.conformance.mapping import failing_group, model_config, script_for
 from accelpact.conformance.outcomes import model_outcomes
 from accelpact.conformance.scenario import ScenarioError, load_scenario, scenario_from_job, scenario_from_mapping
-from accelpact.testing.faults import FAULT_POINTS, KINDS, TRIGGER_POINTS, Fault, FaultError
+from accelpact.model.faults import FAULT_POINTS, KINDS, TRIGGER_POINTS, Fault, FaultError
 from accelpact.impl.launch.job import FieldError, Job, JobError
 from accelpact.model.state import PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_REBOUND, PC_REPLACED, PC_TRAIN
 
@@ -73,7 +73,7 @@ def test_validation_names_the_field(data, field):
 @pytest.mark.parametrize("at", FAULT_POINTS)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_kinds_allowed_per_point_come_from_the_fault_table(at, kind):
-    """F1: where a kind may strike is the kind table's (accelpact/testing/faults.py), checked by Fault.parse,
+    """F1: where a kind may strike is the kind table's (model/faults.py), checked by Fault.parse,
     the one fault validator; the scenario adds only its own rules (a trigger at the fault's step)."""
     trigger_at = at if at in TRIGGER_POINTS else "boundary"
     ranks = (1, 3) if KINDS[kind].pair else (3,)   # a link names its two ends
@@ -280,7 +280,8 @@ def test_cli_modules_do_not_import_torch():
 def test_in_flight_failure_is_observed_where_r_is_next_used():
     """A group broken in forward (HSDP: forward uses no collective on R) is noticed by backward's
     all-reduce: the script fires the failure where it struck, the model observes it where R is used."""
-    from accelpact.model.protocol import Action, enabled, step
+    from accelpact.model.protocol import Action
+    from accelpact.model.transitions import enabled, step
     from accelpact.model.state import initial_state
 
     sc = scenario_from_mapping(mk(faults=[{"step": 5, "at": "forward", "kind": "collective_timeout", "ranks": [1, 3]}]))

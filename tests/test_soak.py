@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from accelpact import cli
-from accelpact.impl.launch.rundir import RunDir
+from accelpact.impl.rundir import RunDir
 from accelpact.testing.soak import judge as J
 from accelpact.testing.soak.schedule import SOAK_KINDS, Schedule, SoakConfig, SoakError, SoakFault, draw, load, unavailable_kinds
 

@@ -84,8 +84,8 @@ def test_every_fault_kind_and_fault_action_is_in_fault_model_md():
 
 
 def test_every_injected_kind_and_point_is_in_fault_model_md():
-    """The fault table (accelpact/testing/faults.py: the kinds and points scenarios and jobs name) is specified."""
-    from accelpact.testing.faults import FAULT_POINTS, KINDS
+    """The fault table (model/faults.py: the kinds and points scenarios and jobs name) is specified."""
+    from accelpact.model.faults import FAULT_POINTS, KINDS
 
     text = _text("fault-model.md")
     missing = _missing([f"`{k}`" for k in KINDS] + [f"`{p}`" for p in FAULT_POINTS], text)
@@ -188,7 +188,8 @@ def test_protocol_md_example_runs_replay_in_the_model():
     """The example runs of spec/protocol.md section 10 are real model behaviours (P1-P6, P10, P11,
     P13): each step enabled, S1-S7 hold on every state, the run ends final with the stated outcome."""
     from accelpact.model.invariants import check_edge, check_state
-    from accelpact.model.protocol import enabled, initial_state, is_final, step
+    from accelpact.model.protocol import initial_state, is_final
+    from accelpact.model.transitions import enabled, step
     from accelpact.model.state import PC_RESTARTED, PC_TRAIN, Config
 
     runs = _model_runs()

@@ -1,4 +1,4 @@
-"""L2 under a real torchrun supervisor (impl/launch/launch.py + impl/launch/worker.py).
+"""L2 under a real torchrun supervisor (impl/launch/launch.py + accelpact/testing/worker.py).
 
 Spec ids: C5.1 / P11.2 (an in-flight failure is rejected: every rank exits 70), C5.2 / P13.2
 (torchrun restarts all workers, restart count 1, they load the committed checkpoint C and replay
@@ -16,7 +16,7 @@ import pytest
 from accelpact.impl.exitcodes import ExitCode
 from accelpact.impl.launch.job import Job, Topology, Workload
 from accelpact.impl.launch.launch import run_reference, run_torchrun
-from accelpact.impl.launch.rundir import RunDir
+from accelpact.impl.rundir import RunDir
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -35,7 +35,7 @@ def test_inflight_failure_rejected_restarted_and_replayed(tmp_path: Path) -> Non
     DCP reload of C=2 -> replay of F - C = 1 step -> final state equal to the reference."""
     import torch
 
-    from accelpact.impl.launch.workload import compare_snapshots
+    from accelpact.impl.launch.snapshots import compare_snapshots
 
     fault = {"step": 3, "at": "backward", "kind": "exception", "ranks": [1]}
     job = _job(tmp_path / "run", "fsdp1-hybrid", 2, 2, 5, [fault])

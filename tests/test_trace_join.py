@@ -1,5 +1,5 @@
 """A swapped identity's trace is its incarnations' traces joined (impl/trace.py ``load_traces``):
-the dead process's file, then each spare's, as the run folder holds them (impl/launch/rundir.py).  The
+the dead process's file, then each spare's, as the run folder holds them (impl/rundir.py).  The
 model's own hot-swap run (spec/protocol.md, ``hotswap-run``), projected into traces and split where
 the spare took rank 1's identity, is accepted; the same files with the spare's records torn, the
 dead process's file missing, or an incarnation that did not die before its successor, are not.
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from accelpact.conformance.checker import check_traces, project, write_dir
-from accelpact.impl.launch.rundir import RunDir
+from accelpact.impl.rundir import RunDir
 from accelpact.impl.trace import TraceError, load_traces
-from accelpact.model.protocol import Action, step
+from accelpact.model.protocol import Action
+from accelpact.model.transitions import step
 from accelpact.model.state import Config, initial_state
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The generic job runner (impl/launch/worker.py), the typed job it reads, and the local launcher
+"""The harness's rank program (accelpact/testing/worker.py), the typed job it reads, and the local launcher
 (impl/launch.run_local).
 
 Spec ids: C5.1 (in-flight failure -> every rank exits 70), C5.2 / I5 (resume from the last
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from accelpact.impl.launch.job import Job, JobError, Topology, Workload
-from accelpact.impl.launch.rundir import RunDir
+from accelpact.impl.rundir import RunDir
 
 
 def _job(out: Path, **changes) -> Job:
@@ -41,6 +41,7 @@ def _job(out: Path, **changes) -> Job:
     (lambda j: j.update(faults=[{"step": 1, "at": "somewhere", "kind": "crash"}]), "faults[0].at"),
     (lambda j: j.update(faults=[{"step": 1, "at": "boundary", "kind": "meteor"}]), "faults[0].kind"),
     (lambda j: j.update(deadline_s=0), "deadline_s"),
+    (lambda j: j.update(seeded_bug=3), "seeded_bug"),
     (lambda j: j.pop("out"), "'out'"),
 ])
 def test_job_parse_names_the_bad_field(tmp_path: Path, mutate, needle: str) -> None:
@@ -48,6 +49,18 @@ def test_job_parse_names_the_bad_field(tmp_path: Path, mutate, needle: str) -> N
     mutate(raw)
     with pytest.raises(JobError, match=needle.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         Job.parse(raw)
+
+
+def test_the_rank_program_refuses_a_seeded_bug_that_is_not_one(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The job carries the seeded bug's name; the harness's rank program checks it before anything runs
+    (exit 2, naming the seeded bugs): the engine only ever sees the installer (``Hooks.install``)."""
+    pytest.importorskip("torch")
+    from accelpact.testing import worker
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = _job(tmp_path / "run", seeded_bug="nonsense").write()
+    assert worker.main(["--job", str(path)]) == 2
+    assert "seeded_bug 'nonsense' is not a seeded bug; use one of ('skip-rebind'" in capsys.readouterr().err
 
 
 def test_job_parse_fills_defaults(tmp_path: Path) -> None:
@@ -76,7 +89,7 @@ def test_exit_code_is_recorded_before_os_exit(tmp_path: Path) -> None:
     code = (
         "import os\n"
         "from pathlib import Path\n"
-        "from accelpact.impl.launch.worker import ResultFile, _record_exits\n"
+        "from accelpact.testing.worker import ResultFile, _record_exits\n"
         f"r = ResultFile(Path({str(tmp_path)!r}), 0, 3, {{'outcome': 'running'}})\n"
         "r.update(); _record_exits(r); os._exit(72)\n"
     )
@@ -97,7 +110,7 @@ def test_worker_rejects_inflight_then_resumes_replaying_f_minus_c(tmp_path: Path
 
     from accelpact.impl.exitcodes import ExitCode
     from accelpact.impl.launch.launch import run_local, run_reference
-    from accelpact.impl.launch.workload import compare_snapshots
+    from accelpact.impl.launch.snapshots import compare_snapshots
     from accelpact.testing import host_store
 
     job = _job(tmp_path / "run", faults=[{"step": 3, "at": "backward", "kind": "exception", "ranks": [1]}])

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from accelpact.impl.launch import workload as W
+from accelpact.impl.launch.snapshots import compare_snapshots
 from accelpact.impl.runtime.digest import state_digest
 
 
@@ -86,17 +87,17 @@ def test_train_step_snapshot_and_compare():
     for s in range(2):
         W.train_step(a, s)
         W.train_step(b, s)
-    assert W.compare_snapshots(W.snapshot(a), W.snapshot(b)) == (True, "")
+    assert compare_snapshots(W.snapshot(a), W.snapshot(b)) == (True, "")
     assert a.step == a.cursor.kappa == 2
     with pytest.raises(ValueError, match="kappa=2"):
         W.train_step(a, 5)  # zero replay: no skipped or repeated step
     snap = W.snapshot(a)
     with torch.no_grad():
         next(a.module.parameters()).view(-1)[0] += 1
-    ok, why = W.compare_snapshots(W.snapshot(a), snap)
+    ok, why = compare_snapshots(W.snapshot(a), snap)
     assert not ok and "['params']['pos']" in why
     W.train_step(b, 2)
-    ok, why = W.compare_snapshots(W.snapshot(b), snap)
+    ok, why = compare_snapshots(W.snapshot(b), snap)
     assert not ok and "'step'" in why
 
 

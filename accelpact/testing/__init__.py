@@ -52,10 +52,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from typing import TYPE_CHECKING
+from accelpact.impl.launch.launch import ProcessSet, worker_env
+from accelpact.impl.launch.snapshots import compare_snapshots
+from accelpact.impl.rundir import RunDir
+from accelpact.impl.runtime import revoke
+from accelpact.impl.runtime.adapters import GenericAdapter, adapter_for, find_references, make_gloo_group, site_set
+from accelpact.impl.runtime.digest import state_digest
 
-if TYPE_CHECKING:  # the launcher imports the fault plans below this package: load it on use
-    from accelpact.impl.launch.launch import ProcessSet
+#: the workload's module, loaded on first use by :func:`rebind_scenario`: it imports torch, which
+#: importing this package must not
+WORKLOAD_MODULE = "accelpact.impl.launch.workload"
 
 __all__ = ["CRASHED", "FAILURE_MARKERS", "HOST", "Ctx", "Harness", "Ranks", "Run", "break_group", "check_rebind_results",
            "client_store", "host_store", "rebind_scenario", "run_ranks", "start_ranks"]
@@ -85,7 +91,7 @@ def client_store(port: int, timeout_s: float = 60.0):
 class Ctx:
     """What a rank's function gets: its rank, the world size, the store (a client connection to
     the launcher's store on ``port``), the run folder ``out``; with ``init_group``, the default
-    group and the record of its sockets (:func:`accelpact.impl.revoke.recorded`)."""
+    group and the record of its sockets (:func:`accelpact.impl.runtime.revoke.recorded`)."""
 
     rank: int
     world: int
@@ -120,8 +126,6 @@ class Run:
 
     def trace(self, rank: int, attempt: int = 0) -> list[dict]:
         """Records of the rank's trace file (``trace-a{attempt}-r{rank}.ndjson``), [] if none."""
-        from accelpact.impl.launch.rundir import RunDir
-
         return RunDir(self.out).records(attempt, rank)
 
     def actions(self, rank: int, attempt: int = 0) -> list[str]:
@@ -223,8 +227,6 @@ def start_ranks(fn: Callable[..., Any], world: int, out: str | os.PathLike, *, i
     ``fn``: a module-level function.  ``kwargs``: picklable.  ``store``: a master store to host
     (default: a fresh one).  ``env``: extra environment variables of the ranks.  ``timeout_s``:
     the launch's bound, counted from now.  ``pg_timeout_s``: the default group's timeout."""
-    from accelpact.impl.launch.launch import ProcessSet, worker_env
-
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     module = sys.modules.get(fn.__module__)
@@ -320,8 +322,6 @@ def _child_main() -> None:
         store = client_store(spec["port"])
         ctx = Ctx(rank, world, spec["port"], out, store)
         if spec["init_group"]:
-            from accelpact.impl import revoke
-
             timeout = datetime.timedelta(seconds=spec["pg_timeout_s"])
 
             def init():
@@ -362,8 +362,8 @@ def break_group(ctx: Ctx, group: Any, members: Iterable[int], *, skippers: Itera
 
     A collective over the default group (``init_group=True``): every rank calls it.
 
-    * ``record`` (this rank's :class:`~accelpact.impl.revoke.SocketRecord` of ``group``): every
-      member shuts the group's connected sockets down (:func:`accelpact.impl.revoke.hard_close`,
+    * ``record`` (this rank's :class:`~accelpact.impl.runtime.revoke.SocketRecord` of ``group``): every
+      member shuts the group's connected sockets down (:func:`accelpact.impl.runtime.revoke.hard_close`,
       how a revoke or a ``collective_timeout`` fault breaks a group), then tries an all-reduce on it.
     * otherwise ``skippers`` skip an all-reduce on ``group`` so that the other members' short gloo
       timeout (``timeout_s``) fires; after a default-group barrier the skippers' next operation
@@ -379,8 +379,6 @@ def break_group(ctx: Ctx, group: Any, members: Iterable[int], *, skippers: Itera
         group._get_backend(torch.device("cpu")).set_timeout(datetime.timedelta(seconds=timeout_s))
     if record is not None:
         if member:
-            from accelpact.impl import revoke
-
             revoke.hard_close(record)
         dist.barrier()
         if member:
@@ -431,10 +429,7 @@ def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int 
     import torch
     import torch.distributed as dist
 
-    from accelpact.impl.launch import workload as W
-    from accelpact.impl.runtime.adapters import GenericAdapter, adapter_for, find_references, make_gloo_group, site_set
-    from accelpact.impl.runtime.digest import state_digest
-
+    W: Any = importlib.import_module(WORKLOAD_MODULE)
     topo = W.Topology(nodes, ranks_per_node)
     # The python-only ablation needs DDP's own bucketed all-reduce through the C++ Reducer
     # (the per-gradient hook reads ddp.process_group, which a Python-level rebind does fix).
@@ -479,7 +474,7 @@ def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int 
     res["c10d_rank_of_new"] = dist.get_rank(new_R)
     for s in range(pre_steps, total):
         W.train_step(ja, s)
-    res["equal"] = W.compare_snapshots(W.snapshot(ja), snap_clean)
+    res["equal"] = compare_snapshots(W.snapshot(ja), snap_clean)
     res["digest"] = state_digest(ja.module, ja.optimizer)
     first = next(ja.module.parameters())
     p0 = first.to_local() if hasattr(first, "to_local") else first
@@ -500,7 +495,7 @@ def rebind_scenario(ctx: Ctx, wrapper: str, nodes: int = 2, ranks_per_node: int 
         res["check_regen"] = (check2.ok, check2.stale, check2.total, check2.detail)
         W.train_step(ja, step)
         W.train_step(jb, step)
-        res["equal_regen"] = W.compare_snapshots(W.snapshot(ja), W.snapshot(jb))
+        res["equal_regen"] = compare_snapshots(W.snapshot(ja), W.snapshot(jb))
         if wrapper == "fsdp2-hybrid":
             res["mesh_resolves_new"] = res["mesh_resolves_new"] and ga.mesh.get_group("replicate") is gen2
         cur, step = gen2, step + 1

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..impl.launch.launch import ProcessSet, free_port, worker_env
-from ..impl.launch.rundir import RunDir
+from ..impl.rundir import RunDir
 
 __all__ = ["EXAMPLES", "TIMEOUT_S", "assert_bit_identical", "assert_trace_accepted", "torchrun", "worker_pid"]
 

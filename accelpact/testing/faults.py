@@ -1,18 +1,11 @@
-"""The fault vocabulary: points, kinds, the ``Fault`` record and its one validator; the injector.
+"""The fault injector: how each fault kind takes effect in a rank, and the test hooks that fire them.
 
-This module is the one home of everything a fault *is* (spec/implementation.md, "Where things go").
-Adding a fault kind is one entry in :data:`KINDS` (its model action, where it may strike, the pc
-windows the scenario mapping gives it) plus its effect function below; the scenario schema, the
-job schema, the scenario-to-model mapping and the injector all read the table.
-
-A fault is ``{"step": 5, "at": "boundary", "kind": "collective_timeout", "ranks": [1],
-"group": "replicate", "attempt": 0}``: at the ``at`` point of ``step`` in torchrun attempt
-``attempt``, on ``ranks`` (omitted or empty: every rank), ``group`` naming the group a
-``collective_timeout`` breaks.
-
-The injector (:class:`FaultPlan`) is called by the engine's :class:`~accelpact.impl.hooks.Hooks`
-at named points; every injected fault first writes its ``Fault*`` trace record (outcome ``info``:
-its effect is still to come), then takes effect with a real mechanism:
+The vocabulary (points, kinds, the ``Fault`` record and its validator) is :mod:`accelpact.model.faults`;
+this module gives each kind a scenario or a job may name its effect (:data:`EFFECTS`), and fires a
+job's faults at the engine's named points through the one interface tests have into the engine,
+:class:`~accelpact.impl.hooks.Hooks` (:class:`FaultInjector`, :func:`hooks_for`, :func:`fault_hooks`).
+Every injected fault first writes its ``Fault*`` trace record (outcome ``info``: its effect is still
+to come), then takes effect with a real mechanism:
 
 * ``collective_timeout``: the named group breaks on ``ranks``: a thread of the injector shuts its
   connected sockets down (:func:`revoke.hard_close`), the mechanism that breaks a gloo group for
@@ -27,37 +20,33 @@ its effect is still to come), then takes effect with a real mechanism:
 No effect returns anything for the engine to apply, and the engine never learns that a fault was
 scheduled: it meets what a real fault leaves behind.
 
-No torch import at module level: the schema is used by torch-free code (scenarios, the model CLI).
+No torch import at module level.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
+import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
-from accelpact.model.contract import IN_FLIGHT_PHASES
-from accelpact.model.state import PC_GUARDED, PC_OBSERVED, PC_TRAIN
+from accelpact.model.faults import FAULT_POINTS, KINDS, Fault, FaultError, parse_faults
+
+from ..impl.runtime import revoke
+from ..impl.hooks import Hooks
+from ..impl.launch.launch import STORE_PID_ENV
+from . import seeded
+from .inject import GIL_HANG_SIGNAL, cut_link
+from .nccl_timeout import nccl_timeout
 
 __all__ = [
-    "FAULT_ACTION", "FAULT_KINDS", "FAULT_POINTS", "Fault", "FaultContext", "pid_key", "FaultError", "FaultKind", "FaultPlan",
-    "IN_FLIGHT", "MODEL_KIND", "MODEL_ONLY_KINDS", "model_kinds", "InjectedFault", "KINDS", "RECOVERY_POINTS", "TRIGGER_POINTS",
+    "EFFECTS", "FENCED_POINTS", "FaultContext", "FaultInjector", "FaultPlan", "InjectedFault", "fault_hooks", "hooks_for",
+    "pid_key",
 ]
-
-# --------------------------------------------------------------------------------------------- points
-#: In flight: inside ``with pact.step(...)`` (forward, backward, ``optimizer.step()``), as the contract names them.
-IN_FLIGHT: tuple[str, ...] = tuple(IN_FLIGHT_PHASES)
-#: Where a failure of R can start a recovery episode.
-TRIGGER_POINTS: tuple[str, ...] = IN_FLIGHT + ("boundary",)
-#: Inside the six phases (a fault there needs a trigger at the same step to start the recovery it strikes in).
-RECOVERY_POINTS: tuple[str, ...] = ("guard", "agree", "replace", "rebind", "validate", "release")
-FAULT_POINTS: tuple[str, ...] = TRIGGER_POINTS + RECOVERY_POINTS
-
-
-class FaultError(ValueError):
-    """A fault is malformed; the message names the field (``faults[2].at``) and what to write."""
 
 
 class InjectedFault(Exception):
@@ -65,36 +54,8 @@ class InjectedFault(Exception):
     failure; the engine classifies it as it would any such error."""
 
 
-# ---------------------------------------------------------------------------------------------- kinds
-@dataclass(frozen=True, slots=True)
-class FaultKind:
-    """One fault kind: its model action, where it may strike, and how it takes effect.
-
-    ``failure``: at a trigger point this kind *is* the failure of R that starts the episode (the
-    model's ``FaultGroupFail``), not a separate fault action.  ``windows``: the pcs in which the
-    model's action for it is enabled, when narrower than the point's window (None: the point's).
-    ``members_only``: it can strike only members of the failing group R (the model's action is
-    enabled only there).  ``breaks_group``: it acts on the group its fault names (``Fault.group``).
-    """
-
-    name: str
-    action: str
-    points: tuple[str, ...]
-    effect: Callable[["Fault", "FaultContext"], None]
-    failure: bool = False
-    windows: tuple[str, ...] | None = None
-    members_only: bool = False
-    breaks_group: bool = False
-    job_wide: bool = False   # its model action has no actor (the store's loss): the rank only triggers it
-    pair: bool = False       # it names exactly two ranks, the ends of a link (``ranks: [a, b]``, a < b, two nodes)
-    doc: str = ""
-
-
+# -------------------------------------------------------------------------------------------- effects
 def _group_fail(fault: "Fault", ctx: "FaultContext") -> None:
-    import threading
-
-    from ..impl import revoke
-
     rec = ctx.groups.get(fault.group)
     if rec is None:
         raise FaultError(f"collective_timeout: rank {ctx.rank} has no group named {fault.group!r}; known: {sorted(ctx.groups)}")
@@ -110,7 +71,7 @@ def _group_fail(fault: "Fault", ctx: "FaultContext") -> None:
 
 
 def pid_key(prefix: str, rank: int) -> str:
-    """Where a rank's process publishes its pid for the test injector (:class:`~accelpact.impl.hooks.FaultInjector`)."""
+    """Where a rank's process publishes its pid for the test injector (:class:`FaultInjector`)."""
     return f"{prefix}inject/pid/{rank}"
 
 
@@ -120,11 +81,6 @@ def _link_cut(fault: "Fault", ctx: "FaultContext") -> None:
     group the two share fails (their replicate group if they share one, the world, default, control
     and checkpoint groups), each keeps its connections to everyone else and to the store.  By another
     thread, complete before the rank goes on; the engine is not told which groups broke."""
-    import datetime
-    import threading
-
-    from .inject import cut_link
-
     a, b = fault.ranks
     if ctx.rank != a:
         return
@@ -139,11 +95,9 @@ def _link_cut(fault: "Fault", ctx: "FaultContext") -> None:
         raise FaultError(f"link_cut: rank {a} found no connection to rank {b} (pid {peer}) to cut")
 
 
-def _nccl_timeout(fault: "Fault", ctx: "FaultContext") -> None:
+def _nccl_timeout_fault(fault: "Fault", ctx: "FaultContext") -> None:
     """NCCL only: the group's boundary collective queued behind a device spin longer than its timeout
     (a genuine NCCL timeout, :mod:`accelpact.testing.nccl_timeout`; elsewhere a FaultError naming why)."""
-    from .nccl_timeout import nccl_timeout
-
     nccl_timeout(fault, ctx)
 
 
@@ -162,8 +116,6 @@ def _gil_hang(fault: "Fault", ctx: "FaultContext") -> None:
     """Raise the harness's GIL-hang signal (accelpact/testing/inject.py, installed by the worker): at the main
     thread's next bytecode its handler holds the GIL forever, so no other Python thread (watchdog,
     heartbeat) runs either."""
-    from .inject import GIL_HANG_SIGNAL
-
     os.kill(os.getpid(), GIL_HANG_SIGNAL)
 
 
@@ -207,8 +159,6 @@ def _corrupt_state(fault: "Fault", ctx: "FaultContext") -> None:
 def _store_loss(fault: "Fault", ctx: "FaultContext") -> None:
     """SIGKILL the process serving the job's store (the loss of the store's host): its pid comes
     from the launcher (:func:`accelpact.impl.launch.launch.run_restarting`)."""
-    from ..impl.launch.launch import STORE_PID_ENV
-
     pid = os.environ.get(STORE_PID_ENV)
     if not pid:
         raise FaultError(f"store_loss: the job's store is not served by a process of its own ({STORE_PID_ENV} unset); "
@@ -229,8 +179,6 @@ def _partition(fault: "Fault", ctx: "FaultContext") -> None:
     (the conformance runner starts every rank in one namespace) it is what the peers see of it:
     silence on every connection with the sockets left open, so the rank stops itself (SIGSTOP), as
     ``stop`` does; to the protocol both are a rank that takes no further step (spec/scenario-format.md)."""
-    import subprocess
-
     hub, link = os.environ.get(NETNS_HUB_ENV), os.environ.get(NETNS_LINK_ENV)
     if hub and link:
         subprocess.run(["ip", "-n", hub, "link", "set", link, "down"], check=True, timeout=30, capture_output=True)
@@ -238,190 +186,13 @@ def _partition(fault: "Fault", ctx: "FaultContext") -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-_RAISE_POINTS = TRIGGER_POINTS + RECOVERY_POINTS
 
-#: kind -> FaultKind: the one table of fault kinds.
-KINDS: dict[str, FaultKind] = {k.name: k for k in (
-    FaultKind("collective_timeout", "FaultGroupFail", TRIGGER_POINTS, _group_fail, failure=True, breaks_group=True,
-              doc="the group's connections are shut down: its collectives fail"),
-    FaultKind("nccl_timeout", "FaultGroupFail", ("boundary",), _nccl_timeout, failure=True, breaks_group=True,
-              doc="NCCL only: the group's boundary collective queued behind a device spin longer than its timeout"),
-    # a physical fault (issue 25, P18.2): its model action is its own, not the group failure it causes
-    FaultKind("link_cut", "FaultLinkCut", TRIGGER_POINTS, _link_cut, pair=True,
-              doc="every connection between two ranks on two nodes is shut down: every group across the link fails"),
-    FaultKind("crash", "FaultCrash", FAULT_POINTS, _crash, doc="SIGKILL of the rank"),
-    FaultKind("hang", "FaultHang", FAULT_POINTS, _hang, doc="the rank's main thread stops making progress"),
-    # a stopped process and a held GIL are, to the protocol, a crash: the rank takes no step and its
-    # watchdog cannot run (model FaultCrash); they differ from it in that the process lives on
-    FaultKind("stop", "FaultCrash", ("boundary", "agree", "validate"), _stop,
-              doc="SIGSTOP of the rank: every thread stops; peers' detectors declare it dead"),
-    FaultKind("gil_hang", "FaultCrash", ("boundary", "agree", "validate"), _gil_hang,
-              doc="the rank's main thread holds the GIL forever: no Python thread runs"),
-    FaultKind("exception", "FaultRaise", _RAISE_POINTS, _raise, failure=True,
-              doc="an exception raised at the point (in flight or at the boundary: the failure of the step)"),
-    FaultKind("frontier_mismatch", "FaultMismatch", ("boundary", "guard", "agree"), _mismatch,
-              windows=(PC_TRAIN, PC_OBSERVED, PC_GUARDED), doc="the rank reports F+1 at the agreement"),
-    FaultKind("dirty_guard", "FaultDirtyGuard", ("boundary", "guard"), _dirty_guard,
-              windows=(PC_TRAIN, PC_OBSERVED), doc="a stale gradient and a busy wrapper at the guard check"),
-    FaultKind("corrupt_state", "FaultCorrupt", ("boundary",), _corrupt_state, windows=(PC_TRAIN, PC_OBSERVED),
-              members_only=True, doc="one bit of the rank's local parameter shard flipped after the commit: replicas disagree"),
-    FaultKind("store_loss", "FaultStoreLoss", RECOVERY_POINTS, _store_loss, job_wide=True,
-              doc="the process serving the control-plane store is killed (SIGKILL): every store operation fails"),
-    # a silent partition: to its peers a rank that takes no further step and sends nothing, its sockets
-    # open (no reset): the model's FaultCrash, as stop (spec/scenario-format.md, "partition")
-    FaultKind("partition", "FaultCrash", ("boundary", "agree", "validate"), _partition,
-              doc="a silent network partition of the rank: its link down, every frame dropped, no reset"),
-)}
-FAULT_KINDS: tuple[str, ...] = tuple(KINDS)
-#: the model action each kind is recorded as (outside a trigger point)
-FAULT_ACTION: dict[str, str] = {k.name: k.action for k in KINDS.values()}
-#: The one translation between the two fault vocabularies (issue 23): implementation/scenario kind ->
-#: the model's fault kind (``model.protocol.FAULT_KINDS``, ``Config.faults``, ``ActionSpec.fault_kind``).
-#: ``tests/test_impl_faults.py`` checks that every kind on each side is mapped and that it agrees with
-#: the kind's model action; ``MODEL_ONLY_KINDS`` are the model's kinds no injector makes.
-MODEL_KIND: dict[str, str] = {
-    "collective_timeout": "group_fail", "crash": "crash", "hang": "hang", "stop": "crash", "gil_hang": "crash",
-    "exception": "raise", "frontier_mismatch": "mismatch", "dirty_guard": "dirty_guard", "corrupt_state": "corrupt",
-    "store_loss": "store_loss", "link_cut": "link", "nccl_timeout": "group_fail", "partition": "crash",
+#: scenario kind -> how it takes effect in the rank it strikes (every kind of ``accelpact.model.faults.KINDS``)
+EFFECTS: dict[str, Callable[[Fault, "FaultContext"], None]] = {
+    "collective_timeout": _group_fail, "nccl_timeout": _nccl_timeout_fault, "crash": _crash, "stop": _stop,
+    "gil_hang": _gil_hang, "partition": _partition, "hang": _hang, "exception": _raise, "frontier_mismatch": _mismatch,
+    "dirty_guard": _dirty_guard, "corrupt_state": _corrupt_state, "store_loss": _store_loss, "link_cut": _link_cut,
 }
-#: the model's fault kinds with no implementation kind (network-level message faults of the model)
-MODEL_ONLY_KINDS: frozenset[str] = frozenset({"delay", "drop"})
-
-
-def model_kinds(kinds: Iterable[str]) -> frozenset[str]:
-    """The model's fault kinds (``Config.faults``) of implementation kinds; raises FaultError on an unknown one."""
-    unknown = sorted(set(kinds) - set(MODEL_KIND))
-    if unknown:
-        raise FaultError(f"fault kinds {unknown} are not among {list(FAULT_KINDS)}")
-    return frozenset(MODEL_KIND[k] for k in kinds)
-
-
-# ---------------------------------------------------------------------------------------------- Fault
-FAULT_FIELDS = ("step", "at", "kind", "ranks", "group", "attempt")
-
-
-def _int(where: str, value: Any, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FaultError(f"{where}: must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        raise FaultError(f"{where}: must be {f'>= {lo}' if hi is None else f'in [{lo}, {hi}]'}, got {value}")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """One scheduled fault (see the module doc).  The same type serves the engine's plan, the job
-    and the scenario format; :meth:`parse` is its one validator."""
-
-    step: int
-    at: str
-    kind: str
-    ranks: tuple[int, ...] = ()
-    group: str = "replicate"
-    attempt: int = 0
-
-    @classmethod
-    def parse(cls, raw: Any, where: str = "fault", *, world: int | None = None, steps: int | None = None,
-              groups: Iterable[str] | None = None) -> "Fault":
-        """Validate one fault mapping.  ``world``/``steps`` bound ``ranks``/``step`` when known;
-        ``groups``: the group names a ``collective_timeout`` may break.  Errors name the field."""
-        if not isinstance(raw, Mapping):
-            raise FaultError(f"{where}: must be an object with fields {list(FAULT_FIELDS)}, got {type(raw).__name__}")
-        unknown = set(raw) - set(FAULT_FIELDS)
-        if unknown:
-            raise FaultError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {list(FAULT_FIELDS)}")
-        for k in ("step", "at", "kind"):
-            if k not in raw:
-                raise FaultError(f"{where}: missing required field {k!r}")
-        step = _int(f"{where}.step", raw["step"], 0, None if steps is None else steps - 1)
-        at, kind = raw["at"], raw["kind"]
-        if at not in FAULT_POINTS:
-            raise FaultError(f"{where}.at: {at!r} is not one of {list(FAULT_POINTS)}")
-        if kind not in KINDS:
-            raise FaultError(f"{where}.kind: {kind!r} is not one of {list(FAULT_KINDS)}")
-        if at not in KINDS[kind].points:
-            allowed = [k for k, fk in KINDS.items() if at in fk.points]
-            raise FaultError(f"{where}: kind {kind!r} cannot be injected at {at!r}; allowed there: {allowed}")
-        ranks = raw.get("ranks", [])
-        if not isinstance(ranks, (list, tuple)):
-            raise FaultError(f"{where}.ranks: must be a list of ranks (omit it for every rank), got {ranks!r}")
-        for j, r in enumerate(ranks):
-            _int(f"{where}.ranks[{j}]", r, 0, None if world is None else world - 1)
-        if len(set(ranks)) != len(ranks):
-            raise FaultError(f"{where}.ranks: duplicate rank in {list(ranks)}")
-        known = tuple(groups) if groups is not None else None
-        group = raw.get("group", known[0] if known else "replicate")
-        # only a kind that breaks a group names one that must exist; for the others it is ignored
-        if not isinstance(group, str) or (KINDS[kind].breaks_group and known is not None and group not in known):
-            raise FaultError(f"{where}.group: {group!r} is not a group this job can break; use one of {list(known or ())}")
-        attempt = _int(f"{where}.attempt", raw.get("attempt", 0), 0)
-        if KINDS[kind].pair and len(ranks) != 2:
-            raise FaultError(f"{where}.ranks: kind {kind!r} names the two ends of the link, e.g. [0, 2]; got {list(ranks)}")
-        return cls(step, at, kind, tuple(sorted(ranks)), group, attempt)
-
-    @classmethod
-    def parse_flag(cls, text: str, where: str = "--fault") -> "Fault":
-        """A fault written as a command-line flag: ``KIND@POINT:STEP[:RANKS[:GROUP]]``, RANKS a
-        comma-separated list (empty: every rank); e.g. ``collective_timeout@boundary:3:0,2`` (R's
-        sockets cut on ranks 0 and 2 at step 3's boundary) or ``crash@backward:4:1``.  Validated by
-        :meth:`parse`; errors name the flag and show the format."""
-        form = "KIND@POINT:STEP[:RANKS[:GROUP]], e.g. collective_timeout@boundary:3:0,2"
-        if not isinstance(text, str):
-            raise FaultError(f"{where}: must be a string {form}, got {text!r}")
-        kind, at_sign, rest = text.strip().partition("@")
-        parts = rest.split(":")
-        if not at_sign or not kind or len(parts) < 2 or len(parts) > 4:
-            raise FaultError(f"{where}: {text!r} is not {form}")
-        raw: dict[str, Any] = {"kind": kind, "at": parts[0]}
-        try:
-            raw["step"] = int(parts[1])
-            if len(parts) > 2 and parts[2].strip():
-                raw["ranks"] = [int(r) for r in parts[2].split(",")]
-        except ValueError:
-            raise FaultError(f"{where}: {text!r}: STEP and RANKS must be integers ({form})") from None
-        if len(parts) > 3:
-            raw["group"] = parts[3]
-        return cls.parse(raw, f"{where} {text!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        """The fault dict (the scenario format's and the job's): fixed field order; ``attempt``
-        only when not 0."""
-        out: dict[str, Any] = {"step": self.step, "at": self.at, "kind": self.kind, "ranks": list(self.ranks),
-                               "group": self.group}
-        if self.attempt:
-            out["attempt"] = self.attempt
-        return out
-
-    def targets(self, world: int) -> tuple[int, ...]:
-        """The ranks it strikes: ``ranks``, or every rank when empty."""
-        return self.ranks or tuple(range(world))
-
-    def strikes(self, rank: int) -> bool:
-        return not self.ranks or rank in self.ranks
-
-    @property
-    def is_trigger(self) -> bool:
-        """At a trigger point: the fault's step starts a recovery episode."""
-        return self.at in TRIGGER_POINTS
-
-    @property
-    def is_failure(self) -> bool:
-        """This fault is the failure of R itself (the model's FaultGroupFail), not a separate fault."""
-        return self.is_trigger and KINDS[self.kind].failure
-
-    @property
-    def action(self) -> str:
-        """The model action this fault is recorded as."""
-        return "FaultGroupFail" if self.is_failure else KINDS[self.kind].action
-
-
-def parse_faults(items: Any, where: str = "faults", **bounds: Any) -> tuple[Fault, ...]:
-    """A list of fault mappings (or Faults) -> Faults, each validated with :meth:`Fault.parse`."""
-    if items is None:
-        return ()
-    if not isinstance(items, (list, tuple)):
-        raise FaultError(f"{where}: must be a list of fault objects, got {type(items).__name__}")
-    return tuple(f if isinstance(f, Fault) else Fault.parse(f, f"{where}[{i}]", **bounds) for i, f in enumerate(items))
 
 
 # ------------------------------------------------------------------------------------------- injector
@@ -480,4 +251,94 @@ class FaultPlan:
                 return
             detail["peer"] = fault.ranks[1]
         ctx.trace.action(fault.action, ctx.gen, "info", state, detail)
-        KINDS[fault.kind].effect(fault, ctx)
+        EFFECTS[fault.kind](fault, ctx)
+
+
+#: where a fault strikes only once every rank has reached it (:class:`FaultInjector`)
+FENCED_POINTS: tuple[str, ...] = ("optimizer", "boundary")
+
+
+@dataclass
+class FaultInjector:
+    """Fires a :class:`FaultPlan` at the engine's points (``Hooks.injector``).
+
+    ``boundary`` and ``optimizer``: a fault there strikes only once every rank has reached the point
+    (a barrier on the store, the injector's own channel: it touches none of the engine's groups), which
+    is what the model's ``FaultGroupFail(point)`` means there: a peer still finishing the step's last
+    backward collective would otherwise see it in flight (measured: DDP, a group cut by the first rank
+    to reach its optimizer step)."""
+
+    plan: FaultPlan
+    fenced_points: tuple[str, ...] = FENCED_POINTS
+    fired: list[Fault] = field(default_factory=list)
+    #: a spare that took a rank's identity at F: the identity's faults up to step F struck its first
+    #: process (one of them killed it), so only later steps' fire here; it still joins every fence
+    after_first_step: bool = False
+    _first: int | None = None
+    #: step -> the generation in which this rank first ran it: a step discarded and rerun in a later
+    #: generation (a discard in place, a hot swap) fires none of its faults again; they struck its
+    #: first run (a fault names a step of the job's history, not each execution of it)
+    _first_run: dict = field(default_factory=dict)
+    _pid_published: bool = False
+
+    def __call__(self, point: str, pact: Any) -> None:
+        if not self._pid_published:  # where a link_cut's other end finds this process
+            pact.control.store.set(pid_key(pact.control.prefix, pact.rank), str(os.getpid()))
+            self._pid_published = True
+        step = pact.step_index
+        if point in self.fenced_points and self.plan.scheduled(point, step):
+            self._fence(point, step, pact)
+        if self._first is None:
+            self._first = step
+        if self.after_first_step and step <= self._first:
+            return
+        if self._first_run.setdefault(step, pact.gen) != pact.gen:
+            return
+        for f in self.plan.at(point, step, pact.rank):
+            self.fired.append(f)
+            ctx = FaultContext(pact.trace, pact.rank, pact.gen, pact.model_view(), pact.group_records(), pact.guard,
+                               pact.module, pact.control.store, pact.control.prefix)
+            self.plan.apply(f, ctx)
+
+    @staticmethod
+    def _fence(point: str, step: int, pact: Any, timeout_s: float = 120.0) -> None:
+        """Wait until every rank of W has reached ``point`` of ``step`` (a store counter)."""
+        store, world = pact.control.store, pact.groups.control.size()
+        key = f"{pact.control.prefix}inject/g{pact.gen}/{step}/{point}"
+        store.add(key, 1)
+        deadline = time.monotonic() + timeout_s
+        while int(store.add(key, 0)) < world:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fault fence at {point} of step {step}: not every rank arrived within {timeout_s}s")
+            time.sleep(0.002)
+
+
+# ---------------------------------------------------------------------------------------------- hooks
+def hooks_for(faults: Iterable[Any] | None = (), *, attempt: int = 0, seeded_bug: str | None = None,
+              fenced_points: tuple[str, ...] = FENCED_POINTS, after_first_step: bool = False,
+              write_to_record_s: float = 0.0) -> Hooks:
+    """A rank's test hooks, to pass at ``attach(hooks=...)``: the faults of torchrun attempt ``attempt``
+    among ``faults`` (Faults or fault mappings, validated: :class:`~accelpact.model.faults.FaultError`)
+    fired at the engine's points by a :class:`FaultInjector`; seeded bug ``seeded_bug`` installed at
+    attach (:func:`accelpact.testing.seeded.installer`: ValueError naming the seeded bugs for an
+    unknown name); a ``write_to_record_s`` sleep between each control-plane write and its record."""
+    plan = FaultPlan.from_list(faults, attempt)
+    injector = FaultInjector(plan, fenced_points, after_first_step=after_first_step) if plan.faults else None
+    return Hooks(injector=injector, install=seeded.installer(seeded_bug), write_to_record_s=write_to_record_s)
+
+
+def fault_hooks(job: Any, fault: str | Iterable[Any] | None) -> Hooks | None:
+    """The hooks that inject a training script's ``--fault`` (tests and demos only):
+    ``run = job.attach(model, optim, ..., hooks=fault_hooks(job, args.fault))``.
+
+    ``job``: what ``accelpact.init`` returned (its world bounds the ranks; its attempt picks the
+    faults that strike now; on a spare, a rank's faults strike only after the step at which the spare
+    takes its identity: those before struck its first process); ``fault``: a flag
+    ``KIND@POINT:STEP[:RANKS[:GROUP]]`` (:meth:`~accelpact.model.faults.Fault.parse_flag`), or fault
+    mappings or Faults; None or empty: no hooks (None)."""
+    if not fault:
+        return None
+    raw = [Fault.parse_flag(fault)] if isinstance(fault, str) else list(fault)
+    faults = parse_faults([f.to_json() if isinstance(f, Fault) else f for f in raw], "faults", world=job.world,
+                          groups=("shard", "replicate", "world"))
+    return hooks_for(faults, attempt=job.attempt, after_first_step=job.spare is not None)

@@ -13,10 +13,10 @@ communicator and ``get_error()`` says TIMEOUT), and the engine repairs R in plac
 little after the timeout (:data:`SPIN_MARGIN_S`), inside the guard's bounded drain (``deadline_s``).
 
 NCCL only: on any other backend, or a torch without ``torch.cuda._sleep``, the effect raises
-:class:`~accelpact.testing.faults.FaultError` with the reason (:func:`unavailable`), and callers skip.
+:class:`~accelpact.model.faults.FaultError` with the reason (:func:`unavailable`), and callers skip.
 
-The fault kind ``nccl_timeout`` (``accelpact/testing/faults.py`` ``KINDS``; to the model R failing at the
-boundary, ``FaultGroupFail``, as ``collective_timeout`` is) runs it; so do ``python -m
+The fault kind ``nccl_timeout`` (``model/faults.py`` ``KINDS``; to the model R failing at the
+boundary, ``FaultGroupFail``, as ``collective_timeout`` is; its effect in ``accelpact.testing.faults.EFFECTS``) runs it; so do ``python -m
 accelpact.bench.gpu_check`` (sub-check ``real_timeout_repair``) and ``accelpact qualify --real-timeout``.
 No torch import at module level.
 """
@@ -25,9 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from accelpact.model.faults import FaultError
+
+from ..impl.runtime.backends import backend, backend_of
+
 __all__ = ["KIND", "SPIN_MARGIN_S", "cycles_per_second", "nccl_timeout", "stall", "unavailable"]
 
-#: The fault kind's name in ``accelpact/testing/faults.py`` ``KINDS``.
+#: The fault kind's name in ``model/faults.py`` ``KINDS``.
 KIND = "nccl_timeout"
 #: How much longer than the group's collective timeout the device spins (s): more than NCCL's watchdog
 #: poll (100 ms) and the engine's margin (``NCCL_WATCHDOG_MARGIN_S``, 0.25 s), far less than the guard's
@@ -39,8 +43,6 @@ _CALIBRATED: dict[str, float] = {}
 
 def unavailable(backend_name: str) -> str | None:
     """Why a genuine NCCL timeout cannot be made on ``backend_name`` here (None: it can)."""
-    from ..impl.runtime.backends import backend
-
     be = backend(backend_name)
     if be.revoke != "abort" or be.device_type != "cuda":
         return (f"{KIND} is NCCL only: it stalls the device stream under an NCCL collective until NCCL's own timeout "
@@ -86,9 +88,6 @@ def nccl_timeout(fault: Any, ctx: Any) -> None:
     """The effect (see the module doc): the group ``fault.group`` of this rank (``ctx.groups``: revoke
     records; an NCCL record holds the group) gets its next collective queued behind a spin of its
     collective timeout plus :data:`SPIN_MARGIN_S`.  Raises ``FaultError`` where it cannot be made."""
-    from ..impl.runtime.backends import backend_of
-    from .faults import FaultError
-
     rec = ctx.groups.get(fault.group)
     pg = getattr(rec, "group", None)
     if pg is None:

@@ -1,25 +1,29 @@
 """Seeded bugs: deliberately broken engines that the conformance suite must reject (its teeth).
 
 As ``model/mutants.py`` replaces a model action, each seeded bug *replaces* methods of one rank's
-engine (:class:`~accelpact.impl.recovery.Pact`, :class:`~accelpact.impl.recovery.SpareEngine`)
+engine (:class:`~accelpact.impl.recovery.Pact`, :class:`~accelpact.impl.spare.SpareEngine`)
 or of its control plane (:class:`~accelpact.impl.controlplane.ControlPlane`) on that instance,
 once, at attach (:func:`install`).  Nothing in the engine branches on a seeded bug: read the
 engine for what it does, and this table for how each bug breaks it.
 
-A bug is named in a job (``seeded_bug``) or in test hooks (:class:`accelpact.impl.hooks.Hooks`),
-never in the environment.  Which oracle rejects each: ``conformance/test_conformance.py``
-(``CAUGHT_BY_CHECKER``).
+A bug is named in a job (``Job.seeded_bug``, read by the harness's rank program
+:mod:`accelpact.testing.worker`) or by a test, never in the environment, and reaches the engine as
+the installer of the test hooks (:func:`installer`, ``Hooks.install``): the engine names no bug.
+Which oracle rejects each: ``conformance/test_conformance.py`` (``CAUGHT_BY_CHECKER``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
+import dataclasses
+import functools
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["NAMES", "SEEDED_BUGS", "SeededBug", "check", "install"]
+from accelpact.impl.episode import Done
+
+__all__ = ["NAMES", "SEEDED_BUGS", "SeededBug", "check", "install", "installer"]
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,12 @@ def _rebind_sites_unchecked(self: Any, old_pg: Any, new_pg: Any) -> tuple[int, i
     return int(check.stale), int(check.total)
 
 
-def _validate_nothing(self: Any, ep: Any) -> None:
-    """skip-validation: RankValidate recorded without the collective or the replicas' digests."""
-    from accelpact.model.state import PC_VALIDATED
-
-    t = time.monotonic_ns()
-    self._act("RankValidate", self._st(PC_VALIDATED), {"digest": "", "duration_ns": time.monotonic_ns() - t})
+def _validate_nothing(self: Any, ep: Any) -> Done:
+    """skip-validation: a repair's RankValidate recorded without the collective or the replicas'
+    digests (a swap's validation is left as it is)."""
+    if ep.swap is not None:
+        return type(self)._validate(self, ep)
+    return Done({"digest": "", "duration_ns": 0})
 
 
 def _members_along_wrong_axis(self: Any, ep: Any) -> tuple[tuple[int, ...], str]:
@@ -54,23 +58,21 @@ def _members_along_wrong_axis(self: Any, ep: Any) -> tuple[tuple[int, ...], str]
     return tuple(members[p] - self.groups.index + j for j in ep.failed), f"{self.groups.name}-at{p}"
 
 
-def _claim_recorded_by_every_survivor(self: Any, ep: Any) -> None:
-    """claim-per-survivor: after the claims (the engine's own), every survivor records RankClaimSpare
-    for the claims it read, not only the one whose claim stood: two claims of one dead identity, as
-    the trace tells it."""
-    type(self)._claim_spares(self, ep)
-    self._act("RankClaimSpare", {"pc": self.pc}, {"claims": dict(ep.swap.claims), "decision": ep.swap.decision})
+def _claim_recorded_by_every_survivor(self: Any, ep: Any) -> Done | None:
+    """claim-per-survivor: every survivor performs RankClaimSpare, not only the one whose claim stood:
+    two claims of one dead identity, as the trace tells it."""
+    done = type(self)._claim_spares(self, ep)
+    if done is None and ep.swap.dead:
+        return Done({"claims": {d: None for d in ep.swap.dead}, "decision": ep.swap.decision})
+    return done
 
 
-def _validate_then_transfer(self: Any, ep: Any) -> None:
-    """validate-before-transfer: phase 6's validation runs before the state moves to the spare
-    (the spare's digest is its freshly built model's), then the transfer."""
-    type(self)._validate_replicas(self, ep)
-    type(self)._transfer_state(self, ep)
-
-
-def _nothing(self: Any, ep: Any) -> None:
-    """validate-before-transfer: the validation already ran (:func:`_validate_then_transfer`)."""
+def _validate_before_transfer(steps: tuple) -> tuple:
+    """validate-before-transfer: the swap's table with RankValidate before RankTransferState (the
+    spare's digest is its freshly built model's)."""
+    i = next(k for k, s in enumerate(steps) if s.action == "RankTransferState")
+    transfer, validate = steps[i], steps[i + 1]
+    return steps[:i] + (dataclasses.replace(validate, point=transfer.point), dataclasses.replace(transfer, point=None)) + steps[i + 2:]
 
 
 def _ignore_backend_errors(self: Any, observed: bool) -> None:
@@ -112,8 +114,7 @@ SEEDED_BUGS: dict[str, SeededBug] = {
     "claim-per-survivor": SeededBug("hot swap: every survivor records a claim of the dead identity's spare",
                                     engine={"_claim_spares": _claim_recorded_by_every_survivor}, control={}),
     "validate-before-transfer": SeededBug("hot swap: phase 6 validates the new group before the spare holds its state",
-                                          engine={"_transfer_state": _validate_then_transfer,
-                                                  "_validate_replicas": _nothing}, control={}),
+                                          engine={"SWAP_STEPS": _validate_before_transfer}, control={}),
     "wrong-members": SeededBug("phase 4 builds R's new communicator with the wrong membership (phase 6 must catch it)",
                                engine={"_new_members": _members_along_wrong_axis}, control={}),
     "ignore-backend-errors": SeededBug("the engine ignores the backends' recorded errors (get_error()) and aborts, before "
@@ -133,6 +134,14 @@ def check(name: str | None) -> None:
         raise ValueError(f"seeded_bug {name!r} is not a seeded bug; use one of {tuple(SEEDED_BUGS)} or None")
 
 
+def installer(name: str | None) -> Callable[..., None] | None:
+    """What the test hooks call at attach to install seeded bug ``name`` (``Hooks.install``:
+    ``install(engine=..., control=...)``); None for None.  ValueError, naming the seeded bugs, for
+    a name that is not one."""
+    check(name)
+    return None if name is None else functools.partial(install, name)
+
+
 def install(name: str | None, *, engine: Any = None, control: Any = None) -> None:
     """Replace, on these instances, what seeded bug ``name`` replaces (None: nothing).  ``_hold``
     is replaced by value, and with it the control plane's exit claim on an expired wait
@@ -146,6 +155,8 @@ def install(name: str | None, *, engine: Any = None, control: Any = None) -> Non
             if attr == "_hold":
                 engine._hold = fn
                 engine.control.claims_exit = False
+            elif attr.isupper():  # an episode table: replaced by what fn makes of the engine's own
+                setattr(engine, attr, fn(getattr(engine, attr)))
             elif hasattr(type(engine), attr):
                 setattr(engine, attr, types.MethodType(fn, engine))
     if control is not None:

@@ -16,7 +16,7 @@ and ``MASTER_PORT``)::
         run.boundary(loss)                              # the committed boundary: repairs happen here
     job.close()
 
-What each call owns (and what :mod:`accelpact.impl.launch.worker` used to wire by hand):
+What each call owns:
 
 * :func:`init` reads the launcher's environment, makes the backend's decisions before any group
   exists (:meth:`accelpact.impl.runtime.backends.Backend.prepare_process`: the device, NCCL's error
@@ -27,7 +27,7 @@ What each call owns (and what :mod:`accelpact.impl.launch.worker` used to wire b
   replica), ``replicate_group`` (the ranks holding the same shard in every replica), ``world_group``
   (every rank, for DDP) and ``mesh`` (a 2-D ``DeviceMesh`` ("replicate", "shard") over the same
   groups, for FSDP2).  It is collective: every rank calls it.
-* :meth:`TrainingJob.attach` finds the wrapper (FSDP1, FSDP2, DDP) and so R (the replicate group for
+* :meth:`Session.attach` finds the wrapper (FSDP1, FSDP2, DDP) and so R (the replicate group for
   HSDP, the world group for DDP), restores the latest *committed* DCP checkpoint if there is one
   (an L2 restart resumes there), and attaches the recovery engine (:class:`accelpact.impl.recovery.Pact`).
 * :meth:`Training.boundary` runs the engine's boundary and then, when due, the checkpoint (through
@@ -50,19 +50,40 @@ Your code and AccelPact (documented behaviour, spec/implementation.md "Public AP
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import importlib
 import os
+import sys
+import warnings
 import weakref
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
 
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from accelpact.model.contract import default_envelope, load_envelope
+
+from ..controlplane import ABORT_KEY, PREFIX, ControlPlane, progress_key
+from ..deadlines import DEFAULT_DEADLINE_S
+from ..exitcodes import code_for, exit_now
+from ..recovery import PactGroups, retired_watchdogs
+from ..spare import SpareEngine
+from ..rundir import RunDir
+from ..runtime import hotswap, revoke
 from ..runtime.backends import backend as _backend
 from ..runtime.backends import prebuilt_env_problem
-from ..controlplane import ABORT_KEY, PREFIX, progress_key
-from ..deadlines import DEFAULT_DEADLINE_S
+from ..runtime.checkpoint import CheckpointManager, latest_committed
+from ..runtime.retire import settle_threads
+from ..runtime.wrappers import wrapper, wrapper_of
+from ..trace import NullTrace, Trace
+from . import attempts, workload
+from .job import Topology
 
-__all__ = ["ApiError", "Settings", "Training", "TrainingJob", "build_recorded_groups", "init", "pact_groups"]
+__all__ = ["ApiError", "Settings", "Session", "Training", "build_recorded_groups", "init", "pact_groups"]
 
 
 class ApiError(RuntimeError):
@@ -162,9 +183,9 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None = None) -> i
 
 # ------------------------------------------------------------------------------------- the job
 @dataclass(eq=False)
-class TrainingJob:
-    """This rank's side of the job: what :func:`init` built.  Attach a model with :meth:`attach`;
-    end with :meth:`close`.  ``shard_group``/``replicate_group``/``world_group``/``mesh``: the
+class Session:
+    """This rank's session of the job, from :func:`init` to :meth:`close`: its settings, identity
+    (rank, attempt), store and groups, as :func:`init` built them.  Attach a model with :meth:`attach`.  ``shard_group``/``replicate_group``/``world_group``/``mesh``: the
     training groups to wrap your model with; ``device``: where its tensors belong."""
 
     settings: Settings
@@ -181,7 +202,6 @@ class TrainingJob:
     topology: Any
     groups: dict = field(default_factory=dict, repr=False)   # kind -> this rank's group at init
     records: dict = field(default_factory=dict, repr=False)
-    faults: tuple = ()
     training: "Training | None" = None
     _mesh: Any = field(default=None, repr=False)
     #: the control group's socket record (a hot swap revokes every group of the rank at once)
@@ -235,8 +255,6 @@ class TrainingJob:
         """The 2-D ``DeviceMesh`` ("replicate", "shard") over the same groups, for FSDP2 (built on first
         use; no collective).  A repair rebinds it through the FSDP2 adapter when the model uses it."""
         if self._mesh is None:
-            from torch.distributed.device_mesh import DeviceMesh
-
             self._mesh = DeviceMesh.from_group([self.replicate_group, self.shard_group], self.device.type,
                                                mesh=self.topology.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
         return self._mesh
@@ -246,8 +264,6 @@ class TrainingJob:
         groups over all of W built anew in ``g_next`` (:func:`accelpact.impl.runtime.hotswap.rebuild_wide`),
         and the checkpoints moved onto the new checkpoint group.  Returns the names of the groups built,
         the new control group and the socket records of the training groups rebuilt (by name)."""
-        from ..runtime import hotswap
-
         names = hotswap.rebuild_wide(self, g_next)
         t = self.training
         if t is not None and t.checkpoints is not None:
@@ -261,7 +277,7 @@ class TrainingJob:
     def attach(self, model: Any = None, optimizer: Any = None, *, checkpoint_dir: str | os.PathLike | None = None,
                checkpoint_every: int = 0, extra_state: Callable[[], Any] | None = None,
                trace_header: Mapping[str, Any] | None = None, hooks: Any = None,
-               rebuild: Callable[["TrainingJob", Any], tuple[Any, Any]] | None = None,
+               rebuild: Callable[["Session", Any], tuple[Any, Any]] | None = None,
                warmup: Callable[[], Any] | None = None) -> "Training | None":
         """Attach the recovery engine to a wrapped ``model`` and its ``optimizer``.
 
@@ -271,7 +287,8 @@ class TrainingJob:
         committed steps (0: never; an L2 restart then starts from step 0).  ``extra_state()``: any
         picklable per-rank state to save with each checkpoint (your data loader's position).
         ``trace_header``: extra fields for the trace's header.  ``hooks``: test-only
-        (:class:`accelpact.impl.hooks.Hooks`); faults given to :func:`init` are injected through them.
+        (:class:`accelpact.impl.hooks.Hooks`, what a test harness builds to inject faults or install a
+        seeded bug, e.g. ``accelpact.testing.faults.fault_hooks(job, "crash@backward:4:1")``); None: none.
 
         ``rebuild(job, extra)``: builds the wrapped model and its optimizer on the job's *current*
         groups (``job.shard_group``... ``job.mesh``) and returns ``(model, optimizer)``; ``extra`` is the
@@ -295,8 +312,6 @@ class TrainingJob:
             if rebuild is None:
                 raise ApiError("attach: pass the wrapped model and its optimizer, or rebuild=fn to build them")
             model, optimizer = rebuild(self, None)
-        from ..runtime.checkpoint import latest_committed
-
         start, restored_extra, resumed_from = 0, None, None
         ckpt = self._checkpoints(checkpoint_dir, checkpoint_every)
         if ckpt is not None:
@@ -306,12 +321,6 @@ class TrainingJob:
                 start, restored_extra, resumed_from = c, restored.cursor, c
         # whether a failure in forward or backward can be discarded in place (P17): the checker's envelope
         trace = self._trace(model, start, {"discard": rebuild is not None, **(trace_header or {})})
-        if hooks is None:
-            from ...testing.faults import FaultPlan
-            from ..hooks import FaultInjector, Hooks
-
-            faults = tuple(f for f in self.faults if f.attempt == self.attempt)
-            hooks = Hooks(injector=FaultInjector(FaultPlan(faults))) if faults else None
         training = Training(job=self, pact=None, checkpoints=ckpt, start_step=start, resumed_from=resumed_from,
                             restored_extra=restored_extra, extra_state=extra_state, wrapper="", rebuild=rebuild,
                             hooks=hooks)
@@ -325,10 +334,6 @@ class TrainingJob:
             return None
         if checkpoint_dir is None:
             raise ApiError("attach: checkpoint_every needs checkpoint_dir (where the DCP checkpoints go)")
-        import torch.distributed as dist
-
-        from ..runtime.checkpoint import CheckpointManager
-
         return CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
                                  store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
 
@@ -339,8 +344,6 @@ class TrainingJob:
         per job: every engine of the job decides with it and every trace header carries it
         (``platform``, ``envelope``), so the trace checker models the contract the engine had, not the
         one the checker would assume (an unqualified platform's failures are L2)."""
-        from accelpact.model.contract import default_envelope, load_envelope
-
         envelope = load_envelope(self.settings.envelope) if self.settings.envelope else default_envelope()
         return _backend(self.backend).platform, envelope
 
@@ -349,14 +352,8 @@ class TrainingJob:
         return {"platform": platform, "envelope": envelope.to_json()}
 
     def _trace(self, model: Any, start: int, trace_header: Mapping[str, Any] | None, path: Any = None) -> Any:
-        from .rundir import RunDir
-        from ..trace import NullTrace, Trace
-        from ..runtime.wrappers import wrapper
-
         if self.settings.trace_dir is None:
             return NullTrace()
-        from ..runtime.wrappers import wrapper_of
-
         wrap = wrapper_of(model)
         kind = wrapper(wrap.name).recovers
         header = dict(world=self.world, nodes=self.topology.nodes, ranks_per_node=self.topology.ranks_per_node,
@@ -366,23 +363,14 @@ class TrainingJob:
         header.update(trace_header or {})
         return Trace(path or RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
 
-    def _join_as_spare(self, rebuild: Callable[["TrainingJob", Any], tuple[Any, Any]], *, checkpoint_dir: Any,
+    def _join_as_spare(self, rebuild: Callable[["Session", Any], tuple[Any, Any]], *, checkpoint_dir: Any,
                        checkpoint_every: int, extra_state: Any, trace_header: Any, hooks: Any,
                        warmup: Callable[[], Any] | None = None) -> "Training | None":
         """A spare: idle on the control plane until a survivor's claim hands it a dead identity
-        (``SpareJoin``), then the swap's episode as that rank (:class:`accelpact.impl.recovery.SpareEngine`:
+        (``SpareJoin``), then the swap's episode as that rank (:class:`accelpact.impl.spare.SpareEngine`:
         agreement, every group built in g+1, the model built by ``rebuild``, the state received from a
         live replica, validation, release); returns the training at the dead rank's frontier.  None:
         the job ended without needing this spare.  An abort of the job ends the spare with its code."""
-        import copy
-
-        from ..runtime import hotswap
-        from ..controlplane import ControlPlane
-        from ..exitcodes import code_for, exit_now
-        from ..recovery import SpareEngine
-        from .rundir import RunDir
-        from ..trace import NullTrace, Trace
-
         k = self.spare
         assert k is not None
         hotswap.warm_up()
@@ -449,8 +437,6 @@ class TrainingJob:
         """End of training on every rank: wait until every rank got here (a rank leaving early closes
         sockets under its peers), stop the engine, end its threads' store waits and join them (no
         C++ wait may be in flight when the interpreter finalizes), destroy the groups.  Collective."""
-        import torch.distributed as dist
-
         if self.spare is not None:  # a spare the job never needed: it holds no group
             return
         run = self.training
@@ -461,8 +447,6 @@ class TrainingJob:
                            "optimizer step is not committed without it: not repaired, not checkpointed)")
         dist.barrier(group=self.checkpoint_group)
         if self.training is not None:
-            from ..recovery import retired_watchdogs, settle_threads
-
             pact = self.training.pact
             if self.training._watcher is not None:
                 self.training._watcher.stop()
@@ -474,8 +458,6 @@ class TrainingJob:
                 old.wake_and_join()
             left = settle_threads()
             if left:
-                import sys
-
                 print(f"accelpact: job.close(): engine thread(s) {left} still running after 10 s; the interpreter's "
                       "teardown may abort the process (exit -6) if one is inside a C++ call then", file=sys.stderr, flush=True)
         dist.destroy_process_group()  # every group, in order, before the interpreter's teardown
@@ -489,11 +471,7 @@ def identity_message(spare: int, rank: int, launcher_rank: str | None) -> str:
 
 def _announce_identity(spare: int, rank: int, launcher_rank: str | None) -> None:
     """Log the identity on stderr and, where ``setproctitle`` is installed (optional), in the process title."""
-    import sys
-
     print(identity_message(spare, rank, launcher_rank), file=sys.stderr, flush=True)
-    import importlib
-
     try:
         titles: Any = importlib.import_module("setproctitle")  # optional: never a dependency
     except ImportError:
@@ -502,11 +480,9 @@ def _announce_identity(spare: int, rank: int, launcher_rank: str | None) -> None
 
 
 def single_replica_message(topology: Any, wrapper_name: str) -> str | None:
-    """What :meth:`TrainingJob.attach` warns when R cannot be repaired in place: a hybrid wrapper
+    """What :meth:`Session.attach` warns when R cannot be repaired in place: a hybrid wrapper
     (R = the replicate group) on a world of one replica, where every replicate group is a single
     rank; None when R has peers (always for DDP, whose R is the world group)."""
-    from ..runtime.wrappers import wrapper
-
     world = topology.nodes * topology.ranks_per_node
     if world < 2 or topology.nodes != 1 or wrapper(wrapper_name).recovers != "replicate":
         return None
@@ -519,8 +495,6 @@ def single_replica_message(topology: Any, wrapper_name: str) -> str | None:
 
 def _warn_if_single_replica(topology: Any, wrapper_name: str, rank: int) -> None:
     """Warn once per job, on rank 0 (every rank would print the same message)."""
-    import warnings
-
     msg = single_replica_message(topology, wrapper_name)
     if msg is not None and rank == 0:
         warnings.warn(msg, UserWarning, stacklevel=3)
@@ -541,7 +515,7 @@ def _progress_hook(store: Any, key: str, pact: Any) -> Callable[..., None]:
 
 
 class _Groups:
-    """The training groups by kind, as :func:`accelpact.impl.launch.worker.pact_groups` reads them."""
+    """The training groups by kind, as :func:`pact_groups` reads them."""
 
     def __init__(self, groups: dict) -> None:
         self.__dict__.update(groups)
@@ -558,7 +532,7 @@ class Training:
     (:class:`accelpact.impl.recovery.Pact`: ``reports``, ``gen``, ``frontier``); a hot swap replaces
     it (and the model: :attr:`module`, :attr:`optimizer`) with one of the next generation."""
 
-    job: TrainingJob
+    job: Session
     pact: Any
     checkpoints: Any
     start_step: int
@@ -566,7 +540,7 @@ class Training:
     restored_extra: Any
     extra_state: Callable[[], Any] | None
     wrapper: str
-    rebuild: Callable[[TrainingJob, Any], tuple[Any, Any]] | None = None
+    rebuild: Callable[[Session, Any], tuple[Any, Any]] | None = None
     hooks: Any = None
     spare_index: int | None = None
     #: steps whose checkpoint this rank saved: (step, seconds)
@@ -688,7 +662,7 @@ class Training:
         if self.discarded:
             return None
         if self._collect_due:  # the second commit after a rebuild: the old generation is unreachable by then
-            from ..recovery import collect_off_path
+            from ..runtime.retire import collect_off_path
 
             self._collect_due -= 1
             if not self._collect_due:
@@ -715,7 +689,7 @@ class Training:
         repair's report, if there was one."""
         from ..runtime.checkpoint import CheckpointError, SaveFailed
         from ..runtime.hotswap import SwapNeeded
-        from ..watchdog import WIDE_ENTRY
+        from ..controlplane import WIDE_ENTRY
 
         report = None
         for _try in range(SAVE_TRIES):
@@ -792,13 +766,9 @@ def build_recorded_groups(workload, topo, rank: int, backend: str, timeout, devi
     """``workload.build_groups`` plus the socket record of every group this rank belongs to.
 
     The engine revokes a gloo group by shutting down the sockets recorded when it was built
-    (:func:`accelpact.impl.revoke.recorded`).  Returns ``(groups, records)`` with records keyed
+    (:func:`accelpact.impl.runtime.revoke.recorded`).  Returns ``(groups, records)`` with records keyed
     "shard", "replicate", "world".
     """
-    import torch.distributed as dist
-
-    from .. import revoke
-
     records = {}
     extra = _backend(backend).init_kwargs(device) if device is not None else {}
 
@@ -815,9 +785,6 @@ def build_recorded_groups(workload, topo, rank: int, backend: str, timeout, devi
 def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups, records: dict):
     """The engine's :class:`~accelpact.impl.recovery.PactGroups` of this rank: R is its group of the
     wrapper's kind (``Wrapper.recovers``); the others are kept (by name) for fault injection."""
-    from ..recovery import PactGroups
-    from ..runtime.wrappers import wrapper
-
     kind = wrapper(wrapper_name).recovers
     return PactGroups(control=control_group, affected=getattr(groups, kind), members=topo.group(kind, rank),
                       record=records[kind], name=kind, index=topo.group_index(kind, rank),
@@ -833,8 +800,6 @@ def _exit_cleanly_on_uncaught() -> None:
     -6; seen after an ``ApiError`` at a second ``attach``).  Installed once, at :func:`init`, after the
     default group exists: torch's own hook then prints the traceback (with its ``[rankN]:`` prefix)
     and this one exits."""
-    import sys
-
     if getattr(sys.excepthook, "_accelpact", False):
         return
     previous = sys.excepthook
@@ -851,13 +816,12 @@ def _exit_cleanly_on_uncaught() -> None:
     sys.excepthook = hook
 
 
-def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any = None, faults: Any = None,
-         env: Mapping[str, str] | None = None, **settings: Any) -> TrainingJob:
+def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any = None,
+         env: Mapping[str, str] | None = None, **settings: Any) -> Session:
     """Build this rank's job (collective: every rank calls it, before building its model).
 
-    ``backend``/``replicas`` and the keyword ``settings`` are :class:`Settings` fields.  ``faults``:
-    test faults to inject (a flag string such as ``"collective_timeout@boundary:3:0,2"``, see
-    :meth:`accelpact.testing.faults.Fault.parse_flag`, or scenario fault objects); never set in production.
+    ``backend``/``replicas`` and the keyword ``settings`` are :class:`Settings` fields.  Test faults
+    are not a setting: a test passes its hooks at :meth:`Session.attach`.
 
     If the default process group exists already (your own ``init_process_group``), it is used as
     is; under torchrun restarts it must then have been created on a store namespaced by the restart
@@ -865,13 +829,6 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     (``init_device_mesh(device, (replicas, shards), mesh_dim_names=("replicate", "shard"))``) whose
     groups become the job's shard and replicate groups (NCCL only: see :func:`_check_user_mesh`).
     """
-    import torch
-    import torch.distributed as dist
-
-    from . import attempts, workload
-    from ...testing.faults import Fault, parse_faults
-    from .job import Topology
-
     env = os.environ if env is None else env
     s = Settings.resolve(env, backend=backend, replicas=replicas, **settings)
     if s.backend is None:
@@ -904,22 +861,17 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
         raise ApiError(why)
     device = be.prepare_process(local_rank)
     topo = Topology(n, world // n)
-    fault_list: tuple[Fault, ...] = ()
-    if faults:
-        raw = [Fault.parse_flag(faults)] if isinstance(faults, str) else list(faults)
-        fault_list = parse_faults([f.to_json() if isinstance(f, Fault) else f for f in raw], "faults", world=world,
-                                  steps=None, groups=("shard", "replicate", "world"))
 
     timeout = timedelta(seconds=s.pg_timeout_s)
     store = dist.TCPStore(_env(env, "MASTER_ADDR"), _env_int(env, "MASTER_PORT"), is_master=False, timeout=timeout)
     # the job's attempt, the same on every agent's workers (attempts.py: torchrun's restart count is not)
     attempt = attempts.start(store, {**env, "RANK": str(rank)})
     astore = dist.PrefixStore(f"attempt{attempt}", store)
-    if rank >= world:  # a spare: no group until it takes a dead rank's identity (TrainingJob.attach)
+    if rank >= world:  # a spare: no group until it takes a dead rank's identity (Session.attach)
         _exit_cleanly_on_uncaught()
-        return TrainingJob(settings=s, rank=-1, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
+        return Session(settings=s, rank=-1, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                            device=device, store=store, attempt_store=astore, control_group=None,
-                           checkpoint_group=None, topology=topo, faults=fault_list, spares=s.spares,
+                           checkpoint_group=None, topology=topo, spares=s.spares,
                            spare=rank - world)
     if not dist.is_initialized():
         dist.init_process_group(be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
@@ -932,8 +884,6 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     _exit_cleanly_on_uncaught()
     # out-of-band gloo groups over W, in the same order on every rank: the engine's control group
     # (failure flag, validation) and DCP's (never a communicator that may fail)
-    from .. import revoke
-
     control_group, control_record = revoke.recorded(
         lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0))), "gloo")
     checkpoint_group, checkpoint_record = revoke.recorded(lambda: dist.new_group(backend="gloo", timeout=timeout), "gloo")
@@ -951,9 +901,9 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
         for g in (mine["shard"], mine["replicate"]):  # the mesh's own timeout is not collective_timeout_s (spec/nccl.md row 21)
             be.set_timeout(g, s.collective_timeout_s)
         records = {k: revoke.record_group(g, be.name) for k, g in mine.items()}
-    return TrainingJob(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
+    return Session(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                        device=device, store=store, attempt_store=astore, control_group=control_group,
-                       checkpoint_group=checkpoint_group, topology=topo, records=records, faults=fault_list,
+                       checkpoint_group=checkpoint_group, topology=topo, records=records,
                        groups=mine, _mesh=mesh, control_record=control_record, checkpoint_record=checkpoint_record,
                        spares=s.spares)
 

@@ -37,13 +37,16 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["add_arguments", "run", "validate_args", "DemoArgumentError"]
-
+from ...model.faults import IN_FLIGHT
+from ..rundir import RunDir
 from ..runtime.backends import BACKEND_NAMES, backend
-from ...testing.faults import IN_FLIGHT
-from .job import Job, Topology, Workload
-from .rundir import RunDir
 from ..runtime.wrappers import WRAPPER_NAMES, wrapper
+from .job import Job, Topology, Workload
+from .launch import LaunchError, l1_episodes, l2_episodes, run_reference, run_torchrun, swap_episodes
+from .plot import timeline
+from .snapshots import compare_runs
+
+__all__ = ["add_arguments", "run", "validate_args", "DemoArgumentError"]
 
 #: the fault kinds the L2 path may use in flight (both are rejected by the contract: C3 rule 1)
 INFLIGHT_KINDS = ("exception", "crash")
@@ -168,8 +171,6 @@ class _Progress(threading.Thread):
 
 
 def _launch(label: str, job: Job, nproc: int, restarts: int, args, console):
-    from .launch import run_torchrun
-
     prog = None
     if not args.quiet:
         prog = _Progress(label, Path(job.out), args.steps, console)
@@ -200,10 +201,6 @@ def run(args: argparse.Namespace) -> int:
     if why:
         print(f"accelpact demo: error: {why}. Use --backend gloo.", file=sys.stderr)
         return 2
-
-    from .launch import LaunchError, l1_episodes, l2_episodes, run_reference, swap_episodes
-    from .plot import timeline
-    from .workload import compare_runs
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ...model.faults import Fault, FaultError, parse_faults
 from ..deadlines import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, default_step_deadline  # noqa: F401 - re-exported
+from ..rundir import RunDir
 from ..runtime.backends import BACKEND_NAMES
-from ...testing.faults import Fault, FaultError, parse_faults
 from ..runtime.wrappers import WRAPPER_NAMES, wrapper
 
 __all__ = ["FieldError", "Job", "JobError", "Topology", "Workload", "load_job"]
@@ -195,9 +196,9 @@ class Workload:
 class Job:
     """One run: the scenario it plays, where it writes (``out``), and how it runs.
 
-    ``faults``: every attempt's faults (``Fault.attempt``); ``seeded_bug``: a deliberately broken
-    engine for the conformance suite's teeth (:data:`accelpact.impl.hooks.SEEDED_BUGS`), never set
-    by users; ``envelope``: the path of an envelope file (None: the default envelope);
+    ``faults``: every attempt's faults (``Fault.attempt``); ``seeded_bug``: the name of a deliberately
+    broken engine for the conformance suite's teeth, which the harness's rank program validates and
+    installs (:mod:`accelpact.testing.seeded`; this module does not interpret it); ``envelope``: the path of an envelope file (None: the default envelope);
     ``dead_after_s``: the failure detector's silence threshold (None: its default, spec/detection.md)."""
 
     topology: Topology
@@ -225,8 +226,6 @@ class Job:
     @classmethod
     def parse(cls, raw: Any, where: str = "job") -> "Job":
         """Validate a job mapping (the ``job.json`` format); every error names the field."""
-        from ..hooks import SEEDED_BUGS
-
         j = check_object(where, raw, ("topology", "workload", "out"), tuple(k for k in cls.FIELDS if k not in
                                                                              ("topology", "workload", "out")), error=JobError)
         topo = Topology.parse(j["topology"], "topology", JobError)
@@ -247,8 +246,8 @@ class Job:
             if j.get(k) is not None:
                 seconds[k] = check_seconds(k, j[k], JobError)
         bug = j.get("seeded_bug")
-        if bug is not None and bug not in SEEDED_BUGS:
-            raise JobError(f"seeded_bug: {bug!r} is not a seeded bug; use one of {list(SEEDED_BUGS)} or null")
+        if bug is not None and (not isinstance(bug, str) or not bug):
+            raise JobError(f"seeded_bug: must be the name of a seeded bug (accelpact.testing.seeded) or null, got {bug!r}")
         env = j.get("envelope")
         if env is not None and not isinstance(env, str):
             raise JobError(f"envelope: must be the path of an envelope file or null, got {env!r}")
@@ -292,8 +291,6 @@ class Job:
 
     def write(self) -> Path:
         """Write ``<out>/job.json`` (creating ``out``); return its path."""
-        from .rundir import RunDir
-
         path = RunDir(self.out).job
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".job.json.{os.getpid()}.tmp")

@@ -3,7 +3,7 @@
 ``python -m accelpact.impl.launch.keeper -- CMD [ARGS...]`` (the ``--`` may be left out) runs ``CMD`` as
 this rank's worker.
 
-Why it exists (hot swap, issue 13; spec/hotswap.md).  torchrun's elastic agent
+Why it exists (hot swap; spec/hotswap.md).  torchrun's elastic agent
 (``torch/distributed/elastic/agent/server/api.py``, ``SimpleElasticAgent._invoke_run``) polls its
 worker group, and as soon as *any* worker has exited non-zero the group is ``FAILED``: the agent
 stops every worker of the group (``_stop_workers``: SIGTERM, then SIGKILL, to each worker's process
@@ -18,8 +18,8 @@ between the agent and the training process: the agent sees the keeper, the keepe
 
   - The child exits 0: the keeper exits 0.
   - The child exits with a code > 0 (a fail-stop exit: 70, 71, 72, 73, 1, ...): the keeper exits
-    with that code at once, so torchrun sees exactly what it saw before and an L2 restart happens
-    exactly as before.
+    with that code at once, so torchrun sees exactly what it would see without the keeper and an
+    L2 restart happens exactly as without it.
   - The child is killed by a signal (a crash) and this is a training rank
     (``RANK < WORLD_SIZE - ACCELPACT_SPARES``): the keeper posts a *death notice* on the job's store
     (:func:`post_death`, under ``attempt{n}/``, n the job's attempt: :mod:`accelpact.impl.launch.attempts`) and stays alive, so the agent
@@ -60,7 +60,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from ..controlplane import ABORT_KEY, DEATHS_KEY, assign_key, death_key, depose_key, parse_assignment, spare_gone_key
+from ..controlplane import ABORT_KEY, CLOSED, DEATHS_KEY, assign_key, death_key, depose_key, parse_assignment, spare_gone_key
+from . import attempts
 
 __all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death", "spare_died",
            "wait_for_end"]
@@ -74,10 +75,8 @@ DEFAULT_WAIT_S = 86400.0
 
 #: Store keys, under the attempt's namespace (``attempt{n}/``): their one
 #: home is :mod:`accelpact.impl.controlplane` (``DEATHS_KEY``: the count of death notices posted,
-#: notice n at ``death_key(n)``; ``ABORT_KEY``: the job-wide abort key).
-#: The abort key's value when the job ended normally (same value as
-#: :data:`accelpact.impl.watchdog.CLOSED`, repeated here so the keeper imports nothing heavy).
-CLOSED = "closed"
+#: notice n at ``death_key(n)``; ``ABORT_KEY``: the job-wide abort key; ``CLOSED``: its value when the
+#: job ended normally).
 
 #: How often the keeper looks at the abort key while it waits for the job's end.
 POLL_S = 0.1
@@ -190,8 +189,6 @@ def _attempt_store(env: Mapping[str, str], store: Any = None) -> Any:
     worker counted its start it names the previous attempt."""
     import torch.distributed as dist
 
-    from . import attempts
-
     store = store if store is not None else _job_store(env)
     return dist.PrefixStore(f"attempt{attempts.current(store, env)}", store)
 
@@ -266,7 +263,7 @@ def _watch_depose(env: Mapping[str, str], rank: int, proc: subprocess.Popen, don
     training rank's worker holds ``rank`` from generation 0; spare ``spare``'s worker holds none until
     a claim of generation ``g`` assigns it one (``swap/assign/{spare}``), and from then on the key
     watched is that identity's for holder ``g + 1`` (a swapped-in spare is deposed as the rank it
-    holds: soak K7).  Polls until ``done``; the store client it made goes into ``connected`` (the
+    holds; see bench/README.md, K7).  Polls until ``done``; the store client it made goes into ``connected`` (the
     death notice reuses it)."""
     store = None
     key = depose_key(rank, 0) if spare is None else None  # a spare's: once a claim assigned it an identity

@@ -1,9 +1,9 @@
 """Launching jobs: under torchrun (the L2 supervisor, model ``SupervisorRestart``) or a local launcher.
 
-* :func:`run_torchrun` runs ``python -m torch.distributed.run ... -m accelpact.impl.launch.worker --job J``
+* :func:`run_torchrun` runs ``python -m torch.distributed.run ... -m accelpact.testing.worker --job J``
   with a c10d rendezvous on a free loopback port.  torchrun restarts *every* worker on any non-zero
   exit (``TORCHELASTIC_RESTART_COUNT`` increments); the worker namespaces its store by that count
-  (see :mod:`accelpact.impl.launch.worker`).  The launch is always bounded: on timeout the whole process
+  (see :mod:`accelpact.testing.worker`).  The launch is always bounded: on timeout the whole process
   group (agent and workers) is killed.
 * :func:`run_local` spawns the workers directly with the same environment variables torchrun sets
   and hosts the store itself (so it survives worker deaths).  No restarts; used by tests that need
@@ -22,7 +22,7 @@ crashed rank's death is not taken for the job's by torchrun.  With S = 0 nothing
 
 Every child process is started, waited on and reaped by one :class:`ProcessSet` (also the core of
 the multi-process test harness, :mod:`accelpact.testing`).  Every file name of a run folder comes
-from :class:`~accelpact.impl.launch.rundir.RunDir`; the job is the typed :class:`~accelpact.impl.launch.job.Job`.
+from :class:`~accelpact.impl.rundir.RunDir`; the job is the typed :class:`~accelpact.impl.launch.job.Job`.
 
 No torch import at module level: the launcher process itself never needs torch, except
 :func:`run_local`, which hosts a TCPStore.
@@ -46,7 +46,7 @@ from typing import IO, Any, Callable, Mapping, Sequence
 
 from .job import Job, Topology
 from .keeper import SPARES_ENV  # torch-free
-from .rundir import RunDir
+from ..rundir import RunDir
 
 __all__ = [
     "LaunchError",
@@ -66,7 +66,7 @@ __all__ = [
     "worker_env",
 ]
 
-WORKER_MODULE = "accelpact.impl.launch.worker"
+WORKER_MODULE = "accelpact.testing.worker"  # the harness's rank program (it arms the job's faults)
 KEEPER_MODULE = "accelpact.impl.launch.keeper"
 
 
@@ -331,7 +331,7 @@ def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, time
     With ``job.topology.spares`` = S > 0, torchrun starts ``nproc + S`` processes
     (``--nproc-per-node``; ranks ``nproc ..`` are the spares), the agent's environment has
     ``ACCELPACT_SPARES=S`` (its workers inherit it), and each process is
-    ``python -m accelpact.impl.launch.keeper -- python -m accelpact.impl.launch.worker --job J``: the keeper turns a
+    ``python -m accelpact.impl.launch.keeper -- python -m accelpact.testing.worker --job J``: the keeper turns a
     training rank's crash into a death notice instead of a failed worker (see
     :mod:`accelpact.impl.launch.keeper`); fail-stop exits reach torchrun unchanged.
 
@@ -402,7 +402,7 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
     ``spares`` (default ``job.topology.spares``) = S > 0: S more processes, ranks ``nproc ..
     nproc + S - 1``, run the worker directly as spares; every process gets ``WORLD_SIZE`` =
     ``LOCAL_WORLD_SIZE`` = ``nproc + S`` and ``ACCELPACT_SPARES`` = S, and each training rank runs
-    under a keeper (``python -m accelpact.impl.launch.keeper -- python -m accelpact.impl.launch.worker ...``, its
+    under a keeper (``python -m accelpact.impl.launch.keeper -- python -m accelpact.testing.worker ...``, its
     worker a child in the keeper's process group), so ``on_start`` gets the keepers' processes for
     ranks < ``nproc``.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares.
 

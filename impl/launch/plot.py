@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .rundir import RunDir
+from ..rundir import RunDir
 
 if TYPE_CHECKING:
     from .launch import LaunchResult

@@ -1,8 +1,9 @@
 """Training workload used by tests, the demo and the benchmarks (the model's S_app).
 
-A tiny char-level transformer LM over a shipped English corpus, wrapped in FSDP1 HYBRID_SHARD,
-FSDP2 HSDP (``fully_shard`` on a 2-D mesh) or DDP; deterministic initialisation, deterministic
-batches addressed by (step, data-parallel index), and per-rank snapshots for bit-identity checks.
+A tiny char-level transformer LM over a shipped English corpus, wrapped in FSDP1 HYBRID_SHARD or
+_HYBRID_SHARD_ZERO2, FSDP2 HSDP (``fully_shard`` on a 2-D mesh) or DDP; deterministic initialisation,
+deterministic batches addressed by (step, data-parallel index), and per-rank snapshots for
+bit-identity checks.
 
 Ordering requirements:
 * ``build_groups`` is collective over the default group: every rank calls it, in the same order
@@ -29,8 +30,8 @@ from ..runtime.backends import backend as _backend
 from .job import Topology
 from ..runtime.wrappers import GROUP_KINDS, WRAPPER_NAMES, wrapper
 
-__all__ = ["DataCursor", "Groups", "Job", "Topology", "WorkloadSpec", "build_groups", "build_job", "groups_of", "compare_snapshots",
-           "compare_runs", "local_params", "r_group", "r_ranks", "snapshot", "train_step"]
+__all__ = ["App", "DataCursor", "Groups", "Topology", "WorkloadSpec", "build_groups", "build_job", "groups_of",
+           "local_params", "r_group", "r_ranks", "snapshot", "train_step"]
 
 
 # --------------------------------------------------------------------------- groups
@@ -202,9 +203,12 @@ class CharLM(nn.Module):
         return self.head(self.norm(h))
 
 
-# --------------------------------------------------------------------------- job
+# --------------------------------------------------------------------------- app
 @dataclass
-class Job:
+class App:
+    """One rank's training application (S_app): the wrapped model, its optimizer and the data cursor on
+    the job's groups, and the next step."""
+
     spec: WorkloadSpec
     topo: Topology
     groups: Groups
@@ -247,8 +251,9 @@ def _per_gradient_allreduce(ddp, bucket):
 _per_gradient_allreduce.__annotations__ = {"bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
 
 
-def wrap_fsdp1(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
-    """FSDP1 HYBRID_SHARD over explicit (shard, replicate) groups, one unit per block."""
+def _fsdp1(model: nn.Module, groups: Groups, strategy: str) -> nn.Module:
+    """FSDP1 with the hybrid ``strategy`` (a ``ShardingStrategy`` name) over explicit (shard,
+    replicate) groups, one unit per block."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -256,11 +261,22 @@ def wrap_fsdp1(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Modul
     return FSDP(
         model,
         process_group=(groups.shard, groups.replicate),
-        sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+        sharding_strategy=ShardingStrategy[strategy],
         auto_wrap_policy=ModuleWrapPolicy({Block}),
         use_orig_params=False,
         device_id=groups.device,  # the backend's device; cpu_offload stays off (spec/torch-facts.md)
     )
+
+
+def wrap_fsdp1(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
+    """FSDP1 HYBRID_SHARD over explicit (shard, replicate) groups, one unit per block."""
+    return _fsdp1(model, groups, "HYBRID_SHARD")
+
+
+def wrap_fsdp1_zero2(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
+    """FSDP1 _HYBRID_SHARD_ZERO2 (ZeRO-2 in the shard group, replicated over R) over explicit (shard,
+    replicate) groups, one unit per block: the parameters stay unsharded from forward to backward."""
+    return _fsdp1(model, groups, "_HYBRID_SHARD_ZERO2")
 
 
 def wrap_fsdp2(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
@@ -288,7 +304,7 @@ def wrap_ddp(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
     return module
 
 
-def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> Job:
+def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> App:
     """Build the wrapped model (``WRAPPERS[spec.wrapper].wrap``), AdamW and the data cursor
     (identical init on all ranks)."""
     torch.manual_seed(spec.seed)
@@ -296,10 +312,10 @@ def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> Job:
     module = wrapper(spec.wrapper).wrap_fn()(model, groups, spec)
     optimizer = torch.optim.AdamW(module.parameters(), lr=spec.lr, foreach=False)
     cursor = DataCursor(spec.seed, spec.batch, spec.seq, dp_index=groups.rank, dp_size=topo.world)
-    return Job(spec, topo, groups, module, optimizer, cursor)
+    return App(spec, topo, groups, module, optimizer, cursor)
 
 
-def train_step(job: Job, step: int) -> torch.Tensor:
+def train_step(job: App, step: int) -> torch.Tensor:
     """One optimizer step: forward, backward, ``optimizer.step()``, ``zero_grad(set_to_none=True)``,
     cursor advance. Returns the detached local loss."""
     if step != job.cursor.kappa:
@@ -347,7 +363,7 @@ def _clone_tree(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
-def snapshot(job: Job) -> dict:
+def snapshot(job: App) -> dict:
     """Per-rank state for bit-identity checks (spec/torch-facts.md: shards, optimizer, RNG, step, cursor)."""
     return {
         "step": job.step,
@@ -356,51 +372,3 @@ def snapshot(job: Job) -> dict:
         "optimizer": _clone_tree(job.optimizer.state_dict()),
         "rng": torch.get_rng_state().clone(),
     }
-
-
-def compare_snapshots(a: Any, b: Any, path: str = "snapshot") -> tuple[bool, str]:
-    """(equal, first_difference) with ``torch.equal`` on tensors; '' when equal."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False, f"{path}: tensor vs {type(b if isinstance(a, torch.Tensor) else a).__name__}"
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return False, f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
-        if not torch.equal(a, b):
-            diff = (a.double() - b.double()).abs().max().item() if a.is_floating_point() else "n/a"
-            return False, f"{path}: values differ (max abs diff {diff})"
-        return True, ""
-    if isinstance(a, dict) and isinstance(b, dict):
-        if list(a.keys()) != list(b.keys()):
-            return False, f"{path}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
-        for k in a:
-            ok, why = compare_snapshots(a[k], b[k], f"{path}[{k!r}]")
-            if not ok:
-                return ok, why
-        return True, ""
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b):
-            return False, f"{path}: length {len(a)} vs {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            ok, why = compare_snapshots(x, y, f"{path}[{i}]")
-            if not ok:
-                return ok, why
-        return True, ""
-    if type(a) is not type(b) or a != b:
-        return False, f"{path}: {a!r} vs {b!r}"
-    return True, ""
-
-
-def compare_runs(reference: Any, run: Any, world: int) -> tuple[bool, str]:
-    """Every rank's final snapshot (``RunDir.final``) of ``run`` against ``reference``'s (run folders):
-    (equal, the first difference or a one-line summary)."""
-    from .rundir import RunDir
-
-    ref, out = RunDir(reference), RunDir(run)
-    for r in range(world):
-        if not out.final(r).exists():
-            return False, f"rank {r} wrote no final snapshot ({out.final(r)})"
-        ok, why = compare_snapshots(torch.load(ref.final(r), weights_only=False), torch.load(out.final(r), weights_only=False),
-                                    f"rank {r}")
-        if not ok:
-            return False, why
-    return True, f"all {world} ranks torch.equal (params, optimizer state, RNG, step, cursor)"

@@ -2,8 +2,9 @@
 
 Backends (gloo, NCCL: drain, abort, rebuild), training wrappers and their adapters (DDP, FSDP1,
 FSDP2: rebinding a wrapper to a rebuilt group), committed checkpoints, state digests, the L1
-replace strategies and the hot swap of a spare.  This layer may import torch, the model
-(``accelpact.model``) and the engine's leaf modules (``accelpact.impl.controlplane``,
-``accelpact.impl.trace``, ...); it never imports the launcher (``accelpact.impl.launch``) or the
-test tooling (``accelpact.testing``).  The engine imports it lazily where it needs torch.
+replace strategies, revoke, retiring replaced groups and the hot swap of a spare.  This layer may
+import torch, the model (``accelpact.model``) and the engine's foundations (``controlplane``'s store
+keys, ``threadname``, ``exitcodes``); it never imports the engine's protocol modules (``recovery``,
+``episode``, ``effects``, ``watchdog``, ``detector``, ``guard``, ``hooks``), the launcher
+(``accelpact.impl.launch``) or the test tooling (``accelpact.testing``): import-linter checks it.
 """

@@ -20,6 +20,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from .sockets import record_group, record_sockets
+
 __all__ = ["BACKENDS", "BACKEND_NAMES", "CONNECT_FLOOR_S", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "detector_defaults", "for_device", "prebuilt_env_problem", "one_gpu_env",
            "one_gpu_mode", "recorded_errors", "wait_bounded"]
 
@@ -43,7 +45,7 @@ CONNECT_FLOOR_S = 2.0
 class Backend:
     """One collective backend.  ``platform``: the observation key's platform (spec/contract.md);
     ``device_type``: where its collectives' tensors live; ``revoke``: how a group of it is revoked
-    (``sockets``: its connected sockets shut down, :mod:`accelpact.impl.revoke`; ``abort``: its
+    (``sockets``: its connected sockets shut down, :mod:`accelpact.impl.runtime.revoke`; ``abort``: its
     communicator aborted, :meth:`abort`)."""
 
     name: str
@@ -52,7 +54,7 @@ class Backend:
     revoke: str
     #: Whether ``work.wait(timeout)`` that times out leaves the op pending and its group untouched,
     #: so a wait can be sliced into blocking waits with a check between slices (gloo: it raises
-    #: "timed out" and the op completes later with the right result, measured, spec/torch-facts.md;
+    #: "timed out" and the op completes later with the right result, spec/torch-facts.md;
     #: NCCL: a timed-out wait aborts the communicator).  :func:`wait_bounded` uses it.
     sliced_wait: bool = False
     #: The failure detector's default heartbeat silence before a peer is DEAD on this backend (s;
@@ -67,8 +69,8 @@ class Backend:
     detector_hang_floor_s: float = 5.0
     #: How many times its connect timeout a group build can wait on a member that died after publishing
     #: its address (gloo: the pair connect is retried, and a side waiting to be dialled raises "Connect
-    #: timeout" after 5 x its timeout, measured, spec/torch-facts.md; soak K4: 100 s at a 20 s
-    #: deadline, while the constructor holds the GIL, so no watchdog thread can step in).
+    #: timeout" after 5 x its timeout, spec/torch-facts.md, while the constructor holds the GIL, so no
+    #: watchdog thread can step in; see bench/README.md, K4).
     #: :meth:`build_group` divides its budget by it.
     connect_attempts: int = 1
 
@@ -213,14 +215,12 @@ class Backend:
         import torch.distributed as dist
         from torch.distributed.distributed_c10d import GroupName
 
-        from .. import revoke
-
         connect = datetime.timedelta(seconds=max(connect_timeout_s / self.connect_attempts, min(CONNECT_FLOOR_S, connect_timeout_s)))
         bt = getattr(dist.ProcessGroup.BackendType, self.name.upper())
         raw: Any  # ProcessGroupGloo | ProcessGroupNCCL
         if self.device_type == "cpu":
             dev = torch.device("cpu")
-            raw, rec = revoke.recorded(lambda: dist.ProcessGroupGloo(store, group_rank, size, connect), self.name)
+            raw, rec = record_sockets(lambda: dist.ProcessGroupGloo(store, group_rank, size, connect), self.name, aborts=False)
         else:
             dev = device if device is not None else self.device
             opts = dist.ProcessGroupNCCL.Options()
@@ -237,7 +237,7 @@ class Backend:
         pg._set_group_desc(name)
         if self.revoke == "abort":
             raw.eager_connect_single_device(dev)  # ncclCommInitRank now, bounded by the store exchange
-            rec = revoke.record_group(pg, self.name)
+            rec = record_group(pg, self.name)
         raw.set_timeout(datetime.timedelta(seconds=timeout_s))  # later ops: the training timeout
         return pg, rec
 
@@ -364,7 +364,7 @@ def one_gpu_env(local_rank: int, environ=None) -> dict[str, str]:
 
 #: Where a communicator's failure comes from, as its message names it (gloo's transport, c10d's
 #: process groups, NCCL); a plain RuntimeError carries only that (gloo raises no DistError subclass:
-#: "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer", measured on torch 2.13).
+#: "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer" on torch 2.13).
 _COMM_MARKS = ("gloo", "c10d", "nccl", "processgroup", "connection closed by peer", "connection reset by peer")
 
 
@@ -535,8 +535,8 @@ def wait_bounded(work, timeout_s: float, *, check: Callable[[], None] | None = N
 
     ``sliced`` (only for a backend whose timed-out wait leaves the op pending, :attr:`Backend.sliced_wait`:
     gloo): block in ``work.wait(check_every_s)`` slices, ``check()`` between them; the fast path is one
-    blocking wait in C++ that returns when the op does (measured at 2 processes: 160 us per all-reduce,
-    against 290 us through the future's callback and an event, which wakes a Python thread).
+    blocking wait in C++ that returns when the op does (cheaper than waiting through the future's
+    callback and an event, which wakes a Python thread).
 
     Completion is polled with ``work.is_completed()``: an NCCL work's future completes when the work
     is enqueued, not when its kernel finishes, so waiting on the future returns at once (gloo's
@@ -560,7 +560,7 @@ def wait_bounded(work, timeout_s: float, *, check: Callable[[], None] | None = N
         done.set()  # no future to wake on: poll
     start = time.monotonic()
     deadline = start + timeout_s
-    next_check = start + check_every_s  # as before on gloo: a healthy step's op makes no store round trip
+    next_check = start + check_every_s  # the first check after one interval: a healthy step's op makes no store round trip
     pause = _POLL_FIRST_S
     try:
         while not work.is_completed():

@@ -199,7 +199,7 @@ class CheckpointManager:
         folder.mkdir(parents=True, exist_ok=True)
         try:
             # FSDP1's optim_state_dict runs collectives of its own (broadcast_object_list on the default
-            # group): a failure there is the save's failure too (soak K1)
+            # group): a failure there is the save's failure too (see bench/README.md, K1)
             model_sd, optim_sd = get_state_dict(module, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
         except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException

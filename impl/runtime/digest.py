@@ -23,8 +23,8 @@ __all__ = ["LANES", "checksum_hex", "state_checksum", "state_digest"]
 #: Lanes of :func:`state_checksum`: the layout hash, the sum lane, the position-weighted lane.
 LANES = 3
 #: Elements per block of the on-device reduction (8 bytes of scratch an element).  The CPU: 4 MB of
-#: scratch, which stays in cache across the block's copy and two reductions (measured 2-4x faster
-#: than 32 MB blocks on this kind of machine); an accelerator: 64 MB, so a large state takes few
+#: scratch, which stays in cache across the block's copy and two reductions (faster than larger
+#: blocks, which spill out of cache); an accelerator: 64 MB, so a large state takes few
 #: kernel launches.
 _BLOCK = 1 << 23
 _BLOCK_CPU = 1 << 19

@@ -50,6 +50,11 @@ from typing import Any, Callable, Sequence
 from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key,
                            swap_prefix, wide_prefix)
 from ..threadname import EngineThread
+from .adapters.base import unregister_group
+from . import revoke
+from .backends import backend, backend_of, wait_bounded
+from .digest import checksum_hex, state_checksum
+from .retire import retire_off_path
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
            "claim_write", "export_state", "holder_since", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
@@ -138,7 +143,7 @@ class Notices:
 
 class SwapWatcher:
     """A thread that waits for the next death notice and then shuts down the sockets of every
-    group of this rank (``records``: socket records, :func:`accelpact.impl.revoke.hard_close`), so
+    group of this rank (``records``: socket records, :func:`accelpact.impl.runtime.revoke.hard_close`), so
     that no survivor stays blocked in a collective with a live peer that left the step.  It revokes
     once per notice; :meth:`stop` ends it within a slice."""
 
@@ -161,8 +166,6 @@ class SwapWatcher:
             self._thread.join(timeout=self.slice_s * 10)
 
     def _run(self) -> None:
-        from .. import revoke
-
         # polled with check(): a store wait that times out logs a c10d warning each time
         while not self._stop.wait(self.slice_s):
             try:
@@ -406,7 +409,6 @@ def _make_group(job: Any, b: Any, pre: str, name: str, members: list[int], timeo
 def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any]:
     """The groups over all of W, in one fixed order on every rank: default (the job's backend),
     control and checkpoint (gloo): ``(default, control, control_record, checkpoint, checkpoint_record)``."""
-    from .backends import backend
 
     s, world = job.settings, list(range(job.world))
     default, _ = _make_group(job, backend(job.backend), pre, "default", world, s.pg_timeout_s)
@@ -417,12 +419,10 @@ def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any]:
 
 def _retire_groups(old: list) -> None:
     """Unregister the replaced groups and destroy them off the critical path, on the engine's retiring
-    thread (:func:`accelpact.impl.recovery._retire_off_path`, as phase 5 retires a replaced R): a
+    thread (:func:`accelpact.impl.runtime.retire.retire_off_path`, as phase 5 retires a replaced R): a
     teardown that blocks on a dead peer blocks that thread, not the episode.  Call it after the job
     let go of them, so that the retiring thread holds their last reference where it can; a group
     something else still holds (the old model, the engine's R) is destroyed where that reference goes."""
-    from ..recovery import _retire_off_path
-    from .adapters.base import unregister_group
 
     box = []
     for pg in old:
@@ -431,7 +431,7 @@ def _retire_groups(old: list) -> None:
             box.append(pg)
     old.clear()  # the caller's list held them too: the box is their last reference here
     if box:
-        _retire_off_path(box)
+        retire_off_path(box)
 
 
 def _install_wide(job: Any, built: tuple[Any, Any, Any, Any, Any]) -> None:
@@ -452,7 +452,6 @@ def rebuild_wide(job: Any, g_next: int) -> list[str]:
     engine cannot tell a broken link from a broken communicator of R alone.  Returns the names built."""
     import torch.distributed.distributed_c10d as c10d
 
-    from .backends import backend
 
     pre = wide_prefix(g_next)
     old = [c10d._world.default_pg, job.control_group, job.checkpoint_group]
@@ -478,7 +477,6 @@ def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
     (R, which the engine holds rather than the job)."""
     import torch.distributed.distributed_c10d as c10d
 
-    from .backends import backend
 
     be, rank, topo = backend(job.backend), job.rank, job.topology
     pre = swap_prefix(g_next)
@@ -505,7 +503,6 @@ def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:
     """Broadcast each of ``tensors`` as it is (each must already be on ``pg``'s device)."""
     import torch.distributed as dist
 
-    from .backends import wait_bounded
 
     opts = dist.BroadcastOptions()
     opts.rootRank = root
@@ -522,7 +519,6 @@ def broadcast_in_place(pg: Any, tensors: list, root: int, timeout_s: float, *, w
     with ``write_back`` (the receivers) copied back into the original; one on the device already is
     broadcast as it is (``place`` returns it).  One tensor at a time: at most one extra copy alive."""
     if place is None:
-        from .backends import backend_of
 
         place = backend_of(pg).place
     for t in tensors:
@@ -568,8 +564,6 @@ def validate(pg: Any, members: tuple[int, ...], rank: int, module: Any, optimize
     :class:`SwapError` naming the ranks that differ.  Returns this rank's checksum (hex)."""
     import torch
 
-    from .backends import backend_of, wait_bounded
-    from .digest import checksum_hex, state_checksum
 
     device = backend_of(pg).device_for(pg)
     one = torch.ones(1, device=device)

@@ -24,8 +24,8 @@ import abc
 import datetime
 import inspect
 
-from .. import revoke as _revoke
-from ..controlplane import PREFIX
+from . import revoke as _revoke
+from ..controlplane import PREFIX, comm_name
 from .backends import backend as _backend
 from .backends import backend_of
 
@@ -45,8 +45,6 @@ class ReplacementStrategy(abc.ABC):
 
     def store_prefix(self, g_next: int, name: str) -> str:
         """The generation's communicator name and store prefix (:func:`controlplane.comm_name`)."""
-        from ..controlplane import comm_name
-
         return comm_name(self.prefix, g_next, name)
 
     @abc.abstractmethod

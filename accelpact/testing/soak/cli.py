@@ -36,6 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from .schedule import SOAK_KINDS, LAUNCHERS, SoakConfig, SoakError, draw, load, unavailable_kinds
+from .injector import Injector
+from .judge import _steps, judge
+from .live import Live
+from .report import print_schedule, print_summary, summary_counts, timeline
+from ..netns import available as netns_available
+from ...conformance.runner import DEFAULT_CACHE
+from ...impl.launch.job import Job, Topology, Workload
+from ...impl.launch.launch import LaunchError, run_local, run_reference, run_restarting, run_torchrun
+from ...impl.rundir import RunDir
 
 __all__ = ["add_arguments", "config_from_args", "run", "soak"]
 
@@ -96,11 +105,6 @@ def config_from_args(args: argparse.Namespace) -> SoakConfig:
 
 def _calibrate(cfg: SoakConfig, out: Path, timeout_s: float) -> float:
     """Median seconds per step of a short fault-free run of the soak's workload (no spares)."""
-    from ...impl.launch.job import Job, Topology, Workload
-    from ...impl.launch.launch import LaunchError, run_local
-    from ...impl.launch.rundir import RunDir
-    from .judge import _steps
-
     job = Job(topology=Topology(cfg.nodes, cfg.ranks_per_node), workload=Workload(cfg.wrapper, cfg.layers, CALIBRATION_STEPS,
               0, 0), out=str(out), scenario="soak-calibration", trace=False)
     res = run_local(job, timeout_s=timeout_s)
@@ -139,16 +143,6 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
          console: Any = None, quiet: bool = False, strict: bool = False, stall_s: float = 300.0) -> tuple[Any, dict[str, Any]]:
     """Run one soak (module doc); returns (verdict, the summary written to ``out/soak.json``)."""
     from rich.console import Console
-
-    from ...conformance.runner import DEFAULT_CACHE
-    from ...impl.launch.job import Job, Topology, Workload
-    from ...impl.launch.launch import run_reference, run_restarting, run_torchrun
-    from ...impl.launch.rundir import RunDir
-    from ..netns import available as netns_available
-    from .injector import Injector
-    from .judge import judge
-    from .live import Live
-    from .report import print_schedule, print_summary, summary_counts, timeline
 
     console = console or Console()
     out.mkdir(parents=True, exist_ok=True)
@@ -241,9 +235,6 @@ def rejudge(out: Path, console: Any = None, strict: bool = False) -> Any:
     the new verdict replaces the old one there (``rejudged``), with the timeline."""
     from rich.console import Console
 
-    from .judge import judge
-    from .report import print_summary, timeline
-
     console = console or Console()
     try:
         saved = json.loads((out / "soak.json").read_text())
@@ -255,7 +246,6 @@ def rejudge(out: Path, console: Any = None, strict: bool = False) -> Any:
                     saved["verdict"]["strikes"], samples=saved.get("samples") or (), reference=saved.get("reference"),
                     launch=saved.get("launch"), deadline_s=cfg.deadline_s, checkpoint_every=cfg.checkpoint_every,
                     strict=strict)
-    from .report import summary_counts
 
     print_summary(console, verdict, sched, float(saved.get("wall_s") or 0))
     timeline(out / "timeline.png", out / "run", verdict, cfg.world, int(saved.get("t0_ns") or 0))

@@ -31,7 +31,7 @@ SETTLE_S = 1.5
 #: while no episode closes, the leak sample of the interval is taken again this often: the judge reads
 #: each interval at its floor (the fewest of each count over its samples before its first fault), so
 #: what an episode holds for a while after it (a group held by an op of an abandoned step until its
-#: collective timeout, K6) or what one sample catches in passing (a checkpoint file being written) is
+#: collective timeout: see bench/README.md, K6) or what one sample catches in passing (a checkpoint file being written) is
 #: not read as growth, while a real leak shows in every later sample
 RESAMPLE_S = 10.0
 #: how often the injector looks at the run while it waits for a time-triggered fault / for an episode

@@ -8,7 +8,7 @@ final snapshots.  What it decides (each a :class:`Check`; the soak is green when
 ``finished``      the job finished: the last attempt's ranks all ``finished``, the launcher's exit
                   status 0, no timeout.
 ``bit_identical`` every rank's final snapshot ``torch.equal`` to the fault-free run of the same
-                  steps (:func:`accelpact.impl.launch.workload.compare_runs`: parameters, optimizer
+                  steps (:func:`accelpact.impl.launch.snapshots.compare_runs`: parameters, optimizer
                   state, RNG, step, data cursor).
 ``traces``        every episode's records are a behaviour of the model: each generation with
                   recovery records is checked on its own by the trace checker
@@ -50,8 +50,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ...impl.launch.rundir import RunDir
+from ...impl.rundir import RunDir
 from ...impl.trace import RankTrace, Record, TraceError, load_traces
+from ...conformance.checker import TraceChecker, config_from_headers
+from ...impl.launch.snapshots import compare_runs
 
 __all__ = ["CHECKER_GAPS", "Check", "Episode", "Verdict", "episode_traces", "episodes_of", "judge"]
 
@@ -74,7 +76,7 @@ ATTRIBUTE_S = 75.0
 SIMULTANEOUS_S = 0.5
 
 #: Why ``accelpact check-trace``'s own verdict on a whole soak attempt is reported, not judged
-#: (found by the soak; each needs a change in conformance/checker*.py, described in bench/README.md
+#: (each a gap of conformance/checker*.py on a soak history, described in bench/README.md,
 #: "Chaos soak"):
 CHECKER_GAPS = (
     "config_from_headers takes R from the first trace's header (the worker writes each rank's own group "
@@ -415,8 +417,6 @@ def _floor(samples: list[dict]) -> dict:
 
 def check_episode(traces: Mapping[int, RankTrace], g: int, spares_left: int) -> tuple[bool, str]:
     """The trace checker's verdict on generation ``g`` of one attempt (see the module doc)."""
-    from ...conformance.checker import TraceChecker, config_from_headers
-
     seg = episode_traces(traces, g)
     cfg = config_from_headers(seg).with_(failing="any", spares=spares_left)
     # an unlogged death before a SpareJoin is refused by the prechecks (CHECKER_GAPS): the search alone then
@@ -428,8 +428,6 @@ def check_episode(traces: Mapping[int, RankTrace], g: int, spares_left: int) -> 
 def told_nothing(out: str | Path, max_nodes: int = 100_000) -> dict[int, str]:
     """``accelpact check-trace DIR``'s verdict on each attempt, as it runs it for a run it was told
     nothing about (conformance/cli_check.py), with the search bounded by ``max_nodes``."""
-    from ...conformance.checker import TraceChecker, config_from_headers
-
     verdicts = {}
     for attempt, traces in sorted(load_traces(out).items()):
         v = TraceChecker(config_from_headers(traces), traces, silent_faults=True, max_nodes=max_nodes).check()
@@ -474,8 +472,6 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
 
     # bit identity
     if check_snapshots and reference is not None:
-        from ...impl.launch.workload import compare_runs
-
         eq, why = compare_runs(reference, out, world)
         checks.append(Check("bit_identical", eq, why))
     elif check_snapshots:

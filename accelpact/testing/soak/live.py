@@ -1,7 +1,7 @@
 """What a soak's injector sees of a live run, from outside its processes.
 
 Everything here reads what the job writes anyway (its run folder, through
-:class:`~accelpact.impl.launch.rundir.RunDir`), what the kernel shows of its processes
+:class:`~accelpact.impl.rundir.RunDir`), what the kernel shows of its processes
 (``/proc``) and what its store holds; nothing asks the workers anything.
 
 * :class:`TraceTail` reads every trace file of the run folder incrementally (new files appear with
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ...impl.launch.rundir import RunDir
+from ...impl.rundir import RunDir
 from .. import inject
+from ...impl.launch.launch import STORE_PID_ENV
 
 __all__ = ["Group", "Live", "TraceTail", "discover_groups", "fd_kinds", "proc_counts", "proc_env", "pid_alive"]
 
@@ -439,8 +440,6 @@ class Live:
 
     def store_pid(self) -> int | None:
         """The pid of the process serving the store, when the launcher says (``ACCELPACT_STORE_PID``)."""
-        from ...impl.launch.launch import STORE_PID_ENV
-
         for pid in self.pids().values():
             v = proc_env(pid).get(STORE_PID_ENV)
             if v and v.isdigit():

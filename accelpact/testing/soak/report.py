@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...impl.launch.rundir import RunDir
-from .judge import Verdict
+from ...impl.rundir import RunDir
+from .judge import KNOWN_BUGS, Verdict, _steps
 from .schedule import Schedule
 
 __all__ = ["print_schedule", "print_summary", "summary_counts", "timeline"]
@@ -100,8 +100,6 @@ def print_summary(console: Any, v: Verdict, sched: Schedule, wall_s: float, extr
         c_t.add_row(c.name, "[green]ok[/green]" if c.ok else "[red]FAILED[/red]", c.detail[:400])
     console.print(c_t)
     if v.known:
-        from .judge import KNOWN_BUGS
-
         console.print(f"[yellow]known engine bugs met (listed, not counted; --strict counts them)[/yellow]: "
                       f"{', '.join(v.known)}", highlight=False)
         for k in sorted({x.split()[0] for x in v.known}):
@@ -130,7 +128,6 @@ def timeline(path: str | Path, out: str | Path, v: Verdict, world: int, t0_ns: i
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    from .judge import _steps
 
     run = RunDir(out)
     attempts = sorted({e.attempt for e in v.episodes} | {0})

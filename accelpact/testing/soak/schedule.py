@@ -25,24 +25,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ...impl.runtime.wrappers import WRAPPER_NAMES
+from ...model.faults import SOAK_KINDS
+from ..seeded import SEEDED_BUGS
+
 __all__ = ["FORMAT", "SOAK_KINDS", "LAUNCHERS", "SoakConfig", "SoakError", "SoakFault", "Schedule", "draw", "load",
            "unavailable_kinds"]
 
 FORMAT = "accelpact-soak-schedule/1"
 
-#: the fault kinds a soak draws, with what each does (the injector's primitives: accelpact/testing/inject.py,
-#: accelpact/testing/netns.py; the launcher's store process)
-SOAK_KINDS: dict[str, str] = {
-    "crash": "SIGKILL of a training rank's worker (a spare takes over while one is idle, else torchrun restarts)",
-    "crash_spare": "SIGKILL of an idle spare (the job goes on with one spare fewer)",
-    "stop": "SIGSTOP of a training rank past the detector's bound, then SIGCONT",
-    "gil_hang": "the rank's main thread holds the GIL past the detector's bound, then lets go",
-    "slow": "a straggler: the rank's main thread sleeps below the hang threshold (must NOT be a fault)",
-    "cut_group": "pidfd_getfd + shutdown of a rank's connections of one gloo group",
-    "cut_link": "pidfd_getfd + shutdown of every connection between two ranks (a link cut)",
-    "partition": "a silent partition: the rank's veth link set down, then up (network namespaces)",
-    "store_loss": "SIGKILL of the process serving the job's store",
-}
+# The fault kinds a soak draws (SOAK_KINDS, by the soak's names: ``cut_group`` is a ``collective_timeout``
+# struck from outside the rank, ``cut_link`` a ``link_cut``) are the fault table's (model/faults.py
+# ``FaultKind.soak``); the soak's injector strikes each with an external primitive (accelpact/testing/inject.py,
+# accelpact/testing/netns.py, the launcher's store process): a stop, a held GIL and a partition last a
+# drawn duration and end (SIGCONT, the GIL let go, the link up again).
 TRIGGERS = ("time", "recovery")
 #: launchers: torchrun (its agent hosts the store), or launch.run_restarting (a store process per
 #: attempt, whose pid the workers' environment names: the store can be killed from outside)
@@ -95,8 +91,6 @@ class SoakConfig:
             raise SoakError(f"--minutes must be a number of minutes in (0, 1440], got {self.minutes!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SoakError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        from ...impl.runtime.wrappers import WRAPPER_NAMES
-
         if self.wrapper not in WRAPPER_NAMES:
             raise SoakError(f"--wrapper must be one of {list(WRAPPER_NAMES)}, got {self.wrapper!r}")
         for flag, v in (("--nodes", self.nodes), ("--ranks-per-node", self.ranks_per_node)):
@@ -127,11 +121,8 @@ class SoakConfig:
         bad = [k for k in self.kinds if k not in SOAK_KINDS]
         if bad or not self.kinds:
             raise SoakError(f"--kinds: {bad or 'none given'}; choose from {list(SOAK_KINDS)}")
-        if self.seeded_bug is not None:
-            from ..seeded import SEEDED_BUGS
-
-            if self.seeded_bug not in SEEDED_BUGS:
-                raise SoakError(f"--seeded-bug must be one of {list(SEEDED_BUGS)}, got {self.seeded_bug!r}")
+        if self.seeded_bug is not None and self.seeded_bug not in SEEDED_BUGS:
+            raise SoakError(f"--seeded-bug must be one of {list(SEEDED_BUGS)}, got {self.seeded_bug!r}")
         if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) or not self.deadline_s > 0:
             raise SoakError(f"--deadline must be a number of seconds > 0, got {self.deadline_s!r}")
         return self

@@ -16,6 +16,7 @@ from .ddp import DDPAdapter
 from .fsdp1 import FSDP1Adapter
 from .fsdp2 import FSDP2Adapter
 from .walker import RebindError, RefSite, find_references, walk, write_site
+from ..wrappers import matching
 
 __all__ = [
     "Adapter", "GenericAdapter", "FSDP1Adapter", "FSDP2Adapter", "DDPAdapter", "RebindCheck", "RebindError",
@@ -27,15 +28,8 @@ __all__ = [
 def adapter_for(module: Any) -> Adapter:
     """The adapter of the wrapper that wraps ``module`` (each wrapper's adapter class of
     :data:`accelpact.impl.runtime.wrappers.WRAPPERS` says how it matches, :meth:`Adapter.matches`:
-    a wrapped root before a wrapped submodule, ties in the table's order); anything else gets the
-    walker-backed ``GenericAdapter``."""
-    from ..wrappers import WRAPPERS
-
-    if not hasattr(module, "modules"):
-        return GenericAdapter()
-    try:
-        scored = [(w.adapter_class().matches(module), -i, w) for i, w in enumerate(WRAPPERS.values())]
-    except ImportError:
-        return GenericAdapter()
-    best = max(scored, key=lambda x: (x[0], x[1]))
-    return best[2].adapter_class()() if best[0] > 0 else GenericAdapter()
+    a wrapped root before a wrapped submodule, ties in the table's order:
+    :func:`accelpact.impl.runtime.wrappers.matching`); anything else gets the walker-backed
+    ``GenericAdapter``."""
+    found = matching(module)
+    return found[0].adapter_class()() if found else GenericAdapter()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
+from ..backends import backend as _backend, backend_of
 from .walker import RebindError, RefSite, find_references, rewrite_tuples, write_site, ATTR, SLOT, KEY, INDEX, TUPLE_ITEM
 
 
@@ -140,8 +141,6 @@ def register_group(pg: Any, name: str, global_ranks: Sequence[int], store: Any =
     ``cuda:nccl``: :meth:`accelpact.impl.runtime.backends.Backend.register`), so name-based lookups (DeviceMesh,
     ``dist.get_rank(pg)``, ``get_process_group_ranks``) resolve it. Raises ValueError if the name is
     taken by another group."""
-    from ..backends import backend as _backend
-
     return _backend(backend).register(pg, name, global_ranks, store)
 
 
@@ -176,8 +175,6 @@ def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
     Returns the adopted name."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
-
-    from ..backends import backend_of
 
     w = c10d._world
     name = w.pg_names.get(old_pg)

@@ -1,5 +1,8 @@
 """FSDP1 (``FullyShardedDataParallel``) adapter: the targeted list of cached group references.
 
+One adapter for both hybrid strategies the wrapper table has (``fsdp1-hybrid``: HYBRID_SHARD,
+``fsdp1-zero2``: _HYBRID_SHARD_ZERO2): they cache the same groups in the same places.
+
 Measured (spec/torch-facts.md): HYBRID_SHARD with L wrapped layers + root caches the replicate group
 2(L+1) times (``_inter_node_pg`` and the comm-hook ``DefaultState.process_group``, a ``__slots__``
 attribute of ``_inter_node_state``) and the shard group 2(L+1)+1 times (``process_group``,
@@ -19,21 +22,41 @@ from .walker import ATTR, KEY, SLOT, RefSite
 _STATE_ATTRS = ("process_group", "_inter_node_pg")
 
 
-def unsupported(module: Any) -> str | None:
-    """Why this FSDP1 model cannot be recovered in place, or None.  AccelPact repairs R, the
-    replicate group of HYBRID_SHARD (a replica holds every shard); FULL_SHARD, SHARD_GRAD_OP and
-    NO_SHARD over one group have no replicate group to repair, so they are not ``fsdp1-hybrid``."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    from torch.distributed.fsdp import ShardingStrategy
+#: the FSDP1 sharding strategies AccelPact recovers (each the ``unsupported`` test of one wrapper of
+#: ``impl/runtime/wrappers.py``): both shard within a shard group and replicate over R
+HYBRID_STRATEGIES = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
-    hybrid = (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
-    bad = sorted({m.sharding_strategy.name for m in module.modules()
-                  if isinstance(m, FSDP) and m.sharding_strategy not in hybrid})
-    if not bad:
+
+def strategy_problem(module: Any, wanted: str) -> str | None:
+    """Why this FSDP1 model is not the wrapper of sharding strategy ``wanted`` (one of
+    :data:`HYBRID_STRATEGIES`), or None.  AccelPact repairs R, the replicate group of a hybrid
+    strategy (a replica holds every shard); FULL_SHARD, SHARD_GRAD_OP and NO_SHARD over one group have
+    no replicate group to repair, so they are no FSDP1 wrapper of the table; a model whose units mix
+    the two hybrid strategies is neither."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    used = sorted({m.sharding_strategy.name for m in module.modules() if isinstance(m, FSDP)})
+    if used == [wanted]:
         return None
-    return (f"FSDP1 with sharding_strategy {', '.join(bad)} has no replicate group to repair in place; AccelPact "
-            "recovers FSDP1 as HYBRID_SHARD: wrap with sharding_strategy=ShardingStrategy.HYBRID_SHARD and "
-            "process_group=(job.shard_group, job.replicate_group)")
+    bad = [name for name in used if name not in HYBRID_STRATEGIES]
+    if bad:
+        return (f"FSDP1 with sharding_strategy {', '.join(bad)} has no replicate group to repair in place; AccelPact "
+                "recovers FSDP1 as HYBRID_SHARD or _HYBRID_SHARD_ZERO2 (ZeRO-2): wrap with "
+                "sharding_strategy=ShardingStrategy.HYBRID_SHARD and process_group=(job.shard_group, job.replicate_group)")
+    if len(used) > 1:
+        return (f"FSDP1 units with sharding strategies {', '.join(used)} in one model: AccelPact recovers one "
+                "hybrid strategy per model; wrap every unit with the same sharding_strategy")
+    return f"FSDP1 with sharding_strategy {', '.join(used)} is not {wanted}"
+
+
+def not_hybrid_shard(module: Any) -> str | None:
+    """``fsdp1-hybrid``'s ``Wrapper.unsupported``: why ``module`` is not FSDP1 HYBRID_SHARD."""
+    return strategy_problem(module, "HYBRID_SHARD")
+
+
+def not_hybrid_shard_zero2(module: Any) -> str | None:
+    """``fsdp1-zero2``'s ``Wrapper.unsupported``: why ``module`` is not FSDP1 _HYBRID_SHARD_ZERO2."""
+    return strategy_problem(module, "_HYBRID_SHARD_ZERO2")
 
 
 def _mesh_sites(mesh: Any, old_pg: Any, path: str, seen: set[int]) -> list[RefSite]:

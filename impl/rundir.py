@@ -12,7 +12,8 @@
     <out>/torchrun.log, local-a{a}.log    the launchers' combined worker output
     <out>/DONE                            a finished reference run (impl/launch/launch.py)
 
-Readers go through :class:`RunDir`; nobody else spells a file name or a glob.  Torch-free.
+Readers go through :class:`RunDir`; nobody else spells a file name or a glob.  Torch-free, and it
+imports nothing of the package: the engine (its trace writer) and the launcher both name files here.
 """
 
 from __future__ import annotations
@@ -134,13 +135,19 @@ class RunDir:
         return losses, t_steps
 
     def records(self, attempt: int, rank: int) -> list[dict[str, Any]]:
-        """The records of one trace, for progress and diagnosis of a live or finished run: a last
-        line still being written is left out.  The trace checker parses strictly instead
-        (:func:`accelpact.impl.trace.parse_trace`)."""
-        from ..trace import read_records
-
+        """The records of one trace as dicts, for progress and diagnosis of a live or finished run: a
+        line still being written (or torn by a kill) is left out; no trace file, no records.  Not for
+        checking: the trace checker parses strictly (:func:`accelpact.impl.trace.parse_trace`)."""
         p = self.trace(attempt, rank)
-        return read_records(p) if p.exists() else []
+        if not p.exists():
+            return []
+        out = []
+        for line in p.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
 
     def fault_time_ns(self, attempt: int, gen: int | None = None) -> int | None:
         """Earliest injected-fault record (``Fault*``) of ``attempt`` (of generation ``gen`` if given)."""

@@ -1,4 +1,10 @@
-"""The generic job runner: ``python -m accelpact.impl.launch.worker --job job.json``.
+"""The harness's rank program: ``python -m accelpact.testing.worker --job job.json``.
+
+The conformance runner, ``accelpact demo``, the soak and the benchmarks run a typed job
+(:class:`~accelpact.impl.launch.job.Job`) through the launcher (:mod:`accelpact.impl.launch.launch`,
+which names this module); each rank is this program, a user of the public API like any other
+script, plus the harness's side: the job's faults and seeded bug armed as test hooks
+(:func:`accelpact.testing.faults.hooks_for`), the result files, the trace header's scenario fields.
 
 Run under torchrun (or :func:`accelpact.impl.launch.launch.run_local`, which sets the same environment
 variables).  One worker process is one rank.  It
@@ -7,12 +13,13 @@ variables).  One worker process is one rank.  It
    it) and namespaces everything by the restart count, ``attempt{TORCHELASTIC_RESTART_COUNT}/``:
    torchrun's store keeps the previous attempt's keys, and ``init_process_group(env://)`` fails on
    every restart without the prefix (spec/torch-facts.md, "torchrun");
-2. builds the groups, the workload and the pact (``recovery.attach``);
+2. builds the groups, the workload and the pact (``accelpact.init``, ``attach``);
 3. resumes from the latest *committed* checkpoint if there is one (the L2 path: C, then replays
    F - C steps);
 4. trains to ``workload.steps``, checkpointing every ``workload.checkpoint_every`` committed steps
    through a dedicated healthy gloo group (never through a communicator that failed);
-5. injects the job's faults only in the attempt they name (``"attempt"``, default 0);
+5. injects the job's faults only in the attempt they name (``"attempt"``, default 0), and installs its
+   seeded bug (``seeded_bug``, validated here: a name that is not one exits 2 naming the seeded bugs);
 6. writes ``result-a{attempt}-r{rank}.json`` (rewritten atomically at every boundary, so a killed
    rank leaves its last committed frontier; bounded: repairs and checkpoints only), ``steps-a{attempt}-r{rank}.ndjson``
    (one line per committed step: loss and time, append-only), ``trace-a{attempt}-r{rank}.ndjson`` (when
@@ -28,18 +35,27 @@ import argparse
 import copy
 import json
 import os
+import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["ResultFile", "main", "run_job"]
+import torch
 
-from .job import Job, JobError, load_job  # torch-free
-from .rundir import RunDir
-from ..runtime.wrappers import wrapper
+from ..impl.exitcodes import claim_exit
+from ..impl.launch import api, workload
+from ..impl.launch.job import Job, JobError, load_job
+from ..impl.rundir import RunDir
+from ..impl.runtime.wrappers import wrapper
+from . import seeded
+from .faults import hooks_for
+from .inject import install_handlers
+
+__all__ = ["ResultFile", "main", "run_job"]
 
 
 def _failing_group(job: Job, kind: str, own: tuple[int, ...]) -> list[int]:
@@ -125,9 +141,6 @@ def _on_supervisor_stop() -> None:
     if the watchdog has not exited it within ``SUPERVISOR_STOP_GRACE_S``.  (The handler runs when
     the main thread next runs Python; a main thread blocked in a collective cannot be stopped by
     SIGTERM anyway, and its watchdog still can.)"""
-    import signal
-
-    from ..exitcodes import claim_exit
 
     def late_exit() -> None:
         time.sleep(SUPERVISOR_STOP_GRACE_S)
@@ -180,14 +193,8 @@ def run_job(job: Job) -> int:
 
     A user of the public API like any other (:func:`accelpact.init` -> workload -> ``attach`` ->
     steps); what it adds is the conformance suite's bookkeeping: the result file, the trace header's
-    scenario fields, the job's faults and seeded bug.
+    scenario fields, the job's faults and seeded bug (its test hooks).
     """
-    import torch
-
-    from . import api, workload
-    from ...testing.faults import FaultPlan
-    from ..hooks import FaultInjector, Hooks
-
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -235,9 +242,7 @@ def run_job(job: Job) -> int:
     # a fault names an identity and strikes the process holding it; a spare that takes rank r's identity
     # at F fires r's faults of later steps only (those up to F struck r's first process: one killed it),
     # and joins every fault fence (a fault at a boundary strikes once all of W reached it)
-    faults = job.faults_for_attempt(attempt)
-    hooks = Hooks(injector=FaultInjector(FaultPlan(faults), after_first_step=rank >= world) if faults else None,
-                  seeded_bug=job.seeded_bug)
+    hooks = hooks_for(job.faults, attempt=attempt, seeded_bug=job.seeded_bug, after_first_step=rank >= world)
     if aj.spare is not None:  # an idle spare reports under its own name (spare_path), not under a rank's
         result.update(spare=aj.spare, outcome="spare-idle")
         rank = -1
@@ -320,27 +325,24 @@ def run_job(job: Job) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accelpact.impl.launch.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m accelpact.testing.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, help="path of the job JSON")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # the test harness's side of external faults (a GIL hang, a straggler's sleep) on SIGUSR2/SIGUSR1:
-    # a fault injector outside this process triggers them (accelpact/testing/inject.py); the engine never sees them
-    from ...testing.inject import install_handlers
-
-    install_handlers()
     try:
         job = load_job(args.job)
-    except JobError as exc:
+        seeded.check(job.seeded_bug)
+    except ValueError as exc:  # JobError, or a seeded_bug that is not one
         print(f"accelpact worker: {exc}", file=sys.stderr)
         return 2
+    # the test harness's side of external faults (a GIL hang, a straggler's sleep) on SIGUSR2/SIGUSR1:
+    # a fault injector outside this process triggers them (accelpact/testing/inject.py); the engine never sees them
+    install_handlers()
     try:
         code = run_job(job)
     except SystemExit as exc:  # an engine path that chose sys.exit
         code = int(exc.code or 0)
     except BaseException as exc:  # noqa: BLE001 - an exception outside the pact: fail-stop with a crash code
-        import traceback
-
         traceback.print_exc()
         print(f"accelpact worker rank {os.environ.get('RANK')}: {type(exc).__name__}: {exc}", file=sys.stderr)
         code = 1

@@ -1,0 +1,500 @@
+"""The engine's effects: one method per model action this rank performs, in ``model/protocol.py``'s order.
+
+Read beside ``ACTIONS``: ``_observe`` is ``RankObserve``, ``_discard_step`` is ``RankDiscardStep``,
+``_guard`` is ``RankGuard``, ``_reject`` is ``RankReject`` ... ``_transfer_state`` is
+``RankTransferState``.  An effect does the action's I/O and hands back what its record says
+(:class:`~accelpact.impl.episode.Done`), or None when this rank does not perform the action; the
+episode driver (:func:`~accelpact.impl.episode.drive`) writes the record.  The actions that end the
+rank (``RankReject``, ``RankTimeout``, ``RankFail``) write their record in :meth:`Effects._exit`, the
+one exit path of the engine; the watchdog's (``RankExpire``, ``RankSuspect``, ``RankExit``,
+``RankLoseStore``) are its own (:mod:`accelpact.impl.watchdog`).  ``SpareJoin`` is the spare's
+(:meth:`accelpact.impl.spare.SpareEngine.join`).  ``RankFenced`` has no effect here:
+spec/protocol.md, "Differences from the model".
+
+A repair (``Episode.swap`` None) and a hot swap or discard share each action: where they differ (a
+repair rebuilds R, a swap every group; a repair rebinds R's references, a swap rebuilds the model),
+the effect branches on the episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+import torch
+
+from accelpact.model import hotswap as model_swap
+from accelpact.model.contract import DISCARD_PHASES, ObservationKey, decide
+from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_EXITED, PC_OBSERVED, PC_REBOUND,
+                                   PC_TRAIN, REASON_DEADLINE, REASON_EXCEPTION, REASON_MISMATCH,
+                                   REASON_REJECTED)
+
+from .controlplane import ControlPlane, swap_prefix, swap_rebuilt_key
+from .episode import Done, Episode, Exited
+from .exitcodes import claim_exit, code_for, exit_now, holding_exit
+from .hooks import Hooks
+from .runtime import hotswap as _swap
+from .runtime.adapters import adapter_for
+from .runtime.backends import backend_of, wait_bounded
+from .runtime.digest import checksum_hex, state_checksum
+from .runtime.retire import retire_off_path
+from .runtime.wrappers import wrapper_of
+from .watchdog import Watchdog
+
+__all__ = ["EXITS", "Effects", "RebindError", "ValidationError"]
+
+
+class RebindError(RuntimeError):
+    """Phase 5: references to the old communicator remain after rebinding."""
+
+
+class ValidationError(RuntimeError):
+    """Phase 6: the validation collective or the replica digests disagree."""
+
+
+#: The exits the engine records itself: the model's exit reason -> its action.
+EXITS: dict[str, str] = {REASON_REJECTED: "RankReject", REASON_DEADLINE: "RankTimeout", REASON_EXCEPTION: "RankFail"}
+
+
+def _group_name(pg: Any) -> str:
+    """A process group's c10d name (the checker reads the generation from it)."""
+    return str(pg.group_name)
+
+
+class Effects:
+    """What every engine of a rank shares, a survivor's (:class:`~accelpact.impl.recovery.Pact`) and a
+    spare's (:class:`~accelpact.impl.spare.SpareEngine`): the effects, the record and the exits.
+
+    A subclass sets ``rank``, ``control``, ``trace``, ``hooks``, ``gen``, ``pc``, ``deadline_s`` and
+    ``watchdog``, and provides ``frontier`` and ``tau``; a repair's effects also read the survivor's
+    ``module``, ``optimizer``, ``guard``, ``groups``, ``strategy``, ``adapter``, ``sites``, ``envelope``,
+    ``key`` and R (``_pg``, ``_record``)."""
+
+    rank: int
+    control: ControlPlane
+    trace: Any
+    hooks: Hooks
+    gen: int
+    pc: str
+    deadline_s: float
+    watchdog: Watchdog
+    #: the heartbeat detector, and R's collective timeout (s), that the straggler wait reads; a spare's
+    #: engine has neither, and so never stretches its wait
+    detector: Any = None
+    collective_timeout_s: float | None = None
+    #: the generation whose failure this rank last recorded (RankObserve)
+    _observed_gen: int = -1
+    #: the write/record hold of one model action (a seeded bug may replace it)
+    _hold: Callable[[], Any] = staticmethod(holding_exit)
+    # a survivor's (Pact's), for a repair's and a discard's effects
+    module: Any
+    optimizer: Any
+    guard: Any
+    groups: Any
+    strategy: Any
+    adapter: Any
+    sites: list
+    envelope: Any
+    key: ObservationKey
+    wide: Any
+    _pg: Any
+    _r_record: Any
+    _retiring: list
+    _episode: Episode | None
+
+    @property
+    def frontier(self) -> int:  # pragma: no cover - every engine defines it
+        raise NotImplementedError
+
+    @property
+    def tau(self) -> int:  # pragma: no cover - every engine defines it
+        raise NotImplementedError
+
+    # ---- the driver's interface -----------------------------------------------------------------
+    def _arm(self) -> None:
+        """Each control-plane write and its trace record form one model action, and an expired wait
+        claims the exit before it writes the abort; then the hooks install what they install (a test's
+        seeded bug replaces engine or control-plane methods here)."""
+        self.control.claims_exit = True
+        self.hooks.arm(engine=self, control=self.control)
+
+    def _record(self, action: str, enters: str | None, done: Done) -> None:
+        """The one trace record of ``action``: the rank now stands at ``enters`` (None: where it stood)."""
+        if enters is not None:
+            self.pc = enters
+        self.trace.action(action, self.gen if done.gen is None else done.gen, done.outcome, {"pc": self.pc, **done.state},
+                          done.detail)
+
+    def _at(self, point: str) -> None:
+        """Between actions: the hooks' point ``point`` (an external injector may act there; the engine
+        applies nothing it says)."""
+        self.hooks.point(point, self)
+
+    def _key(self, point: str) -> ObservationKey:
+        return ObservationKey(self.key.platform, self.key.profile, point, self.key.objective)
+
+    # ---- RankObserve -----------------------------------------------------------------------------
+    def _observe(self, point: str, error: BaseException | None, **facts: Any) -> None:
+        """RankObserve: the failure of this generation, recorded once (a later observation of the same
+        generation's failure adds nothing).  The record precedes every effect of the observation (the
+        revoke, the failure flag, a vote): a peer can only learn of a failure a member observed.
+        ``facts`` say how it was observed (``cause``: ``boundary``, ``flag``, ``wide``, ``death``,
+        ``discard``, ``in_flight``)."""
+        with self._hold():
+            if self._observed_gen == self.gen:
+                return
+            self._record("RankObserve", PC_OBSERVED,
+                         Done({**facts, "error": repr(error)[:300] if error is not None else None},
+                              {"point": point, "frontier": self.frontier, "tau": self.tau}))
+            self._observed_gen = self.gen
+
+    # ---- RankDiscardStep -------------------------------------------------------------------------
+    def _discard_step(self, ep: Episode) -> Done | None:
+        """A failure inside forward or backward: the step's gradients are dropped and the rank stands
+        at the committed boundary F again; the wrapper's runtime state of the step stays with the old
+        wrapper, which :meth:`_rebind` replaces, and RNG and data cursor come back to F there.
+        Nothing to discard after a commit (the optimizer or the boundary)."""
+        sw = ep.swap
+        assert sw is not None
+        if sw.point not in model_swap.DISCARDABLE:
+            return None
+        self.optimizer.zero_grad(set_to_none=True)
+        return Done({"from": sw.point}, {"point": "boundary", "frontier": self.frontier})
+
+    # ---- RankGuard (RankReject: _exit) -----------------------------------------------------------
+    def _guard(self, ep: Episode) -> Done:
+        """A repair: the guard check (no outstanding gradients, wrapper idle, tau == F), then the
+        contract on K; L2 is ``RankReject``.  A swap: every dead identity's spare is read from the
+        claims that stand (one left without a spare is L2), the contract having said L1 at the claim."""
+        if ep.swap is None:
+            report = self.guard.check()
+            decision = decide(self.envelope, self._key("boundary"), report.ok)
+            if not decision.preserve:
+                self._reject(decision.reason, report.reasons)
+            return Done({"decision": decision.level, "why": decision.reason})
+        sw = ep.swap
+        if sw.dead:
+            claims = {d: _swap.claim_read(self.control.store, ep.g, d, self.deadline_s) for d in sw.dead}
+            missing = [d for d, k in claims.items() if k is None]
+            if missing:
+                self._reject(f"rank(s) {missing} died and no spare is left to take their identity")
+            sw.claims = {d: int(k) for d, k in claims.items() if k is not None}
+        return Done({"decision": sw.decision, "swap": True})
+
+    def _reject(self, why: str, guard_reasons=()) -> None:
+        """RankReject: the contract says L2; abort the job (every rank exits 70)."""
+        self._exit(REASON_REJECTED, {"why": why, "guard": list(guard_reasons)})
+
+    # ---- RankArrive, RankDecideAgreement, RankAwaitAgreement --------------------------------------
+    def _arrive(self, ep: Episode) -> Done:
+        """Report (F, g) at the control barrier (held: a peer may decide on a count that includes us)."""
+        ep.frontier = self.frontier
+        count, last = self.control.arrive(ep.g, ep.frontier)
+        ep.last_arriver = last
+        return Done({"count": count, "last": last}, {"frontier": ep.frontier, "tau": self.tau})
+
+    def _decide_agreement(self, ep: Episode) -> Done | None:
+        """The last arriver compares every (F, g) with rank 0's and decides commit or abort:mismatch;
+        an abort is recorded, then the job abort written, then the rank exits (``Done.exit``: ``RankExit``)."""
+        if not ep.last_arriver:
+            return None
+        dec = self.control.decide_agreement(ep.g)
+        if dec == DECISION_COMMIT:
+            return Done({"decision": dec})
+        return Done({"decision": dec}, outcome="fail",
+                    exit=dec[len("abort:"):] if dec.startswith("abort:") else REASON_MISMATCH)
+
+    def _await_agreement(self, ep: Episode) -> Done:
+        """The decision, or ``abort:deadline`` (RankTimeout) once the wait expires; the wait is
+        ``deadline_s``, stretched for a step abandoned in flight (:meth:`_await_stragglers`).  After an
+        episode whose failure flag failed, the failed groups of R's kind are those whose revoke stands:
+        every member of a failed group published it before it arrived, and every rank has arrived."""
+        until = time.monotonic() + self.deadline_s
+        if ep.swap is not None and ep.swap.point in DISCARD_PHASES:
+            until = self._await_stragglers(ep, until)
+        dec = self.control.await_agreement(ep.g, until)
+        if dec != DECISION_COMMIT:
+            self._decided_abort(dec, expired=self.control.last_expired)
+        if ep.failed is None:
+            keys = [self.groups.name if self.groups.count == 1 else f"{self.groups.name}{i}" for i in range(self.groups.count)]
+            ep.failed = tuple(i for i, k in enumerate(keys) if self.control.revoked(ep.g, k))
+            ep.member = self.groups.index in ep.failed
+        return Done({"decision": dec})
+
+    def _await_stragglers(self, ep: Episode, until: float) -> float:
+        """When the agreement wait of an episode that abandoned a step in flight expires with peers
+        still absent: an absent peer may be held in a collective of the abandoned step that the revoke
+        did not wake (bench/README.md, K6); it arrives once that collective times out.  So while every
+        absent peer still beats, the wait goes on, at most R's collective timeout past ``until``; a
+        silent one ends it at ``until``.  Decides nothing: returns when the caller's wait is to end.
+        Contrast the release wait, never stretched: by then every rank has arrived."""
+        if self.detector is None or not self.collective_timeout_s:
+            return until
+        limit = until + self.collective_timeout_s
+        noted = False
+        while True:
+            if self.control.decided_by(ep.g, "agree", until):
+                return until
+            now = time.monotonic()
+            if now >= limit:
+                return now
+            absent = set(range(self.control.world_size)) - self.control.arrived(ep.g)
+            if not absent and noted:
+                # the straggler arrived just now: its decision (it is the last arriver) is due at once
+                return time.monotonic() + self.deadline_s
+            if not absent or self.detector.beating(absent) != absent:
+                return time.monotonic()
+            if not noted:
+                self.trace.note("await-straggler", gen=ep.g, absent=sorted(absent), limit_s=round(limit - now, 3))
+                noted = True
+            until = min(time.monotonic() + 1.0, limit)
+
+    # ---- RankReplace -----------------------------------------------------------------------------
+    def _replace(self, ep: Episode) -> Done:
+        """The groups of generation g+1.  A repair: every rank builds the groups over all of W (P18.3:
+        a broken link inside R crosses them too); a member of a failed group first builds R's
+        communicator with the same members (every member of R in that order, so no rendezvous waits on
+        a rank that waits on it).  A swap: every group of the job, each containing the dead identity
+        (``comm``: the namespace they are built under)."""
+        t = time.monotonic_ns()
+        g_next = ep.g + 1
+        if ep.swap is not None:
+            _swap.rebuild_groups(ep.swap.job, g_next, ep.swap.held)
+            ep.swap.held = ()
+            return Done({"groups": sorted(ep.swap.job.groups) + ["default", "control", "checkpoint"], "swap": True,
+                         "duration_ns": time.monotonic_ns() - t}, {"comm": swap_prefix(g_next), "wide": g_next})
+        state: dict[str, Any] = {}
+        built: list[str] = []
+        if ep.member:
+            members, key = self._new_members(ep)
+            ep.new_pg = self.strategy.replace(self._pg, g_next, members, self.rank, self.control.store,
+                                              self.deadline_s, name=key)
+            state["comm"] = _group_name(ep.new_pg)
+            built.append(key)
+        if self.wide is not None:
+            names, control, records = self.wide(g_next)
+            self.groups = dataclasses.replace(self.groups, control=control, others={**self.groups.others, **records})
+            built += names
+        return Done({"groups": built, "duration_ns": time.monotonic_ns() - t}, {**state, "wide": g_next})
+
+    def _new_members(self, ep: Episode) -> tuple[tuple[int, ...], str]:
+        """R's members in g+1 (the same as in g) and its name in store keys."""
+        return self.groups.members, self.groups.key
+
+    # ---- RankRebind ------------------------------------------------------------------------------
+    def _rebind(self, ep: Episode) -> Done:
+        """A repair: every cached reference to the old communicator names the new one (sites
+        discovered at attach), verified: a stale reference is a :class:`RebindError`; the old group is
+        destroyed off the critical path.  A swap: the model is built anew on the new groups (the user's
+        ``rebuild``), so no reference to an old group can remain; RNG back to F; a survivor moves its
+        committed state into it; then every rank of W waits until all have rebuilt (a spare's first
+        build is slow: :meth:`_transfer_state` waits for it under the phase deadline, not inside a transfer)."""
+        t = time.monotonic_ns()
+        if ep.swap is not None:
+            sw = ep.swap
+            sw.module, sw.optimizer = sw.rebuild(sw.job, sw.extra)
+            sw.kind = wrapper_of(sw.module).recovers
+            if sw.rng is not None:
+                torch.set_rng_state(sw.rng)
+            if sw.old is not None:
+                manifest, tensors = _swap.export_state(*sw.old)
+                _swap.import_state(sw.module, sw.optimizer, manifest, tensors)
+                adapter_for(sw.old[0]).release(sw.old[0], keep=sw.module)  # what a failed backward left
+                sw.old = None
+            return Done({"rebuilt": True, "duration_ns": time.monotonic_ns() - t}, {"refs_stale": 0})
+        stale = 0
+        # the engine's own reference moves first: it is one of the references to rebind
+        old_pg, self._pg, self._r_record = self._pg, ep.new_pg, self.strategy.last_record
+        if self.strategy.needs_rebind:
+            stale, total = self._rebind_sites(old_pg, ep.new_pg)
+            ep.refs_rebound = total - stale
+        retiring = [old_pg]  # this frame's last reference: the old group is destroyed off the critical path
+        del old_pg
+        self._retiring = [ev for ev in self._retiring if not ev.is_set()] + [retire_off_path(retiring)]
+        return Done({"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t}, {"refs_stale": stale})
+
+    def _rebind_sites(self, old_pg: Any, new_pg: Any) -> tuple[int, int]:
+        """Rebind every known site from ``old_pg`` to ``new_pg`` and verify: (stale, total); a stale
+        reference left is a :class:`RebindError`."""
+        self.adapter.rebind(self.module, self.sites, old_pg, new_pg)
+        check = self.adapter.verify_sites(self.sites, old_pg, new_pg)
+        if not check.ok:
+            raise RebindError(f"{int(check.stale)} of {check.total} cached references still name the old "
+                              f"communicator after rebinding: {check.detail}")
+        return int(check.stale), int(check.total)
+
+    # ---- RankValidate ----------------------------------------------------------------------------
+    def _validate(self, ep: Episode) -> Done:
+        """On the new group of R's kind, an all-reduce that counts its members, then every replica's
+        state checksum compared (one all-gather), each wait bounded by the phase deadline; a difference
+        is a :class:`ValidationError` (L2)."""
+        t = time.monotonic_ns()
+        if ep.swap is not None:
+            sw = ep.swap
+            digest = _swap.validate(sw.job.groups[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank,
+                                    sw.module, sw.optimizer, self.deadline_s)
+            return Done({"digest": digest, "duration_ns": time.monotonic_ns() - t})
+        n = len(self.groups.members)
+        device = backend_of(ep.new_pg).device_for(ep.new_pg)
+        one = torch.ones(1, device=device)
+        wait_bounded(ep.new_pg.allreduce([one]), self.deadline_s)
+        if int(one[0]) != n:
+            raise ValidationError(f"validation all-reduce on generation-{ep.g + 1} R gave {int(one[0])}, expected {n}")
+        mine = state_checksum(self.module, self.optimizer, device)
+        outs = [torch.empty_like(mine) for _ in range(n)]
+        wait_bounded(ep.new_pg.allgather([outs], [mine]), self.deadline_s)
+        differing = [self.groups.members[i] for i, o in enumerate(outs) if not torch.equal(o, mine)]
+        if differing:
+            raise ValidationError(f"replica checksums differ from rank {self.rank}'s on rank(s) {differing}: "
+                                  "replicas of R do not hold identical shards; restart from the checkpoint (L2)")
+        return Done({"digest": checksum_hex(mine), "duration_ns": time.monotonic_ns() - t})
+
+    # ---- RankReady, RankDecideRelease, RankResume --------------------------------------------------
+    def _ready(self, ep: Episode) -> Done:
+        """Post the release vote (held: the last voter decides on a count that includes us)."""
+        count, last = self.control.ready(ep.g)
+        ep.last_ready = last
+        return Done({"count": count, "last": last})
+
+    def _decide_release(self, ep: Episode) -> Done | None:
+        """The last ready rank decides the release (every rank of W voted)."""
+        if not ep.last_ready:
+            return None
+        dec = self.control.decide_release(ep.g)
+        return Done({"decision": dec}, outcome="ok" if dec == DECISION_RELEASE else "fail")
+
+    def _resume(self, ep: Episode) -> Done:
+        """Read the release (an abort decision, or an expired wait, ends the rank), then generation g+1
+        at F.  A repair: R's new communicator is watched and its revoke retired.  A swap: on the rebuilt
+        model (an engine of g+1 is attached to it; this one retires)."""
+        dec = self.control.await_release(ep.g, time.monotonic() + self.deadline_s)
+        if dec != DECISION_RELEASE:
+            self._decided_abort(dec, expired=self.control.last_expired)
+        t = time.monotonic_ns()
+        self.gen = ep.g + 1
+        self._episode = None
+        if ep.swap is not None:
+            return Done({"from_gen": ep.g, "swap": True}, {"gen": self.gen, "point": ""}, gen=ep.g)
+        ep.new_pg = None
+        self.watchdog.watch(self.gen, self.groups.key, self._r_record)
+        self.control.retire_revoke(ep.g, self.groups.key)
+        ep.durations["resume"] = time.monotonic_ns() - t
+        return Done({"from_gen": ep.g}, {"gen": self.gen, "point": ""}, gen=ep.g)
+
+    # ---- the exits: RankTimeout, RankFail (and RankReject's, _reject) ---------------------------------
+    def _exit(self, reason: str, detail: dict) -> None:
+        """The one exit path of the engine's own exits (``EXITS``): claim the exit, record the reason's
+        action, write the phase's abort decision and the job's abort, end the process with its code."""
+        claim_exit()
+        action = EXITS[reason]
+        g, which = self.gen, self.control.decision_for(self.pc)
+
+        def record() -> None:
+            self._record(action, PC_EXITED, Done(detail, {"reason": reason}, outcome="fail", gen=g))
+            try:
+                self.control.write_abort_decision(g, which, reason)
+                self.control.abort(reason)
+            except Exception:  # noqa: BLE001 - store lost: peers' watchdogs exit DEADLINE on their own
+                pass
+
+        exit_now(code_for(reason), reason, self.trace, record=record, claimed=True)
+        raise Exited
+
+    def _exit_on_abort(self, reason: str) -> None:
+        """RankExit on the job abort ``reason`` (written first if none stands): a decision this rank took."""
+        self.watchdog.exit_on_abort(reason)
+        raise Exited
+
+    def _decided_abort(self, dec: str, expired: bool) -> None:
+        """A decision key says abort.  If our own wait expired we are the RankTimeout; otherwise a peer
+        decided and we exit on the job abort (RankExit)."""
+        reason = dec[len("abort:"):] if dec.startswith("abort:") else REASON_EXCEPTION
+        if expired and reason == REASON_DEADLINE:
+            self._exit(REASON_DEADLINE, {"decision": dec})
+        self.watchdog.exit_on_abort(reason)
+        raise Exited
+
+    def _fail(self, exc: BaseException) -> None:
+        """An exception in an episode's steps: RankFail, or RankTimeout if it was a wait on peers that
+        failed (building a group, a collective of phase 6, the boundary's flag: a communication error
+        there is a peer that died or never came).  Our own errors (stale references, digests, an
+        injected exception) are RankFail.  A store that is gone is RankLoseStore; an abort that already
+        stands is RankExit on it."""
+        claim_exit()
+        if not self.control.reachable():
+            self.watchdog.lose_store(exc, claimed=True)
+            raise Exited
+        own_error = isinstance(exc, (RebindError, ValidationError, _swap.SwapError)) or not isinstance(exc, (RuntimeError, OSError))
+        if not own_error:
+            try:
+                standing = self.control.read_abort()
+            except Exception:  # noqa: BLE001 - store lost: no standing abort can be read
+                standing = ""
+            if standing:
+                self.watchdog.exit_with(standing, claimed=True)  # records RankExit, os._exit
+                raise Exited
+        timed_out = self.pc in (PC_TRAIN, PC_AGREED, PC_REBOUND) and not own_error
+        if timed_out and not self._first_to_expire(self.gen, self.control.decision_for(self.pc)):
+            # a peer's wait on the same decision failed first: its RankTimeout writes the abort (the
+            # model has one timeout per decision, then no more: an abort stands); we exit on it
+            standing = self.control.wait_abort(self.deadline_s)
+            self.watchdog.exit_on_abort(standing or REASON_DEADLINE)  # RankExit (writes the abort if none came)
+            raise Exited
+        self._exit(REASON_DEADLINE if timed_out else REASON_EXCEPTION, {"error": f"{type(exc).__name__}: {exc}"[:500]})
+
+    def _first_to_expire(self, g: int, which: str) -> bool:
+        """Whether this rank is the first whose wait on ``which`` of g failed (a store counter)."""
+        try:
+            return self.control.first_expirer(g, which)
+        except Exception:  # noqa: BLE001 - store lost: nobody else can write the abort; it is ours
+            return True
+
+    # ---- RankClaimSpare --------------------------------------------------------------------------
+    def _claim_spares(self, ep: Episode) -> Done | None:
+        """The contract first (:func:`accelpact.model.hotswap.decide` on the dead-rank key: died, a spare
+        in the pool, a live replica of every dead rank; with nobody dead the plain key of a discard):
+        L2 is ``RankReject``.  Then for each dead rank the first survivor to claim takes a spare from
+        the pool and tells it (single assignment); only a rank whose claim stood performs the action
+        (the model's one claim for each dead identity).  Held: the claim and its record are one action."""
+        sw = ep.swap
+        assert sw is not None
+        if not sw.dead:  # a communicator failure in flight with every rank alive (P17): the plain key
+            dec = decide(self.envelope, self._key(sw.point), True)
+        else:
+            topo = sw.job.topology
+            replica = all(any(m not in sw.dead for m in topo.group(self.groups.name, d)) for d in sw.dead)
+            spare = _swap.pool_covers(self.control.store, ep.g, sw.dead, sw.job.spares)
+            dec = model_swap.decide(self.envelope, self._key(sw.point), True, died=True, spare=spare, replica=replica)
+        if not dec.preserve:
+            self._reject(dec.reason)
+        sw.decision = dec.level
+        mine = {}
+        for d in sw.dead:
+            first, k = _swap.claim_write(self.control.store, ep.g, d, sw.job.spares, sw.point)
+            if first and k is not None:
+                mine[d] = k
+        return Done({"claims": mine, "decision": sw.decision}) if mine else None
+
+    # ---- RankTransferState -----------------------------------------------------------------------
+    def _transfer_state(self, ep: Episode) -> Done | None:
+        """First every rank of W waits until all have rebuilt their model (a spare's first build is
+        slow: it is waited for here, under the phase deadline, not inside a transfer's collective).
+        Then the first live member of a dead identity's new group of R's kind broadcasts its state;
+        the spare loads it, other members receive and drop it.  The sender performs the action (a rank
+        is in one group of R's kind: one transfer at most)."""
+        sw = ep.swap
+        assert sw is not None
+        job, topo = sw.job, sw.job.topology
+        _swap.store_barrier(job.attempt_store, swap_rebuilt_key(ep.g), job.world, self.deadline_s, "rebuilt its model")
+        members = topo.group(sw.kind, self.rank)
+        dead = [x for x in members if x in sw.dead]
+        if not dead:
+            return None
+        src = [m for m in members if m not in sw.dead][0]
+        sw.sources.update({x: src for x in dead})
+        holds = self.rank in sw.dead or self.rank == src  # the spare loads the state, the source sends it
+        t = time.monotonic_ns()
+        moved = _swap.transfer(job.groups[sw.kind], members, src, self.rank, sw.module if holds else None,
+                               sw.optimizer if holds else None, job.device, self.deadline_s)
+        return Done({"to": dead, "bytes": moved, "duration_ns": time.monotonic_ns() - t}) if self.rank == src else None
