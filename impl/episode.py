@@ -27,7 +27,7 @@ from typing import Any, Callable
 from accelpact.model.state import (PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_JOINED, PC_OBSERVED, PC_READY, PC_REBOUND,
                                    PC_REPLACED, PC_TRAIN, PC_VALIDATED)
 
-__all__ = ["Done", "Episode", "RecoveryReport", "REPAIR", "SPARE_SWAP", "Step", "SWAP", "SwapFacts", "drive"]
+__all__ = ["Done", "Episode", "Rebuild", "RecoveryReport", "REPAIR", "SPARE_SWAP", "Step", "SWAP", "SwapFacts", "drive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +107,26 @@ SPARE_SWAP: tuple[Step, ...] = tuple(s for s in SWAP if s.action not in ("RankCl
 
 #: The pc each table starts from.
 STARTS: dict[str, str] = {"REPAIR": PC_OBSERVED, "SWAP": PC_OBSERVED, "SPARE_SWAP": PC_JOINED}
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuild:
+    """How an episode that rebuilds the model (a hot swap, a discard in place) gets its model and hands
+    it on; given at :func:`attach` (without it a death or a failure in forward or backward is L2).
+
+    ``job``: the training job whose groups the episode rebuilds, every one in generation g+1
+    (:func:`accelpact.impl.runtime.hotswap.rebuild_groups`).  ``build(job, extra)``: the user's
+    factory, building the wrapped model and its optimizer on the job's current groups.
+    ``begin()``: called as the episode begins (before any of its actions): what watches the old
+    generation stops, and the state published at F comes back (``{"extra": ..., "rng": ...}``).
+    ``then(module, optimizer, record)``: called once the episode released and this engine retired:
+    attaches the engine of generation g+1 to the rebuilt model (``record``: the
+    :class:`~accelpact.impl.runtime.hotswap.SwapRecord`, its generation g and frontier F)."""
+
+    job: Any
+    build: Callable[[Any, Any], tuple[Any, Any]]
+    begin: Callable[[], dict]
+    then: Callable[[Any, Any, Any], None]
 
 
 @dataclass(slots=True)

@@ -49,7 +49,7 @@ from .controlplane import ControlPlane
 from .deadlines import DEFAULT_DEADLINE_S, default_step_deadline
 from .detector import Detector
 from .effects import Effects, RebindError, ValidationError
-from .episode import REPAIR, SWAP, Episode, Exited, RecoveryReport, SwapFacts, drive
+from .episode import REPAIR, SWAP, Episode, Exited, Rebuild, RecoveryReport, SwapFacts, drive
 from .exitcodes import claim_exit
 from .flag import or_allreduce
 from .guard import BoundaryGuard
@@ -145,7 +145,7 @@ class Pact(Effects):
                  strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
                  hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
                  hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
-                 discard: bool = False, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
+                 rebuild: Rebuild | None = None, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
                  wide_records: Callable[[], list] | None = None, predecessor: Any = None) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
@@ -155,13 +155,14 @@ class Pact(Effects):
         self.rank = control.rank
         self.trace = trace if trace is not None else NullTrace()
         self.envelope = envelope if envelope is not None else default_envelope()
-        #: the step in flight can be discarded in place (P17): the caller rebuilds the wrapper (its
-        #: runtime state of the abandoned step) through :meth:`swap`; without it forward and backward are L2
-        self.discard = discard
+        #: how an episode rebuilds the model (a hot swap, a discard in place, P16/P17); None: forward and
+        #: backward are L2 (the contract's cells narrowed), and so is a death
+        self.rebuild = rebuild
+        self.discard = rebuild is not None
         #: phase 4 of every episode on every rank (P18.3): builds the groups over all of W of a generation,
         #: returning (their names, the new control group, socket records by group name); None: none to build
         self.wide = wide
-        if not discard:
+        if rebuild is None:
             self.envelope = without_discard(self.envelope, "no in-place discard: the job was attached without rebuild=")
         self.key = key or ObservationKey(DEFAULT_PLATFORM, DEFAULT_PROFILE, "boundary", DEFAULT_OBJECTIVE)
         notice = unqualified_notice(self.envelope, self.key.platform)
@@ -215,7 +216,7 @@ class Pact(Effects):
             self.detector.set_progress(frontier)
             self.detector.start()
         self.watchdog.watch(self.gen, self.groups.key, self._r_record)
-        self._closed = False
+        self.closed = False
 
     # ---- views for hooks and callers ----------------------------------------------------------
     @property
@@ -252,23 +253,34 @@ class Pact(Effects):
     def step(self, step: int):
         """Wraps forward, backward and ``optimizer.step()``.  An exception inside is an in-flight
         failure: with spares and a death notice, a hot swap (P16); in forward or backward of an engine
-        that can discard (``discard``) and where the envelope says L1, a discard in place (P17:
-        :class:`~accelpact.impl.runtime.hotswap.SwapNeeded` with no dead rank, run by :meth:`swap`);
-        otherwise the contract rejects it and every rank exits 70.  Arms the watchdog's step deadline
-        (``step_deadline_s``), which :meth:`boundary` disarms."""
+        that can discard (``rebuild``) and where the envelope says L1, a discard in place (P17); either
+        episode rebuilds the model and hands it on (``Rebuild.then``), and the exception ends here (the
+        step is discarded).  Otherwise the contract rejects it and every rank exits 70.  Arms the
+        watchdog's step deadline (``step_deadline_s``), which :meth:`boundary` disarms."""
         self._step = step
         self.watchdog.arm(self.step_deadline_s)
         try:
             yield self
         except Exception as exc:  # noqa: BLE001 - any error in the step is an in-flight failure (C3 rule 1)
             point = self.guard.point if self.guard.point != "boundary" else "forward"
-            self._swap_if_died(point, exc)
-            self._discard_if_qualified(point, exc)
-            self._observe_in_flight(point, exc)
+            try:
+                self._swap_if_died(point, exc)
+                self._discard_if_qualified(point, exc)
+                self._observe_in_flight(point, exc)
+            except _swap.SwapNeeded as need:
+                self._rebuild(need)
 
     def boundary(self, loss) -> RecoveryReport | None:
         """After the commit: the post-commit collective on R, the failure flag on W, and on a
-        failure anywhere in R the six phases.  Returns the report of a repair, else None."""
+        failure anywhere in R the repair.  Returns the report of a repair, else None (also after a hot
+        swap of a rank whose death the boundary met: ``Rebuild.then`` handed the model on)."""
+        try:
+            return self._boundary(loss)
+        except _swap.SwapNeeded as need:
+            self._rebuild(need)
+            return None
+
+    def _boundary(self, loss) -> RecoveryReport | None:
         t0 = time.monotonic_ns()
         if self.detector is not None:
             self.detector.set_progress(self.guard.frontier)  # committed: a peer still behind is awaited
@@ -291,7 +303,7 @@ class Pact(Effects):
         return report
 
     def _before_commit(self) -> None:
-        """Issue 26 item 1 (NCCL): as ``optimizer.step()`` starts, a step whose collectives ran on a
+        """NCCL: as ``optimizer.step()`` starts, a step whose collectives ran on a
         group this rank's revoke aborted in this generation (a hot swap's watcher, a peer's revoke), or
         on a group whose backend recorded an error, is not committed: :class:`AbortedCommunicator`, a
         failure of the step in ``backward`` (the death it follows is then swapped and the step
@@ -303,8 +315,7 @@ class Pact(Effects):
         stream; nothing on the CPU): the wrapper's waits only order the streams, so without it the CPU
         commits while the gradients' collectives still run on the device, and an abort of their
         communicator after this check (the boundary's revoke, a peer's) cuts them short under a step
-        already committed: replicas then differ (first lent GPU, stop 38: every boundary repair of the
-        NCCL corpus failed its validation, "replica checksums differ").  Past the bound the step's
+        already committed, and the replicas differ (bench/nccl-log.md).  Past the bound the step's
         results are not known: :class:`AbortedCommunicator` as above."""
         if undrained := self.guard.undrained():
             raise AbortedCommunicator(f"before the commit: {undrained[0]}; the step's collectives' results are not known")
@@ -338,7 +349,7 @@ class Pact(Effects):
                      wait=lambda work: self._wait_unless_revoked(work, "the commit fence", group=control))
 
     def _fail_on_backend_errors(self, observed: bool) -> None:
-        """Issue 26: with TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a group whose work
+        """With TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a group whose work
         failed and raises nothing, so a step whose shard-group collective failed could stand.  Any
         training group whose backend recorded an error (:func:`backends.recorded_errors`; R left out
         when its probe failed: that is the boundary's own, repairable failure) is an in-flight failure
@@ -349,8 +360,8 @@ class Pact(Effects):
                                "TORCH_NCCL_ASYNC_ERROR_HANDLING=2): the step's result is not trusted")
             # with spares, a peer's death (a keeper's notice) is what failed the group: the commit drained
             # the step's device work and found no error (_before_commit), so the step stands and the dead
-            # rank is swapped at the boundary (first lent GPU, stop 38: a stopped rank's deposition failed
-            # the shard group and the survivors rejected, L2, where the model swaps)
+            # rank is swapped at the boundary, as the model swaps it (a stopped rank's deposition fails the
+            # shard group: rejecting it would be L2)
             self._swap_if_died("boundary", exc)
             # a collective of the step failed: an in-flight failure (RankObserve, RankReject: exit 70),
             # observed only now; which point of the step is not known, and every in-flight point is L2
@@ -432,7 +443,7 @@ class Pact(Effects):
         timeout = be.timeout_of(pg)
         budget = (timeout or self.deadline_s) + REVOKE_GRACE_S
         if be.revoke == "abort" and timeout:
-            # issue 26: NCCL's watchdog (every 100 ms) aborts a timed-out group silently (mode 2) and the
+            # NCCL's watchdog (every 100 ms) aborts a timed-out group silently (mode 2) and the
             # work's wait then returns normally; end the wait first (spec/nccl.md row 17; the boundary
             # also reads get_error after the probe, _fail_on_backend_errors)
             budget = max(timeout - NCCL_WATCHDOG_MARGIN_S, REVOKE_GRACE_S)
@@ -472,8 +483,7 @@ class Pact(Effects):
         """The detector's suspicion, handled on a thread of its own (:meth:`_handle_suspect`).  The
         detector calls this from its heartbeat thread, and the handling may wait ``NOTICE_WAIT_S`` for
         a keeper's notice: a heartbeat held that long reads as this rank's death to its peers, whose
-        detectors then declare it in turn (soak K7: the stopped rank, once resumed, declared the
-        three that had declared it and deposed a healthy one)."""
+        detectors then declare it in turn (bench/README.md, K7)."""
         EngineThread(target=self._handle_suspect, args=(peer, kind, detected_at_ns),
                          name=f"accelpact-suspect-{peer}", daemon=True).start()
 
@@ -538,7 +548,7 @@ class Pact(Effects):
     def retire(self) -> None:
         """After a hot swap: this engine (generation g) gives way to the next one on the rebuilt model;
         its threads stop, its hooks go; the trace goes on."""
-        self._closed = True
+        self.closed = True
         self.watchdog.stop()
         self.watchdog.detach()  # its threads keep it until their slices end; they must not keep this engine
         self.watchdog.wake_revoke()  # generation g was released: its revoke thread leaves now
@@ -546,19 +556,22 @@ class Pact(Effects):
         self.guard.remove()
         self._pg = None
 
-    def swap(self, need: Any, *, job: Any, rebuild: Callable[[Any, Any], tuple[Any, Any]], extra: Any,
-             rng: Any) -> tuple[Any, Any, Any]:
-        """A survivor's hot swap after ``need`` (:class:`~accelpact.impl.runtime.hotswap.SwapNeeded`: the ranks
-        that died, and where; its ``RankObserve`` is recorded): the contract on the dead-rank key
-        (``RankReject`` if L2), ``RankClaimSpare``, ``RankDiscardStep`` of a step in flight,
-        ``RankGuard``, then the swap's phases on ``job``'s groups and the model
-        ``rebuild(job, extra)`` builds, RNG ``rng`` (the table ``SWAP_STEPS``).  Returns the rebuilt module and optimizer and the
-        :class:`~accelpact.impl.runtime.hotswap.SwapRecord`; this engine is retired (the caller attaches one
-        of generation g+1 to the rebuilt model).  Any failure ends the rank, and with it the job (L2)."""
+    def _rebuild(self, need: Any) -> None:
+        """A survivor's hot swap, or a discard in place, after ``need`` (the ranks that died, none for a
+        discard, and where; its ``RankObserve`` is recorded): ``SWAP_STEPS`` (the contract on the
+        dead-rank key, ``RankClaimSpare``, ``RankDiscardStep`` of a step in flight, ``RankGuard``, then
+        every group of the job rebuilt in g+1, the model rebuilt on them by ``Rebuild.build`` from the
+        state at F, the spares' state sent, validation, the release); then this engine retires and
+        ``Rebuild.then`` attaches the next one to the rebuilt model.  Any failure ends the rank, and
+        with it the job (L2)."""
+        rb = self.rebuild
+        assert rb is not None  # a death or a discard is an episode only where a rebuild was given
+        seen = self.notices.count() if self.notices is not None else 0
+        state = rb.begin()
         self.suspend()
         t = time.monotonic_ns()
-        sw = SwapFacts(role="survivor", point=need.point, dead=tuple(sorted(need.dead)), job=job, rebuild=rebuild,
-                       extra=extra, rng=rng, old=(self.module, self.optimizer), held=(self._pg,))
+        sw = SwapFacts(role="survivor", point=need.point, dead=tuple(sorted(need.dead)), job=rb.job, rebuild=rb.build,
+                       extra=state.get("extra"), rng=state.get("rng"), old=(self.module, self.optimizer), held=(self._pg,))
         ep = Episode(self.gen, True, tuple(range(self.groups.count)), t, t, need.error, swap=sw)
         self._episode = ep
         drive(self, ep, self.SWAP_STEPS)
@@ -566,7 +579,9 @@ class Pact(Effects):
         module, optimizer = sw.module, sw.optimizer
         sw.module = sw.optimizer = None
         self.retire()
-        return module, optimizer, record
+        if self.notices is not None:
+            self.notices.handled(seen)
+        rb.then(module, optimizer, record)
 
     def rebind(self, new_pg: Any) -> int:
         """Phase 5 alone (``RankRebind``) onto ``new_pg``, outside any episode: for the phase-5
@@ -639,15 +654,19 @@ class Pact(Effects):
             self.watchdog.lose_store(err, claimed=True)
             raise Exited from err
 
-    def repair_after_save(self, exc: BaseException) -> RecoveryReport:
+    def repair_after_save(self, exc: BaseException) -> RecoveryReport | None:
         """A checkpoint save at the boundary failed (P18.4): a group over all of W failed after a
-        boundary that found nothing.  The observation (:meth:`_observe_wide`), then the episode's
-        phases as at the boundary (:meth:`_recover`): every group that failed is rebuilt, the
-        checkpoint group with the other groups over W.  Returns the repair's report; the caller saves
-        again on the new checkpoint group."""
+        boundary that found nothing.  The observation (:meth:`_observe_wide`), then the repair as at
+        the boundary (:meth:`_recover`): every group that failed is rebuilt, the checkpoint group with
+        the other groups over W.  Returns the repair's report; the caller saves again on the new
+        checkpoint group.  A rank that died in the save is swapped instead (None)."""
         t0 = time.monotonic_ns()
         self.watchdog.arm(self.step_deadline_s)
-        self._swap_if_died("boundary", exc)
+        try:
+            self._swap_if_died("boundary", exc)
+        except _swap.SwapNeeded as need:
+            self._rebuild(need)
+            return None
         self._observe_wide(exc)
         report = self._recover(None, t0, time.monotonic_ns(), exc)
         self.reports.append(report)
@@ -656,11 +675,11 @@ class Pact(Effects):
 
     def _discard_if_qualified(self, point: str, exc: BaseException) -> None:
         """RankObserve of an in-flight failure that the contract lets this rank discard (P17: forward
-        or backward, the envelope's cell L1, ``discard``): records it, publishes the step's revoke on
+        or backward, the envelope's cell L1, a ``rebuild`` given): records it, publishes the step's revoke on
         every group of R's kind (each rank's watcher then closes all of its training groups, so a
         peer blocked in any collective of the abandoned step wakes up), and raises
         :class:`~accelpact.impl.runtime.hotswap.SwapNeeded` with no dead rank: the training loop runs
-        the episode (:meth:`swap`: discard, agreement, every group rebuilt, validation, release).
+        the episode (:meth:`_rebuild`: discard, agreement, every group rebuilt, validation, release).
         Returns where the contract says L2 (the caller then rejects)."""
         if not self.discard or point not in DISCARD_PHASES:
             return
@@ -723,9 +742,9 @@ class Pact(Effects):
     # ---- end -------------------------------------------------------------------------------------
     def close(self) -> None:
         """Normal end of training: stop the watchdog, remove the hooks, end the trace."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         if self.detector is not None:
             self.detector.close(leave=True)
         self.watchdog.stop()
@@ -748,21 +767,21 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
            strategy: ReplacementStrategy | None = None, step_deadline_s: float | None = None,
            hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
            hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
-           discard: bool = False, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
+           rebuild: Rebuild | None = None, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
            wide_records: Callable[[], list] | None = None, predecessor: Any = None) -> Pact:
     """Discover R's cached references once, install the guard, start the watchdog.  ``predecessor``:
     the retired engine's watchdog (after a swap or a discard), whose abort thread the new one takes
-    over (``Watchdog.start(succeed=)``).  ``discard``: the
-    caller can rebuild the wrapper (:meth:`Pact.swap`), so a failure in forward or backward is
-    discarded in place where the envelope says L1 (P17); without it those cells are L2.
+    over (``Watchdog.start(succeed=)``).  ``rebuild``: how an episode rebuilds the model
+    (:class:`Rebuild`), so a failure in forward or backward is discarded in place where the envelope
+    says L1 (P17) and a dead rank is swapped for a spare (P16); without it those cells are L2.
 
     ``deadline_s`` bounds each wait on peers in phases 2-6; ``step_deadline_s`` bounds a whole step
     (forward to the end of its boundary) before the watchdog takes the rank for hung and exits
-    72: default :func:`accelpact.impl.launch.job.default_step_deadline` of R's collective timeout and
+    72: default :func:`accelpact.impl.deadlines.default_step_deadline` of R's collective timeout and
     ``deadline_s``; ``math.inf`` turns it off.  ``hooks``: test-only
     (:class:`accelpact.impl.hooks.Hooks`: fault injection at named points, seeded bugs)."""
     return Pact(module, optimizer, groups=groups, control=control, trace=trace, envelope=envelope, key=key,
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
                 step_deadline_s=step_deadline_s,
                 detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s, generation=generation,
-                notices=notices, discard=discard, wide=wide, wide_records=wide_records, predecessor=predecessor)
+                notices=notices, rebuild=rebuild, wide=wide, wide_records=wide_records, predecessor=predecessor)

@@ -142,7 +142,7 @@ def test_a_fence_posted_after_a_peers_step_revoke_is_discarded_in_place(ranks, t
     assert run.codes == {0: 0, 1: 0, 2: 0, 3: 0}, run.explain()
     traces = load_traces(out)[0]
     observed = [r for r in traces[0].records if r.action == "RankObserve"]
-    assert observed and observed[0].gen == 0 and observed[0].detail.get("discard"), observed
+    assert observed and observed[0].gen == 0 and observed[0].detail.get("cause") == "discard", observed
     print(f"rank 0 observed: {observed[0].detail.get('error')}")
     verdict = check_traces(config_from_headers(traces), traces, silent_faults=True)
     assert verdict.accepted, verdict.message

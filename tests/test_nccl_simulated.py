@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from accelpact.impl.runtime import backends
+from accelpact.impl import recovery
 from accelpact.impl.recovery import Pact
 from accelpact.impl.runtime.revoke import SocketRecord, record_group
 
@@ -208,9 +209,8 @@ def test_the_engine_rejects_a_step_on_a_silently_aborted_group_and_the_seeded_bu
 
 
 def test_the_commit_drains_the_steps_device_work_before_it_judges_the_groups():
-    """First lent GPU (stop 38): every boundary repair of the NCCL corpus failed validation ("replica
-    checksums differ") because the CPU committed while the gradients' all-reduce still ran on the
-    device, and the boundary's abort of R cut it short.  ``Pact._before_commit`` drains first (the
+    """If the CPU commits while the gradients' all-reduce still runs on the device, the boundary's abort
+    of R cuts it short and the replicas differ (bench/nccl-log.md, "The first lent GPU").  ``Pact._before_commit`` drains first (the
     guard's bounded drain), then judges the groups; an undrained device is not committed."""
     calls: list[str] = []
     undrained: list[str] = []
@@ -232,15 +232,15 @@ def test_the_commit_drains_the_steps_device_work_before_it_judges_the_groups():
 
 
 def test_a_group_error_after_a_peers_death_is_a_swap_not_a_rejection(monkeypatch):
-    """First lent GPU (stop 38), ``2x2-fsdp1-spare1-boundary-stop-r1``: rank 1 was stopped at the
-    boundary and deposed, its death failed the NCCL shard group, and the survivors, finding the
-    recorded error at the boundary, rejected (L2) where the model swaps.  With a keeper's death notice
+    """``2x2-fsdp1-spare1-boundary-stop-r1`` on NCCL: rank 1 stopped at the boundary and deposed, its
+    death fails the NCCL shard group; the survivors, finding the recorded error at the boundary, must
+    swap as the model does, not reject (L2).  With a keeper's death notice
     the boundary now raises ``SwapNeeded`` (the commit had drained the step and found no error);
     without one the error is still an in-flight failure, rejected."""
     from accelpact.impl.runtime.hotswap import SwapNeeded
 
     calls: list[str] = []
-    monkeypatch.setattr(backends, "recorded_errors", lambda records, skip=(): {"shard": "COMM_ERROR"})
+    monkeypatch.setattr(recovery, "recorded_errors", lambda records, skip=(): {"shard": "COMM_ERROR"})  # bound at import
 
     def swap_if_died(point, exc):
         calls.append(f"swap?{point}")

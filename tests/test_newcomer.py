@@ -89,10 +89,18 @@ def test_steps_closed_by_their_boundary_run_on():
 
 
 def test_a_discarded_step_comes_again_without_a_boundary():
-    from accelpact.impl.runtime.hotswap import SwapNeeded
+    """An episode that rebuilt the model in the step (a hot swap, a discard) handed it to the next
+    generation's engine (``Rebuild.then``: ``Training._continue``); the step is discarded and comes
+    again without a boundary."""
+    run = _training(_Engine())
 
-    run = _training(_Engine(raise_in_step=SwapNeeded("backward", (1,), None)))
-    run._swap = lambda need: None  # type: ignore[method-assign]  # the swap itself is tested in test_hotswap
+    class _Rebuilding(_Engine):
+        @contextlib.contextmanager
+        def step(self, step: int):
+            yield self
+            run.pact = _Engine()  # what Rebuild.then does: the engine of the next generation took over
+
+    run.pact = _Rebuilding()
     with run.step(0):
         pass
     assert run.discarded

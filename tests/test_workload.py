@@ -79,7 +79,7 @@ def _single_job():
     opt = torch.optim.AdamW(m.parameters(), lr=spec.lr)
     topo = W.Topology(1, 1)
     groups = W.Groups(topo=topo, rank=0, replicate=None, shard=None, world=None)
-    return W.Job(spec, topo, groups, m, opt, W.DataCursor(0, 4, 16, 0, 1))
+    return W.App(spec, topo, groups, m, opt, W.DataCursor(0, 4, 16, 0, 1))
 
 
 def test_train_step_snapshot_and_compare():

@@ -1,4 +1,4 @@
-"""Hot swap (issue 13): a dead rank's identity taken by a spare, its state from a live replica, the
+"""Hot swap: a dead rank's identity taken by a spare, its state from a live replica, the
 uncommitted step discarded and rerun.  spec/protocol.md section 11 (the model's actions), spec/hotswap.md
 (this implementation).
 
