@@ -38,6 +38,7 @@ from .runtime import hotswap as _swap
 from .runtime.adapters import adapter_for
 from .runtime.backends import backend_of, wait_bounded
 from .runtime.digest import checksum_hex, state_checksum
+from .runtime.groups import rebuild_groups
 from .runtime.retire import retire_off_path
 from .runtime.wrappers import wrapper_of
 from .watchdog import Watchdog
@@ -260,7 +261,7 @@ class Effects:
         t = time.monotonic_ns()
         g_next = ep.g + 1
         if ep.swap is not None:
-            _swap.rebuild_groups(ep.swap.job, g_next, ep.swap.held)
+            rebuild_groups(ep.swap.job, g_next, ep.swap.held)
             ep.swap.held = ()
             return Done({"groups": sorted(ep.swap.job.groups) + ["default", "control", "checkpoint"], "swap": True,
                          "duration_ns": time.monotonic_ns() - t}, {"comm": swap_prefix(g_next), "wide": g_next})

@@ -71,17 +71,18 @@ from ..exitcodes import code_for, exit_now
 from ..recovery import retired_watchdogs
 from ..spare import SpareEngine
 from ..rundir import RunDir
-from ..runtime import hotswap, revoke
+from ..runtime import hotswap
 from ..runtime.backends import backend as _backend
 from ..runtime.backends import prebuilt_env_problem
 from ..runtime.checkpoint import CheckpointManager, latest_committed
+from ..runtime.groups import build_job_groups, build_recorded_groups, rebuild_wide
 from ..runtime.retire import settle_threads
 from ..runtime.wrappers import wrapper, wrapper_of
 from ..trace import NullTrace, Trace
 from . import attempts, workload
 from .errors import ApiError
 from .job import Topology
-from .training import Training, build_recorded_groups, pact_groups
+from .training import Training, pact_groups
 
 __all__ = ["ApiError", "Settings", "Session", "Training", "build_recorded_groups", "init", "pact_groups"]
 
@@ -257,10 +258,10 @@ class Session:
 
     def rebuild_wide(self, g_next: int) -> tuple[list[str], Any, dict]:
         """Phase 4 of every episode (spec/protocol.md P18.3; the engine calls it on every rank): the
-        groups over all of W built anew in ``g_next`` (:func:`accelpact.impl.runtime.hotswap.rebuild_wide`),
+        groups over all of W built anew in ``g_next`` (:func:`accelpact.impl.runtime.groups.rebuild_wide`),
         and the checkpoints moved onto the new checkpoint group.  Returns the names of the groups built,
         the new control group and the socket records of the training groups rebuilt (by name)."""
-        names = hotswap.rebuild_wide(self, g_next)
+        names = rebuild_wide(self, g_next)
         t = self.training
         if t is not None and t.checkpoints is not None:
             t.checkpoints.group = self.checkpoint_group
@@ -586,30 +587,16 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     # after init_process_group, whose own hook (the "[rankN]:" prefix) prints into a buffer: ours must
     # wrap it, not be wrapped by it, or the traceback would be lost at the exit
     _exit_cleanly_on_uncaught()
-    # out-of-band gloo groups over W, in the same order on every rank: the engine's control group
-    # (failure flag, validation) and DCP's (never a communicator that may fail)
-    control_group, control_record = revoke.recorded(
-        lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=max(s.deadline_s, 1.0))), "gloo")
-    checkpoint_group, checkpoint_record = revoke.recorded(lambda: dist.new_group(backend="gloo", timeout=timeout), "gloo")
-    if mesh is None:
-        groups, records = build_recorded_groups(workload, topo, rank, be.name, timedelta(seconds=s.collective_timeout_s),
-                                                device=device)
-        mine = {"shard": groups.shard, "replicate": groups.replicate, "world": groups.world}
-    else:
-        if mesh.mesh.tolist() != topo.mesh_ranks():
-            raise ApiError(f"mesh: its ranks {mesh.mesh.tolist()} are not laid out as {topo.mesh_ranks()} (row r = replica "
-                           "r's ranks, rank = replica * shards + shard index): build it with init_device_mesh")
-        world_group = dist.new_group(list(range(world)), backend=be.name,
-                                     timeout=timedelta(seconds=s.collective_timeout_s), **be.init_kwargs(device))
-        mine = {"shard": mesh.get_group("shard"), "replicate": mesh.get_group("replicate"), "world": world_group}
-        for g in (mine["shard"], mine["replicate"]):  # the mesh's own timeout is not collective_timeout_s (spec/nccl.md row 21)
-            be.set_timeout(g, s.collective_timeout_s)
-        records = {k: revoke.record_group(g, be.name) for k, g in mine.items()}
+    if mesh is not None and mesh.mesh.tolist() != topo.mesh_ranks():
+        raise ApiError(f"mesh: its ranks {mesh.mesh.tolist()} are not laid out as {topo.mesh_ranks()} (row r = replica "
+                       "r's ranks, rank = replica * shards + shard index): build it with init_device_mesh")
+    built = build_job_groups(workload, topo, rank, be.name, device=device, deadline_s=s.deadline_s,
+                             pg_timeout_s=s.pg_timeout_s, collective_timeout_s=s.collective_timeout_s, mesh=mesh)
     return Session(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
-                       device=device, store=store, attempt_store=astore, control_group=control_group,
-                       checkpoint_group=checkpoint_group, topology=topo, records=records,
-                       groups=mine, _mesh=mesh, control_record=control_record, checkpoint_record=checkpoint_record,
-                       spares=s.spares)
+                   device=device, store=store, attempt_store=astore, control_group=built.control,
+                   checkpoint_group=built.checkpoint, topology=topo, records=built.records,
+                   groups=built.training, _mesh=mesh, control_record=built.control_record,
+                   checkpoint_record=built.checkpoint_record, spares=s.spares)
 
 
 def _check_user_mesh(mesh: Any, be: Any, world: int) -> int:

@@ -16,21 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 
 from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey
 
 from ..controlplane import PREFIX, WIDE_ENTRY, ControlPlane, progress_key
 from ..episode import Rebuild
 from ..recovery import PactGroups, attach
-from ..runtime import hotswap, revoke
-from ..runtime.backends import backend as _backend
+from ..runtime import hotswap
 from ..runtime.checkpoint import CheckpointError, SaveFailed
 from ..runtime.retire import collect_off_path
 from ..runtime.wrappers import wrapper, wrapper_of
 from .errors import ApiError
 
-__all__ = ["SAVE_TRIES", "Training", "build_recorded_groups", "pact_groups"]
+__all__ = ["SAVE_TRIES", "Training", "pact_groups"]
 
 
 def _progress_hook(store: Any, key: str, pact: Any) -> Callable[..., None]:
@@ -246,26 +244,6 @@ class Training:
     @property
     def reports(self) -> list:
         return self.pact.reports
-
-
-def build_recorded_groups(workload, topo, rank: int, backend: str, timeout, device: Any = None):
-    """``workload.build_groups`` plus the socket record of every group this rank belongs to.
-
-    The engine revokes a gloo group by shutting down the sockets recorded when it was built
-    (:func:`accelpact.impl.runtime.revoke.recorded`).  Returns ``(groups, records)`` with records keyed
-    "shard", "replicate", "world".
-    """
-    records = {}
-    extra = _backend(backend).init_kwargs(device) if device is not None else {}
-
-    def new_group(kind: str, ranks: list[int]):
-        g, rec = revoke.recorded(lambda: dist.new_group(ranks, backend=backend, timeout=timeout, **extra), backend)
-        if rank in ranks:
-            records[kind] = rec
-        return g
-
-    groups = workload.build_groups(topo, rank, backend, timeout, new_group=new_group, device=device)
-    return groups, records
 
 
 def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups, records: dict):

@@ -11,10 +11,10 @@ Who does what (read beside ``model/protocol.py``'s hot-swap actions):
 * Every survivor's :class:`SwapWatcher` wakes on a notice and shuts down the sockets of every group
   of its rank (the revoke of every communicator at once), so no survivor stays blocked on a live
   peer that has left the step.  The engine's step and boundary then meet a failed collective and,
-  seeing the notice (:meth:`Notices.wait_new`), raise :class:`SwapNeeded` (model ``RankObserve``)
-  instead of taking the L2 path.
-* :class:`Swap` runs the episode on a survivor (``survivor``) or a spare (``spare``), in the model's
-  order: the decision (:func:`accelpact.model.hotswap.decide`, the contract extended with the facts),
+  seeing the notice (:meth:`Notices.wait_new`), observe it (model ``RankObserve``) and run the
+  swap instead of taking the L2 path.
+* The engine runs the episode on a survivor (``SWAP`` of :mod:`accelpact.impl.episode`) or a spare
+  (``SPARE_SWAP``), in the model's order: the decision (:func:`accelpact.model.hotswap.decide`, the contract extended with the facts),
   ``RankClaimSpare`` (single assignment ``g{g}/spare/{dead}``; the pool is ``swap/next``),
   ``SpareJoin``, ``RankDiscardStep``, the agreement on (F, g) over all of W (the spare arrives under
   the dead identity with the F its predecessor published at its last commit), every group rebuilt in
@@ -47,17 +47,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key,
-                           swap_prefix, wide_prefix)
+from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key)
 from ..threadname import EngineThread
-from .adapters.base import unregister_group
 from . import revoke
-from .backends import backend, backend_of, wait_bounded
+from .backends import backend_of, wait_bounded
 from .digest import checksum_hex, state_checksum
-from .retire import retire_off_path
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
-           "claim_write", "export_state", "holder_since", "import_state", "publish_state", "read_claims", "read_state", "rebuild_groups", "rebuild_wide",
+           "claim_write", "export_state", "holder_since", "import_state", "publish_state", "read_claims", "read_state",
            "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
@@ -74,8 +71,10 @@ class SwapError(RuntimeError):
 
 
 class SwapNeeded(Exception):
-    """Raised out of the engine's step or boundary: a rank died and the job has spares.  Not an
-    error of the caller's: :class:`~accelpact.impl.launch.api.Training` catches it and runs the swap."""
+    """Inside the engine (:class:`~accelpact.impl.recovery.Pact`) only: the observation of a failure
+    that an episode rebuilding the model answers (a rank died and the job has spares, or a step in
+    flight is discarded in place).  The engine's step, boundary and save repair catch it and run the
+    episode there; it never reaches the caller."""
 
     def __init__(self, point: str, dead: tuple[int, ...], error: BaseException | None) -> None:
         super().__init__(f"rank(s) {list(dead)} died ({point}): hot swap")
@@ -392,111 +391,6 @@ def read_claims(store: Any, g: int, world: int) -> dict[int, int]:
             if v != "none":
                 out[r] = int(v)
     return out
-
-
-def _make_group(job: Any, b: Any, pre: str, name: str, members: list[int], timeout_s: float) -> tuple[Any, Any]:
-    """One group of ``job`` built by its ``members`` under the store prefix ``pre + name`` with backend
-    ``b``, registered with c10d under that name: ``(group, revoke record)``."""
-    import torch.distributed as dist
-
-    pg, rec = b.build_group(dist.PrefixStore(pre + name, job.attempt_store), members.index(job.rank), len(members),
-                            name=pre + name, global_ranks=members, device=job.device if b.device_type != "cpu" else None,
-                            connect_timeout_s=job.settings.deadline_s, timeout_s=timeout_s)
-    b.register(pg, pre + name, members, job.attempt_store)
-    return pg, rec
-
-
-def _build_wide(job: Any, pre: str) -> tuple[Any, Any, Any, Any, Any]:
-    """The groups over all of W, in one fixed order on every rank: default (the job's backend),
-    control and checkpoint (gloo): ``(default, control, control_record, checkpoint, checkpoint_record)``."""
-
-    s, world = job.settings, list(range(job.world))
-    default, _ = _make_group(job, backend(job.backend), pre, "default", world, s.pg_timeout_s)
-    control, control_rec = _make_group(job, backend("gloo"), pre, "control", world, max(s.deadline_s, 1.0))
-    checkpoint, checkpoint_rec = _make_group(job, backend("gloo"), pre, "checkpoint", world, s.pg_timeout_s)
-    return default, control, control_rec, checkpoint, checkpoint_rec
-
-
-def _retire_groups(old: list) -> None:
-    """Unregister the replaced groups and destroy them off the critical path, on the engine's retiring
-    thread (:func:`accelpact.impl.runtime.retire.retire_off_path`, as phase 5 retires a replaced R): a
-    teardown that blocks on a dead peer blocks that thread, not the episode.  Call it after the job
-    let go of them, so that the retiring thread holds their last reference where it can; a group
-    something else still holds (the old model, the engine's R) is destroyed where that reference goes."""
-
-    box = []
-    for pg in old:
-        if pg is not None:
-            unregister_group(pg)
-            box.append(pg)
-    old.clear()  # the caller's list held them too: the box is their last reference here
-    if box:
-        retire_off_path(box)
-
-
-def _install_wide(job: Any, built: tuple[Any, Any, Any, Any, Any]) -> None:
-    import torch.distributed.distributed_c10d as c10d
-
-    default, control, control_rec, checkpoint, checkpoint_rec = built
-    c10d._update_default_pg(default)
-    job.control_group, job.checkpoint_group = control, checkpoint
-    job.control_record, job.checkpoint_record = control_rec, checkpoint_rec
-
-
-def rebuild_wide(job: Any, g_next: int) -> list[str]:
-    """``RankReplace``'s groups over all of W (spec/protocol.md P18.3): the default, control and
-    checkpoint groups and, where the job holds it apart from R (HSDP), the world group, built in
-    generation ``g_next`` under ``accelpact/g{g_next}/wide/<name>`` by every rank of W, in one fixed
-    order; the new default group installed, ``job`` updated in place, the old groups unregistered and
-    retired off the critical path.  Every rank calls it in every episode: a link inside R crosses every one of them, and the
-    engine cannot tell a broken link from a broken communicator of R alone.  Returns the names built."""
-    import torch.distributed.distributed_c10d as c10d
-
-
-    pre = wide_prefix(g_next)
-    old = [c10d._world.default_pg, job.control_group, job.checkpoint_group]
-    built = _build_wide(job, pre)
-    names = ["default", "control", "checkpoint"]
-    if "world" in job.groups:  # HSDP: the world group is not R (DDP's is, and the engine rebuilds it)
-        old.append(job.groups["world"])
-        job.groups["world"], job.records["world"] = _make_group(job, backend(job.backend), pre, "world",
-                                                                list(range(job.world)), job.settings.collective_timeout_s)
-        names.append("world")
-    _install_wide(job, built)
-    _retire_groups(old)
-    return names
-
-
-def rebuild_groups(job: Any, g_next: int, held: tuple = ()) -> None:
-    """RankReplace for every group of the job (``RankReplace`` of the model's R, and with it the
-    default group, the control and checkpoint groups, shard, replicate and world): built in generation
-    ``g_next`` by the members only, under ``accelpact/g{g_next}/swap/<name>`` (the generation fences
-    every older member out), in one fixed order on every rank, registered with c10d; the new default
-    group installed.  ``job`` (a :class:`~accelpact.impl.launch.api.TrainingJob`) is updated in place; its
-    old groups are unregistered and retired off the critical path (:func:`_retire_groups`).  ``held``: further old groups of this rank
-    (R, which the engine holds rather than the job)."""
-    import torch.distributed.distributed_c10d as c10d
-
-
-    be, rank, topo = backend(job.backend), job.rank, job.topology
-    pre = swap_prefix(g_next)
-    training = [*job.groups.values(), *held]
-    old = [c10d._world.default_pg, job.control_group, job.checkpoint_group, *training]
-    for pg in training:
-        be.abort(pg)  # NCCL: the old communicators' kernels end before new ones take the device (gloo: nothing)
-    built = _build_wide(job, pre)
-    groups: dict[str, Any] = {}
-    records: dict[str, Any] = {}
-    for kind in ("shard", "replicate", "world"):
-        for i, members in enumerate(topo.groups_of_kind(kind)):
-            if rank in members:
-                groups[kind], records[kind] = _make_group(job, be, pre, f"{kind}{i}", list(members),
-                                                          job.settings.collective_timeout_s)
-    _install_wide(job, built)
-    job.groups, job.records, job._mesh = groups, records, None
-    job.generation = g_next
-    del training
-    _retire_groups(old)
 
 
 def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:

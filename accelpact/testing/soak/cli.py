@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = SoakConfig()
     p.add_argument("--minutes", type=float, default=None, help=f"how long faults are struck (default {d.minutes:g})")
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default 0)")
-    p.add_argument("--wrapper", default=None, help="fsdp1-hybrid (default), fsdp2-hybrid or ddp")
+    p.add_argument("--wrapper", default=None, help="a wrapper of impl/runtime/wrappers.py: fsdp1-hybrid (default), fsdp1-zero2, fsdp2-hybrid or ddp")
     p.add_argument("--nodes", type=int, default=None, help=f"simulated nodes (default {d.nodes})")
     p.add_argument("--ranks-per-node", type=int, default=None, help=f"ranks per node (default {d.ranks_per_node})")
     p.add_argument("--spares", type=int, default=None, help=f"spare processes for hot swap (default {d.spares})")
