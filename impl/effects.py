@@ -38,7 +38,6 @@ from .runtime import hotswap as _swap
 from .runtime.adapters import adapter_for
 from .runtime.backends import backend_of, wait_bounded
 from .runtime.digest import checksum_hex, state_checksum
-from .runtime.groups import rebuild_groups
 from .runtime.retire import retire_off_path
 from .runtime.wrappers import wrapper_of
 from .watchdog import Watchdog
@@ -261,9 +260,9 @@ class Effects:
         t = time.monotonic_ns()
         g_next = ep.g + 1
         if ep.swap is not None:
-            rebuild_groups(ep.swap.job, g_next, ep.swap.held)
+            ep.swap.job.groups.rebuild_all(ep.swap.job.rank, g_next, ep.swap.held)
             ep.swap.held = ()
-            return Done({"groups": sorted(ep.swap.job.groups) + ["default", "control", "checkpoint"], "swap": True,
+            return Done({"groups": sorted(ep.swap.job.groups.training) + ["default", "control", "checkpoint"], "swap": True,
                          "duration_ns": time.monotonic_ns() - t}, {"comm": swap_prefix(g_next), "wide": g_next})
         state: dict[str, Any] = {}
         built: list[str] = []
@@ -333,7 +332,7 @@ class Effects:
         t = time.monotonic_ns()
         if ep.swap is not None:
             sw = ep.swap
-            digest = _swap.validate(sw.job.groups[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank,
+            digest = _swap.validate(sw.job.groups.training[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank,
                                     sw.module, sw.optimizer, self.deadline_s)
             return Done({"digest": digest, "duration_ns": time.monotonic_ns() - t})
         n = len(self.groups.members)
@@ -496,6 +495,6 @@ class Effects:
         sw.sources.update({x: src for x in dead})
         holds = self.rank in sw.dead or self.rank == src  # the spare loads the state, the source sends it
         t = time.monotonic_ns()
-        moved = _swap.transfer(job.groups[sw.kind], members, src, self.rank, sw.module if holds else None,
+        moved = _swap.transfer(job.groups.training[sw.kind], members, src, self.rank, sw.module if holds else None,
                                sw.optimizer if holds else None, job.device, self.deadline_s)
         return Done({"to": dead, "bytes": moved, "duration_ns": time.monotonic_ns() - t}) if self.rank == src else None

@@ -115,7 +115,7 @@ class Rebuild:
     it on; given at :func:`attach` (without it a death or a failure in forward or backward is L2).
 
     ``job``: the training job whose groups the episode rebuilds, every one in generation g+1
-    (:func:`accelpact.impl.runtime.groups.rebuild_groups`).  ``build(job, extra)``: the user's
+    (:meth:`accelpact.impl.runtime.groups.JobGroups.rebuild_all`).  ``build(job, extra)``: the user's
     factory, building the wrapped model and its optimizer on the job's current groups.
     ``begin()``: called as the episode begins (before any of its actions): what watches the old
     generation stops, and the state published at F comes back (``{"extra": ..., "rng": ...}``).

@@ -123,7 +123,7 @@ def api_rank(ctx, steps: int, fault: str | None, ckpt: str) -> dict:
     from accelpact.testing.faults import fault_hooks
 
     job = accelpact.init("gloo", replicas=2, deadline_s=20.0, collective_timeout_s=60.0)
-    before = {k: job.groups[k] for k in ("shard", "replicate", "world")}
+    before = {k: job.groups.training[k] for k in ("shard", "replicate", "world")}
     spec = workload.WorkloadSpec(wrapper="fsdp2-hybrid", layers=2, dim=16, heads=2, seq=8, batch=2)
     app = workload.build_job(spec, job.topology, workload.groups_of(job))
     run = job.attach(app.module, app.optimizer, checkpoint_dir=ckpt, checkpoint_every=2,

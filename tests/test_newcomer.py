@@ -18,6 +18,7 @@ from accelpact.impl.launch.job import Topology
 
 torch = pytest.importorskip("torch")
 
+from accelpact.impl.runtime.groups import build_job_groups  # noqa: E402 - after the importorskip of torch
 from accelpact.impl.launch.api import ApiError, Session, Settings, Training, single_replica_message  # noqa: E402 - after the importorskip of torch
 
 
@@ -153,8 +154,10 @@ def test_no_warning_where_r_has_peers_or_the_world_is_one_rank(topo, wrapper):
 def _spare_job() -> Session:
     """What ``accelpact.init`` returns on the launcher's last process when ``spares=1``, world 4 + 1."""
     return Session(settings=Settings(backend="gloo", spares=1), rank=-1, world=4, local_rank=4, attempt=0,
-                   replicas=2, device=torch.device("cpu"), store=None, attempt_store=None, control_group=None,
-                   checkpoint_group=None, topology=Topology(2, 2), spares=1, spare=0)
+                   replicas=2, device=torch.device("cpu"), store=None, attempt_store=None, topology=Topology(2, 2),
+                   groups=build_job_groups(None, Topology(2, 2), -1, "gloo", device=torch.device("cpu"), store=None,
+                                           deadline_s=20.0, pg_timeout_s=60.0, collective_timeout_s=60.0, build=False),
+                   spares=1, spare=0)
 
 
 SPARE = ("this process is spare 0: it holds no replicate group until it takes a dead rank's identity, inside attach. "

@@ -75,7 +75,7 @@ from ..runtime import hotswap
 from ..runtime.backends import backend as _backend
 from ..runtime.backends import prebuilt_env_problem
 from ..runtime.checkpoint import CheckpointManager, latest_committed
-from ..runtime.groups import build_job_groups, build_recorded_groups, rebuild_wide
+from ..runtime.groups import JobGroups, build_job_groups, build_recorded_groups
 from ..runtime.retire import settle_threads
 from ..runtime.wrappers import wrapper, wrapper_of
 from ..trace import NullTrace, Trace
@@ -194,34 +194,41 @@ class Session:
     device: Any
     store: Any                       # the launcher's store (client)
     attempt_store: Any               # namespaced by the attempt
-    control_group: Any
-    checkpoint_group: Any
     topology: Any
-    groups: dict = field(default_factory=dict, repr=False)   # kind -> this rank's group at init
-    records: dict = field(default_factory=dict, repr=False)
+    #: this rank's process groups, their socket records and generation: the one record of them, built
+    #: at init and rebuilt in place by the engine's episodes (a spare's is empty until it takes an identity)
+    groups: JobGroups = field(repr=False)
     training: "Training | None" = None
-    _mesh: Any = field(default=None, repr=False)
-    #: the control group's socket record (a hot swap revokes every group of the rank at once)
-    control_record: Any = field(default=None, repr=False)
-    #: the checkpoint group's socket record (a wide revoke closes it with the control group's, P18.4)
-    checkpoint_record: Any = field(default=None, repr=False)
     #: spare processes in the job, and which one this process is (None: a training rank)
     spares: int = 0
     spare: int | None = None
-    #: the generation whose groups the job holds (a hot swap builds every group anew in g+1)
-    generation: int = 0
 
     @property
     def backend(self) -> str:
         assert self.settings.backend is not None
         return self.settings.backend
 
+    @property
+    def control_group(self) -> Any:
+        """The engine's out-of-band group over all of W (gloo): never the model's."""
+        return self.groups.control
+
+    @property
+    def checkpoint_group(self) -> Any:
+        """DCP's group over all of W (gloo): never a communicator that may fail."""
+        return self.groups.checkpoint
+
+    @property
+    def generation(self) -> int:
+        """The generation whose groups the job holds (a hot swap builds every group anew in g+1)."""
+        return self.groups.generation
+
     def _group(self, kind: str) -> Any:
         """This rank's group of ``kind``: R's current communicator once attached (a repair replaces
         it; the job hands R to the engine at attach), the job's own otherwise (also the groups a hot
         swap just built, before the engine of the next generation takes R)."""
-        if kind in self.groups:
-            return self.groups[kind]
+        if kind in self.groups.training:
+            return self.groups.training[kind]
         t = self.training
         if t is not None and t.pact is not None and t.pact.groups.name == kind:
             return t.pact.process_group
@@ -251,25 +258,21 @@ class Session:
     def mesh(self) -> Any:
         """The 2-D ``DeviceMesh`` ("replicate", "shard") over the same groups, for FSDP2 (built on first
         use; no collective).  A repair rebinds it through the FSDP2 adapter when the model uses it."""
-        if self._mesh is None:
-            self._mesh = DeviceMesh.from_group([self.replicate_group, self.shard_group], self.device.type,
-                                               mesh=self.topology.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
-        return self._mesh
+        if self.groups.mesh is None:
+            self.groups.mesh = DeviceMesh.from_group([self.replicate_group, self.shard_group], self.device.type,
+                                                     mesh=self.topology.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
+        return self.groups.mesh
 
     def rebuild_wide(self, g_next: int) -> tuple[list[str], Any, dict]:
         """Phase 4 of every episode (spec/protocol.md P18.3; the engine calls it on every rank): the
-        groups over all of W built anew in ``g_next`` (:func:`accelpact.impl.runtime.groups.rebuild_wide`),
+        groups over all of W built anew in ``g_next`` (:meth:`accelpact.impl.runtime.groups.JobGroups.rebuild_wide`),
         and the checkpoints moved onto the new checkpoint group.  Returns the names of the groups built,
         the new control group and the socket records of the training groups rebuilt (by name)."""
-        names = rebuild_wide(self, g_next)
+        names = self.groups.rebuild_wide(self.rank, g_next)
         t = self.training
         if t is not None and t.checkpoints is not None:
             t.checkpoints.group = self.checkpoint_group
-        return names, self.control_group, {k: self.records[k] for k in names if k in self.records}
-
-    def wide_records(self) -> list:
-        """The socket records of the groups over all of W that a wide revoke closes (P18.4)."""
-        return [r for r in (self.control_record, self.checkpoint_record) if r is not None]
+        return names, self.groups.control, {k: self.groups.records[k] for k in names if k in self.groups.records}
 
     def attach(self, model: Any = None, optimizer: Any = None, *, checkpoint_dir: str | os.PathLike | None = None,
                checkpoint_every: int = 0, extra_state: Callable[[], Any] | None = None,
@@ -572,12 +575,14 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     # the job's attempt, the same on every agent's workers (attempts.py: torchrun's restart count is not)
     attempt = attempts.start(store, {**env, "RANK": str(rank)})
     astore = dist.PrefixStore(f"attempt{attempt}", store)
+    # how every group of the job is built (impl/runtime/groups.py)
+    where = dict(device=device, store=astore, deadline_s=s.deadline_s, pg_timeout_s=s.pg_timeout_s,
+                 collective_timeout_s=s.collective_timeout_s)
     if rank >= world:  # a spare: no group until it takes a dead rank's identity (Session.attach)
         _exit_cleanly_on_uncaught()
         return Session(settings=s, rank=-1, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
-                           device=device, store=store, attempt_store=astore, control_group=None,
-                           checkpoint_group=None, topology=topo, spares=s.spares,
-                           spare=rank - world)
+                       device=device, store=store, attempt_store=astore, topology=topo, spares=s.spares,
+                       spare=rank - world, groups=build_job_groups(workload, topo, rank, be.name, build=False, **where))
     if not dist.is_initialized():
         dist.init_process_group(be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
                                 timeout=timeout, **be.init_kwargs(device))
@@ -590,13 +595,9 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     if mesh is not None and mesh.mesh.tolist() != topo.mesh_ranks():
         raise ApiError(f"mesh: its ranks {mesh.mesh.tolist()} are not laid out as {topo.mesh_ranks()} (row r = replica "
                        "r's ranks, rank = replica * shards + shard index): build it with init_device_mesh")
-    built = build_job_groups(workload, topo, rank, be.name, device=device, deadline_s=s.deadline_s,
-                             pg_timeout_s=s.pg_timeout_s, collective_timeout_s=s.collective_timeout_s, mesh=mesh)
+    groups = build_job_groups(workload, topo, rank, be.name, mesh=mesh, **where)
     return Session(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
-                   device=device, store=store, attempt_store=astore, control_group=built.control,
-                   checkpoint_group=built.checkpoint, topology=topo, records=built.records,
-                   groups=built.training, _mesh=mesh, control_record=built.control_record,
-                   checkpoint_record=built.checkpoint_record, spares=s.spares)
+                   device=device, store=store, attempt_store=astore, topology=topo, groups=groups, spares=s.spares)
 
 
 def _check_user_mesh(mesh: Any, be: Any, world: int) -> int:

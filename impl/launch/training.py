@@ -90,7 +90,7 @@ class Training:
         job, s = self.job, self.job.settings
         wrap = wrapper_of(model)
         self.wrapper = wrap.name
-        pg = pact_groups(job.topology, job.rank, wrap.name, job.control_group, job.groups, job.records)
+        pg = pact_groups(job.topology, job.rank, wrap.name, job.groups.control, job.groups.training, job.groups.records)
         control = ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX)
         platform, envelope = job.contract
         key = ObservationKey(platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
@@ -102,7 +102,7 @@ class Training:
                            step_deadline_s=s.step_deadline_s, frontier=frontier, key=key, envelope=envelope,
                            hooks=self.hooks, detect=s.detect, dead_after_s=s.dead_after_s,
                            hang_threshold_s=s.hang_threshold_s, generation=generation, notices=self._notices,
-                           rebuild=rebuild, wide=job.rebuild_wide, wide_records=job.wide_records,
+                           rebuild=rebuild, wide=job.rebuild_wide, wide_records=job.groups.wide_records,
                            predecessor=self.pact.watchdog if self.pact is not None and self.pact.closed else None)
         # F is published at the commit itself (the optimizer's post hook, after the guard's), not after
         # the boundary: a peer's abort can end this rank between its commit and the boundary, and an L2
@@ -113,7 +113,7 @@ class Training:
                                                          self.pact))
         # from here the engine owns R: keeping the generation-0 communicator here would keep it alive
         # (threads, sockets) after a repair retires it; job.replicate_group asks the engine
-        job.groups.pop(pg.name, None)
+        job.groups.training.pop(pg.name, None)
         if job.spares:
             self._publish()
         elif self.rebuild is not None:
@@ -121,7 +121,7 @@ class Training:
         if job.spares:
             pact = self.pact
             self._watcher = hotswap.SwapWatcher(
-                job.attempt_store, lambda: [*{id(r): r for r in pact.group_records().values()}.values(), job.control_record],
+                job.attempt_store, lambda: [*{id(r): r for r in pact.group_records().values()}.values(), job.groups.control_record],
                 seen=self._notices.seen).start()
 
     @property
