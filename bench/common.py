@@ -30,12 +30,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from accelpact.impl.runtime.wrappers import WRAPPERS
 from accelpact.testing import run_ranks
 
 __all__ = [
-    "BenchError", "QUICK_DIR", "RESULTS_DIR", "add_common", "bootstrap_ci", "fmt", "line_plot", "meta", "pct",
+    "BenchError", "LAYOUT", "QUICK_DIR", "RESULTS_DIR", "add_common", "bootstrap_ci", "fmt", "line_plot", "meta", "pct",
     "print_table", "rank_values", "rss_kb", "stats", "write_result",
 ]
+
+#: The world each wrapper's multi-rank benchmarks run on, (nodes, ranks per node), from the wrapper
+#: table: one node of 2 where R is the world (DDP), 2 x 2 where R is a replicate group (HSDP).
+LAYOUT: dict[str, tuple[int, int]] = {w.name: (1, 2) if w.recovers == "world" else (2, 2) for w in WRAPPERS.values()}
 
 #: Full results (``accelpact bench all`` without ``--quick``): kept with the code, read by ``summary``.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

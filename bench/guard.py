@@ -37,7 +37,7 @@ import accelpact
 
 __all__ = ["add_arguments", "run", "guard_rank"]
 
-LAYOUT = {"ddp": (1, 2), "fsdp1-hybrid": (2, 2), "fsdp1-zero2": (2, 2), "fsdp2-hybrid": (2, 2)}
+LAYOUT = common.LAYOUT
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -41,6 +41,7 @@ from .generate import SCENARIO_DIR, SHORT, _classic_name
 from . import runner
 from .scenario import load_scenario
 from ..impl.runtime.backends import BACKEND_NAMES, backend, one_gpu_env
+from ..impl.runtime.wrappers import WRAPPERS
 from ..model.contract import (DEFAULT_OBJECTIVE, DISCARD_PHASES, Envelope, EnvelopeEntry, ObservationKey, decide,
                               default_envelope, save_envelope)
 from ..testing import nccl_timeout as nt
@@ -52,7 +53,7 @@ from ..testing.nccl_timeout import KIND
 QUALIFY_HOSTS = 1
 #: The profiles whose replicate group R spans nodes (HSDP): a cell of one is only qualified across
 #: nodes when its trials ran on more than one host.
-HSDP_PROFILES: tuple[str, ...] = ("hsdp", "fsdp1-hybrid", "fsdp1-zero2", "fsdp2-hybrid")
+HSDP_PROFILES: tuple[str, ...] = ("hsdp", *(w.name for w in WRAPPERS.values() if w.recovers == "replicate"))
 #: The NCCL variables that choose its transport, in the order the evidence lists them.
 NCCL_TRANSPORT_ENV: tuple[str, ...] = ("NCCL_NET", "NCCL_SOCKET_IFNAME", "NCCL_HOSTID")
 NCCL_TRANSPORT_UNKNOWN = "unknown: set by NCCL at init"
@@ -62,7 +63,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", default="gloo", choices=BACKEND_NAMES)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--out", default="envelope.json", help="envelope file to write (default envelope.json)")
-    parser.add_argument("--wrappers", default="fsdp1-hybrid,fsdp2-hybrid,ddp", help="comma-separated wrappers to qualify")
+    parser.add_argument("--wrappers", default=",".join(WRAPPERS), help="comma-separated wrappers to qualify (default: every wrapper of the table)")
     parser.add_argument("--phases", default="boundary,forward,backward,optimizer")
     parser.add_argument("--swap-phases", default="forward,backward,boundary",
                         help="hot-swap cells to qualify (a crash taken over by a spare), comma-separated; '' for none")
