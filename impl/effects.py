@@ -208,8 +208,9 @@ class Effects:
     def _await_agreement(self, ep: Episode) -> Done:
         """The decision, or ``abort:deadline`` (RankTimeout) once the wait expires; the wait is
         ``deadline_s``, stretched for a step abandoned in flight (:meth:`_await_stragglers`).  After an
-        episode whose failure flag failed, the failed groups of R's kind are those whose revoke stands:
-        every member of a failed group published it before it arrived, and every rank has arrived."""
+        episode whose failure flag failed, the failed groups of R's kind are those whose revoke stands
+        (every member of a failed group published it before it arrived, and every rank has arrived),
+        and R itself where it spans all of W."""
         until = time.monotonic() + self.deadline_s
         if ep.swap is not None and ep.swap.point in DISCARD_PHASES:
             until = self._await_stragglers(ep, until)
@@ -218,7 +219,10 @@ class Effects:
             self._decided_abort(dec, expired=self.control.last_expired)
         if ep.failed is None:
             keys = [self.groups.name if self.groups.count == 1 else f"{self.groups.name}{i}" for i in range(self.groups.count)]
-            ep.failed = tuple(i for i, k in enumerate(keys) if self.control.revoked(ep.g, k))
+            # R over all of W (DDP) is one of the groups over W that failed: a link cut breaks it whether or
+            # not a collective on it crossed the link yet (P18.3)
+            over_w = len(self.groups.members) == self.control.world_size
+            ep.failed = tuple(i for i, k in enumerate(keys) if over_w or self.control.revoked(ep.g, k))
             ep.member = self.groups.index in ep.failed
         return Done({"decision": dec})
 
