@@ -173,7 +173,7 @@ class Pact(Effects):
         #: R's collective timeout (s; None: the group does not say): how long an op of an abandoned step
         #: can hold a peer that still beats (:meth:`_await_agreement`)
         self.collective_timeout_s = backend.timeout_of(groups.affected)
-        if step_deadline_s is None:  # the one rule (job.default_step_deadline), R's collective timeout as it was built
+        if step_deadline_s is None:  # the one rule (deadlines.default_step_deadline), R's collective timeout as it was built
             step_deadline_s = default_step_deadline(self.collective_timeout_s, deadline_s)
         self.step_deadline_s = step_deadline_s
         self.hooks = hooks if hooks is not None else NO_HOOKS

@@ -79,7 +79,8 @@ def test_settings_job_and_attach_share_one_deadline_default_and_one_step_deadlin
 
     from accelpact.impl import recovery
     from accelpact.impl.runtime.backends import backend_of
-    from accelpact.impl.launch.job import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, Job, Topology, Workload, default_step_deadline
+    from accelpact.impl.deadlines import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, default_step_deadline
+    from accelpact.impl.launch.job import Job, Topology, Workload
 
     job = Job(topology=Topology(2, 1), workload=Workload(wrapper="ddp", layers=1, steps=1, seed=1), out="/nonexistent")
     assert Settings().deadline_s == job.deadline_s == DEFAULT_DEADLINE_S

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ...model.faults import Fault, FaultError, parse_faults
-from ..deadlines import DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S, default_step_deadline  # noqa: F401 - re-exported
+from ..deadlines import DEFAULT_DEADLINE_S, default_step_deadline
 from ..rundir import RunDir
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.wrappers import WRAPPER_NAMES, wrapper
@@ -189,9 +189,6 @@ class Workload:
 
 
 # --------------------------------------------------------------------------------------------- job
-# DEFAULT_DEADLINE_S, STEP_DEADLINE_FLOOR_S and default_step_deadline live in accelpact.impl.deadlines.
-
-
 @dataclass(frozen=True, slots=True)
 class Job:
     """One run: the scenario it plays, where it writes (``out``), and how it runs.
