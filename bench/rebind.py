@@ -116,7 +116,7 @@ def rebind_rank(ctx, wrappers: list[str], layers: list[int], repeat: int) -> lis
                 adapter.rebind(job.module, sites, cur, old)
             # attached: the engine's own phase 5 (Pact.rebind) with the engine attached, as in a job:
             # the walker then also walks what the guard's hooks reach (the pact and what it holds)
-            pg = pact_groups(topo, ctx.rank, wrapper, control, groups, records)
+            pg = pact_groups(topo, ctx.rank, wrapper, control, vars(groups), records)
             # traced (one record per rebind, as in a traced job): an unexpected exit leaves its reason
             trace = Trace(ctx.out / f"engine-{wrapper}-L{L}-r{ctx.rank}.ndjson", ctx.rank, {"bench": "rebind"})
             # detect=False: this measures phase 5 alone; its walker-verified column ("verify_attached")

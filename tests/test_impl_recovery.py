@@ -174,7 +174,7 @@ def hsdp_worker(ctx, wrapper: str, steps: int = 3, faults=(), deadline_s: float 
     results["reference"] = workload.snapshot(ref)
     del ref
     app = workload.build_job(spec, topo, groups)
-    pg = pact_groups(topo, rank, wrapper, control, groups, records)
+    pg = pact_groups(topo, rank, wrapper, control, vars(groups), records)
     # header "affected" is R, the group the scenario fails (not this rank's own group)
     first = (list(faults) or [{"ranks": [1]}])[0]["ranks"][0]
     affected = list(range(world)) if wrapper == "ddp" else topo.replicate_ranks(topo.local_of(first))

@@ -13,7 +13,7 @@ import contextlib
 import copy
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -246,12 +246,11 @@ class Training:
         return self.pact.reports
 
 
-def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups, records: dict):
+def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups: Mapping[str, Any], records: dict):
     """The engine's :class:`~accelpact.impl.recovery.PactGroups` of this rank: R is its group of the
-    wrapper's kind (``Wrapper.recovers``) in ``groups`` (by kind: a mapping, or the workload's
-    ``Groups``); the others' socket records are kept (by name) for fault injection."""
+    wrapper's kind (``Wrapper.recovers``) in ``groups`` (kind -> group); the others' socket records
+    are kept (by name) for fault injection."""
     kind = wrapper(wrapper_name).recovers
-    r = groups[kind] if isinstance(groups, dict) else getattr(groups, kind)
-    return PactGroups(control=control_group, affected=r, members=topo.group(kind, rank),
+    return PactGroups(control=control_group, affected=groups[kind], members=topo.group(kind, rank),
                       record=records[kind], name=kind, index=topo.group_index(kind, rank),
                       count=len(topo.groups_of_kind(kind)), others={k: v for k, v in records.items() if k != kind})
