@@ -128,7 +128,7 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
                                                for inc in tr.header.get("incarnations", ())} - {None})
     # a rank that observed through its failed failure flag (P18.4), or a logged link cut: the run met a
     # broken link, which the model has with Config.links (and failing groups of any index)
-    links = nodes > 1 and any(rec.action == "FaultLinkCut" or (rec.action == "RankObserve" and rec.detail.get("wide"))
+    links = nodes > 1 and any(rec.action in ("FaultLinkCut", "RankRevokeWide") or (rec.action == "RankObserve" and rec.detail.get("wide"))
                               for tr in traces.values() for rec in tr.records)
     cfg = Config(nodes=nodes, ranks_per_node=rpn, affected_local=local, group=group, max_faults=max_faults,
                  frontier=frontier, checkpoint=min(checkpoint, frontier), spares=spares,
@@ -245,6 +245,13 @@ _COUNTED = ("RankArrive", "RankReady")
 #: how many frontier records the search examines for a step it may take alone before it branches on
 #: all of them (bounds a node's cost on large traces that are not quiet)
 LOOKAHEAD = 256
+
+
+def _inside_episode(s: Any, r: int) -> bool:
+    """Rank r's generation has its episode started (``Store.failed``): outside one, its RankObserve
+    (the commit fence meeting a latent break, P18.3) starts the episode, a step that is not local."""
+    f = s.store.failed
+    return f is not None and f[0] == s.ranks[r].gen
 
 
 def _in_failed_group(cfg: Config, s: State, r: int) -> bool:
@@ -560,7 +567,8 @@ class TraceChecker:
         (:meth:`_alone`)."""
         rec = self.recs[r][node.cursors[r]]
         name = rec.action
-        if name in _LOCAL or (name == "RankObserve" and not _in_failed_group(self.cfg, node.state, r)):
+        if name in _LOCAL or (name == "RankObserve" and _inside_episode(node.state, r)
+                              and not _in_failed_group(self.cfg, node.state, r)):
             if name == "RankGuard" and not quiet and self._silent_possible("FaultCorrupt", r):
                 return False  # the guard ends the window of the rank's own silent FaultCorrupt
             return name != "RankResume" or resume_alone(self.cfg, node.state, r)

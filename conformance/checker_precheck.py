@@ -76,6 +76,7 @@ _MODEL = "model"
 #: here; nor does a job-wide fault (no actor: ``FaultStoreLoss``).
 _STEPS: dict[str, tuple[frozenset[str] | str | None, str | None]] = {
     "RankObserve": (_MODEL, PC_OBSERVED),
+    "RankRevokeWide": (_MODEL, None),  # publishes the wide revoke; the rank observes next (P18.4)
     "RankGuard": (_MODEL, PC_GUARDED),
     "RankReject": (_MODEL, PC_EXITED),
     "RankArrive": (_MODEL, PC_ARRIVED),

@@ -140,7 +140,9 @@ def _model_config(sc: Scenario) -> Config:
         affected_local=next(iter(sc.episode_groups(sc.episode_steps[0])), 0) if sc.group == "replicate" else 0,
         group=sc.group,
         failing=failing_mode(sc),
-        max_faults=len(script_for(sc).faults),
+        # a link cut whose break no collective crossed in its episode is met later, by the first flag,
+        # save or fence that crosses it: one more unit of the model's budget per cut (P18.3)
+        max_faults=len(script_for(sc).faults) + sum(1 for f in sc.faults if KINDS[f.kind].pair),
         frontier=sc.frontier,
         checkpoint=sc.checkpoint,
         profile=sc.workload.wrapper,

@@ -460,8 +460,10 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
                                        faults=frozenset({"crash"}), points=("boundary",)), True),
     # a group failure, then every rank hangs: only the step deadline ends them (mutant no-step-deadline)
     "1x2-hang-f3": (Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=3, faults=frozenset({"group_fail", "hang"})), True),
-    # physical links (issue 25, P18): a cut fails every group across it; every episode rebuilds the
-    # groups over all of W (S15; mutant replace-r-only); a failed flag revokes every group of R's kind
+    # physical links (issue 25, P18): a cut fails every group across it; an episode rebuilds the groups
+    # over all of W where a failed flag published the wide revoke (S15; mutant replace-r-only), and no
+    # more (S16; mutant rebuild-everything, issue 40); 2x1-ddp-links-f2 also meets a latent break (a cut,
+    # then the meeting: two units of the budget)
     "2x2-links-f1": (Config(max_faults=1, failing="any", links=True, fence=True, faults=frozenset({"link"}),
                             points=("boundary", "backward")), True),
     "2x1-ddp-links-f2": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, failing="any",

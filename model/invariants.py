@@ -1,4 +1,4 @@
-"""Safety properties as predicates on one state (spec/properties.md: S1-S13, and W1-W2 for the model itself).
+"""Safety properties as predicates on one state (spec/properties.md: S1-S16, and W1-W2 for the model itself).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
 when it holds, or a sentence saying what is wrong.
@@ -397,21 +397,51 @@ def swap_qualified(cfg: Config, s: State) -> str | None:
 
 
 def wide_replaced(cfg: Config, s: State) -> str | None:
-    """S15: no rank trains on beside a broken group over all of W.  A rank training in generation g'
-    holds the control plane's groups over all of W (control, checkpoint, default, world) of a
-    generation past every generation g < g' in which a link failed (history ``Store.wide``: every
-    such group crosses every link, P18.2), so its next failure flag, checkpoint save or default-group
-    collective does not meet the broken link.  Judged from the rank's ``wide`` and the store's
-    history of link failures, not from who the protocol thought rebuilt."""
-    if not s.store.wide:
+    """S15: no rank trains on holding a group over all of W whose failure was learned.  A rank training
+    in generation g' holds the control plane's groups over all of W (control, checkpoint, default,
+    world) of a generation past every generation g < g' whose wide revoke was published (the store's
+    ``wide_revoked``: a failure flag or a checkpoint save failed under some rank in g, P18.4), so its next
+    failure flag, checkpoint save or default-group collective does not meet a failure the job already
+    knew of.  A break nothing met yet (a link cut the episode did not learn of) is not judged here: it
+    is met later and starts an episode of its own (P18.3).  Judged from the rank's ``wide`` and the
+    store's raw log of wide revokes, not from who the protocol thought rebuilt."""
+    if not s.store.wide_revoked:
         return None
     for r, rk in enumerate(s.ranks):
         if rk.pc != PC_TRAIN:
             continue
-        broken = [g for g in s.store.wide if g < rk.gen]
-        if broken and rk.wide <= max(broken):
+        learned = [g for g in s.store.wide_revoked if g < rk.gen]
+        if learned and rk.wide <= max(learned):
             return (f"rank {r} trains in generation {rk.gen} holding the groups over all of W of generation {rk.wide}, "
-                    f"but a link failed in generation {max(broken)}: they cross it and were not rebuilt")
+                    f"but their failure was learned in generation {max(learned)} (its wide revoke was published) "
+                    "and they were not rebuilt")
+    return None
+
+
+def no_healthy_rebuilt(cfg: Config, before: State, after: State) -> str | None:
+    """S16: an episode costs what failed, not what exists.  A rank rebuilds its groups over all of W
+    (its ``wide`` rises within one generation g, from w, the generation they were built in) only
+    where one of them failed: a link failed in a generation in [w, g] (history ``Store.wide``: every
+    group over W crosses every link, P18.2), or a rank of W died in g (``Store.dead``: a hot swap puts
+    a spare in every group over W, P16) or is gone (exited, crashed) or hangs in g (a member of every
+    group over W is lost), or g's step was discarded in flight (history ``discarded``: every group was
+    left with collectives in flight, P17.1).  Judged from those recorded facts on the step itself,
+    never through the protocol's ``_rebuilds``."""
+    if before.ranks is after.ranks:
+        return None
+    for r, (a, b) in enumerate(zip(before.ranks, after.ranks, strict=True)):
+        if a is b or b.wide <= a.wide or a.gen != b.gen or b.pc in _GONE:
+            continue
+        g, w = a.gen, a.wide
+        if any(w <= gl <= g for gl in after.store.wide):
+            continue
+        if any(gd == g for gd, _d in after.store.dead) or any(gd == g for gd, _q in after.discarded):
+            continue
+        if any(pk.gen == g and (pk.pc in (PC_EXITED, PC_CRASHED) or pk.hung) for q, pk in enumerate(before.ranks) if q != r):
+            continue
+        return (f"rank {r} rebuilt its groups over all of W in generation {g} (built in generation {w}, now {b.wide}), "
+                f"but none of them failed: no link failed in generations {w}..{g}, no rank died, is gone or hangs in "
+                f"generation {g}, and no step was discarded in it")
     return None
 
 
@@ -456,7 +486,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S10", "OneHolder", one_holder),
     Invariant("S13", "IdentityConserved", identity_conserved),
     Invariant("S11", "DiscardLeavesNoTrace", discard_leaves_no_trace),
-    # issue 25 (P18): the groups over all of W cross every link
+    # issue 25 (P18): the groups over all of W cross every link; a failure learned is repaired
     Invariant("S15", "WideReplaced", wide_replaced),
     # model well-formedness: checked on every state, but true of the encoding, not of the protocol
     Invariant("W2", "ExitReasons", exit_reasons),
@@ -464,6 +494,8 @@ INVARIANTS: tuple[Invariant, ...] = (
 
 EDGE_INVARIANTS: tuple[EdgeInvariant, ...] = (
     EdgeInvariant("S2.1", "DecisionsStable", decisions_stable),
+    # issue 40 (P18.3): an episode rebuilds what failed, not what exists
+    EdgeInvariant("S16", "NoHealthyRebuilt", no_healthy_rebuilt),
     EdgeInvariant("W1", "GenerationMonotonic", generation_monotonic),
 )
 

@@ -208,6 +208,7 @@ def _blind(st: Store, g: int) -> Store:
     return replace(
         st,
         revoked=frozenset({g}) if st.revoked else frozenset(),
+        wide_revoked=frozenset({g}) if st.wide_revoked else frozenset(),
         arrivals=frozenset((g, r, f, gr) for _g, r, f, gr in st.arrivals),
         agree=tuple((g, v) for _g, v in st.agree),
         ready=frozenset((g, r) for _g, r in st.ready),
@@ -233,6 +234,7 @@ def _unfenced(spec: ActionSpec) -> ActionSpec:
             failed=new.failed,
             abort=new.abort,
             revoked=old.revoked | (new.revoked - view.revoked),
+            wide_revoked=old.wide_revoked | (new.wide_revoked - view.wide_revoked),
             arrivals=old.arrivals | (new.arrivals - view.arrivals),
             last_arriver=old.last_arriver + new.last_arriver[len(view.last_arriver):],
             agree=old.agree + new.agree[len(view.agree):],
@@ -405,6 +407,13 @@ def _replace_keeping_wide(spec: ActionSpec) -> Step:
     return step
 
 
+# ---- rebuild-everything: phase 4 rebuilds the groups over all of W on every rank in every episode (issue 40) -----
+def _replace_rebuilding_wide(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        return spec.step(cfg, s, r, arg).with_rank(r, wide=s.ranks[r].gen + 1)
+    return step
+
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
@@ -484,6 +493,11 @@ MUTANTS: dict[str, Mutant] = {
                "phase 4 rebuilds only the failed groups of R's kind: the control, checkpoint and default groups, which "
                "cross every link, stay on the broken one",
                ("S15",), {"RankReplace": _step(_replace_keeping_wide)}),
+        # issue 40 (P18.3): an episode costs what failed, not what exists
+        Mutant("rebuild-everything",
+               "phase 4 rebuilds the groups over all of W on every rank in every episode, whether or not any of them "
+               "failed (O(W^2) connections per episode at scale)",
+               ("S16",), {"RankReplace": _step(_replace_rebuilding_wide)}),
         Mutant("double-claim",
                "helper hotswap.unclaimed ignores the claims: a dead identity is claimed again by another survivor",
                ("S13",), _helper_everywhere("unclaimed", _unclaimed_ignoring_claims, hotswap)),

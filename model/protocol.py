@@ -137,19 +137,32 @@ def _member(cfg: Config, s: State, r: int) -> bool:
 
 def _rebuilds(cfg: Config, s: State, r: int) -> bool:
     """Rank r rebuilds its communicators in its generation's episode (phases 4-6): a member of R;
-    any rank in a crash episode (hot swap): the world, default and control groups contain the
-    dead rank, so every group of every rank is rebuilt with the spare in it (``FaultCrash(rank,
-    point)`` records every group in history ``failures``); and any rank in an episode whose step was
-    discarded in flight (issue 27, P17): the step was abandoned with collectives in flight on every
-    group, none of which can be used again.  (By phase 4 every rank has arrived: every discard of the
-    episode is in; a rank that observed in flight and could not discard rejected, and no rank is in
-    phase 4.)"""
+    any rank in an episode that rebuilds every group (:func:`_rebuilds_all`)."""
     if _member(cfg, s, r):
         return True
-    if not _in_episode(s, r):
-        return False
-    g = s.ranks[r].gen
+    return _in_episode(s, r) and _rebuilds_all(s, s.ranks[r].gen)
+
+
+def _rebuilds_all(s: State, g: int) -> bool:
+    """Episode ``g`` rebuilds every group of every rank: a crash episode (hot swap): the world, default
+    and control groups contain the dead rank, so every group is rebuilt with the spare in it
+    (``FaultCrash(rank, point)`` records every group in history ``failures``); and an episode whose step
+    was discarded in flight (issue 27, P17.1): the step was abandoned with collectives in flight on
+    every group, none of which can be used again.  (By phase 4 every rank has arrived: every discard
+    of the episode is in; a rank that observed in flight and could not discard rejected, and no rank
+    is in phase 4.)"""
     return _crash_episode(s, g) or any(gd == g for gd, _q in s.discarded)
+
+
+def _rebuilds_wide(s: State, r: int) -> bool:
+    """Rank r rebuilds its groups over all of W in its generation g's episode (P18.3): where every group
+    is rebuilt (:func:`_rebuilds_all`), or where their failure was learned: the wide revoke of g was
+    published (``Store.wide_revoked``: a rank's failure flag or checkpoint save failed under it,
+    ``RankRevokeWide``).  Read after the agreement, when every rank has arrived (no rank publishes
+    after its arrival), so every rank of g decides alike.  A broken link that nothing met yet is not
+    known: the groups over W are kept, and the break is met later (latent, :func:`_wide_broken`)."""
+    g = s.ranks[r].gen
+    return g in s.store.wide_revoked or _rebuilds_all(s, g)
 
 
 def _struck_in_flight(s: State, gen: int) -> bool:
@@ -352,11 +365,47 @@ def _death_observable(cfg: Config, f: tuple[int, str, frozenset[int]]) -> tuple[
     return first + tuple(nxt[:1])
 
 
-def _flag_fails(cfg: Config, s: State, g: int) -> bool:
-    """The boundary's failure flag (an all-reduce over all of W on the control group) can fail under a
-    rank of generation ``g``: a group over all of W failed with a link (``Store.wide``), or a peer it
-    waits on is gone or hung (P18.4; before, only ``RankTimeout`` from ``train``, D1)."""
-    return g in s.store.wide or any(_gone(cfg, s, q) or pk.hung for q, pk in enumerate(s.ranks))
+def _wide_broken(s: State, r: int) -> bool:
+    """Rank r holds groups over all of W that a link broke: a link failed (history ``Store.wide``) in a
+    generation at or after the one its groups were built in (``Rank.wide``).  Kept past an episode that
+    did not learn of it, such a group is broken, latent, until a collective on it meets the break."""
+    w = s.ranks[r].wide
+    return any(gl >= w for gl in s.store.wide)
+
+
+def _flag_fails(cfg: Config, s: State, r: int) -> bool:
+    """The failure flag (an all-reduce over all of W on the control group; or the commit fence, or a
+    checkpoint save, P18.4) can fail under rank r: a group over W it holds is broken by a link, now or
+    latent since an earlier generation (:func:`_wide_broken`), or a peer it waits on is gone or hung
+    (before P18.4, only ``RankTimeout`` from ``train``, D1), or the wide revoke of its generation closed
+    its groups over W (``Store.wide_revoked``)."""
+    return (_wide_broken(s, r) or s.ranks[r].gen in s.store.wide_revoked
+            or any(_gone(cfg, s, q) or pk.hung for q, pk in enumerate(s.ranks)))
+
+
+def _start_latent(cfg: Config, s: State, r: int, point: str) -> State:
+    """The episode of rank r's generation g starts on a latent break it met at ``point`` (one unit of the
+    fault budget, :func:`_meets_latent`).  No group of R's kind failed, except a group of R's kind over
+    all of W (DDP: R is W): it is a group over W, failed with them (spec/protocol.md D8)."""
+    g = s.ranks[r].gen
+    groups = frozenset({0}) if len(cfg.members(0)) == len(cfg.world) else frozenset()
+    s = s.with_store(failed=(g, point, groups))
+    return s.with_(faults=s.faults + 1, failures=s.failures | {(g, gi) for gi in groups})
+
+
+def _meets_latent(cfg: Config, s: State, r: int) -> bool:
+    """Rank r, training in generation g outside any episode, holds groups over W a link broke (latent,
+    :func:`_wide_broken`): its next collective over W that crosses the break can fail and start the
+    episode of g with no new fault (the commit fence in backward: ``RankObserve(r, backward)``; the
+    failure flag or a checkpoint save at the boundary: ``RankRevokeWide(r)``).  Whether a collective
+    crosses the break is the world's choice, as a fault is: the meeting takes one unit of the fault
+    budget (``Config.max_faults`` bounds the episodes, so the search stays finite), and, as a fault,
+    happens only between episodes (every rank trains in g, or reads g-1's release already decided)."""
+    rk = s.ranks[r]
+    if rk.pc != PC_TRAIN or not s.store.wide or s.store.abort or not _fault_ok(cfg, s, "link") or not _via_store(s, r):
+        return False
+    f = s.store.failed
+    return (f is None or f[0] < rk.gen) and _wide_broken(s, r) and _between_episodes(s, rk.gen)
 
 
 def _en_observe(cfg: Config, s: State, r, point) -> bool:
@@ -366,8 +415,11 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
     collective), as long as some peer saw it fail (or still can).  Outside R's failed groups a rank
     observes through a revoke, or at the boundary through its own failure flag (P18.4)."""
     rk = s.ranks[r]
-    if rk.pc != PC_TRAIN or not _via_store(s, r) or not _in_episode(s, r):
+    if rk.pc != PC_TRAIN or not _via_store(s, r):
         return False
+    if not _in_episode(s, r):
+        # a latent break met at the commit fence (P17.2) starts an episode: the step is abandoned in flight
+        return cfg.fence and point == "backward" and _meets_latent(cfg, s, r)
     f = s.store.failed
     assert f is not None
     if s.store.dead and _crash_episode(s, f[0]):
@@ -383,12 +435,15 @@ def _en_observe(cfg: Config, s: State, r, point) -> bool:
         return True
     # P18.4: its failure flag fails, or a checkpoint save after a boundary that found nothing; or the
     # commit fence (P17.2), an all-reduce over all of W too, in backward
-    return (point == "boundary" or (cfg.fence and point in DISCARD_PHASES)) and _flag_fails(cfg, s, rk.gen)
+    return (point == "boundary" or (cfg.fence and point in DISCARD_PHASES)) and _flag_fails(cfg, s, r)
 
 
 def _st_observe(cfg: Config, s: State, r, point) -> State:
-    rk, f = s.ranks[r], s.store.failed
-    assert f is not None  # enabled only inside an episode
+    rk = s.ranks[r]
+    if not _in_episode(s, r):  # a latent break met at the commit fence: the episode of its generation starts
+        s = _start_latent(cfg, s, r, point)
+    f = s.store.failed
+    assert f is not None
     # it trained from the previous episode's frontier to this one's (F moves between episodes), and,
     # observing at the boundary a failure that struck in flight, committed that step too
     step = (cfg.advance if rk.gen > 0 else 0) + _committed_since(f[1], point)
@@ -397,11 +452,47 @@ def _st_observe(cfg: Config, s: State, r, point) -> State:
     inflight = point in IN_FLIGHT_PHASES
     s = s.with_rank(r, pc=PC_OBSERVED, point=point, seen=point, frontier=rk.frontier + step, tau=rk.tau + step,
                     grads=inflight, ahead=1 if inflight else 0)
-    # members publish revoke(R, g) so every rank observes within ms; at the boundary a rank whose flag
-    # failed publishes the wide revoke (P18.4: every watcher closes its groups over W)
-    if _member(cfg, s, r) or rk.gen not in s.store.revoked:
+    # members publish revoke(R, g) so every rank observes within ms; a rank that abandons its step in
+    # flight publishes the step revoke (P17.1).  A rank whose failure flag failed at the boundary publishes
+    # the wide revoke before it observes (RankRevokeWide, P18.4), not here
+    if (_member(cfg, s, r) or inflight) and rk.gen not in s.store.revoked:
         s = s.with_store(revoked=s.store.revoked | {rk.gen})
     return s
+
+
+def _en_revoke_wide(cfg, s, r, arg) -> bool:
+    """``RankRevokeWide(r)`` (P18.4): rank r's failure flag, or a checkpoint save after a boundary that
+    found nothing, fails under it (:func:`_flag_fails`), and the wide revoke of its generation g is not
+    published yet (single assignment on ``g{g}/revoke/wide``: the first writer publishes).  Before it
+    observes (``train``): inside g's episode where the failure can be met at the boundary, or starting
+    g's episode on a latent break (:func:`_meets_latent`); or after it observed at the boundary through
+    its probe on R or R's revoke (``observed``).  In any episode, a crash's or a hang's too: the flag
+    that fails under a gone or hung peer cannot tell it from a broken link, and the engine publishes
+    what its flag says (a hot swap then rebuilds every group anyway, P16; without a spare it is L2)."""
+    rk = s.ranks[r]
+    g = rk.gen
+    if g in s.store.wide_revoked or not _via_store(s, r) or s.store.abort:
+        return False
+    if rk.pc == PC_TRAIN and not _in_episode(s, r):
+        return _meets_latent(cfg, s, r)
+    if rk.pc == PC_TRAIN:
+        f = s.store.failed
+        ok = "boundary" in _observable(cfg, f)
+    elif rk.pc == PC_OBSERVED:
+        ok = rk.seen == "boundary"
+    else:
+        return False
+    return ok and _flag_fails(cfg, s, r)
+
+
+def _st_revoke_wide(cfg, s, r, arg) -> State:
+    """Publish the wide revoke of g (every watcher closes its groups over W, so a peer blocked in the
+    flag or a save wakes up and observes: P18.4).  On a latent break the episode of g starts here
+    (``_start_latent``: no group of R's kind failed but, in DDP, R over all of W); the rank observes next."""
+    g = s.ranks[r].gen
+    if not _in_episode(s, r):  # a latent break met (one unit of the fault budget, _meets_latent)
+        s = _start_latent(cfg, s, r, "boundary")
+    return s.with_store(wide_revoked=s.store.wide_revoked | {g})
 
 
 # Phase 2: Guard check + contract decision
@@ -484,17 +575,20 @@ def _st_await_agreement(cfg, s, r, arg) -> State:
 # Phase 4: communicator replacement (members of R)
 
 def _en_replace(cfg, s, r, arg) -> bool:
-    """Every rank of W (P18.3): the groups over all of W (control, checkpoint, default, world) cross
-    every link, so every episode rebuilds them, with R's failed groups (members) or every group
-    (``_rebuilds``); the new communicators' rendezvous go through the store."""
+    """Every rank of W (P18.3): it rebuilds what failed, read after the agreement: R's failed groups
+    (members), every group (``_rebuilds_all``), the groups over all of W where their failure was learned
+    (``_rebuilds_wide``); a rank that rebuilds nothing passes through.  The new communicators'
+    rendezvous go through the store."""
     return s.ranks[r].pc == PC_AGREED and _via_store(s, r)
 
 
 def _st_replace(cfg, s, r, arg) -> State:
-    g = s.ranks[r].gen
+    rk = s.ranks[r]
+    g = rk.gen
+    wide = g + 1 if _rebuilds_wide(s, r) else rk.wide
     if _rebuilds(cfg, s, r):
-        return s.with_rank(r, pc=PC_REPLACED, comm=g + 1, wide=g + 1)
-    return s.with_rank(r, pc=PC_REPLACED, wide=g + 1)
+        return s.with_rank(r, pc=PC_REPLACED, comm=g + 1, wide=wide)
+    return s.with_rank(r, pc=PC_REPLACED, wide=wide)
 
 
 # Phase 5: reference rebinding (members of R)
@@ -1142,6 +1236,9 @@ ACTIONS: dict[str, ActionSpec] = {
     a.name: a
     for a in (
         ActionSpec("RankObserve", "rank", 1, _en_observe, _st_observe, doc="observe the failed collective; members of R publish revoke", pcs=frozenset((PC_TRAIN,))),
+        ActionSpec("RankRevokeWide", "rank", 1, _en_revoke_wide, _st_revoke_wide,
+                   doc="the failure flag or a checkpoint save failed under the rank: publish the wide revoke of its generation",
+                   pcs=frozenset((PC_TRAIN, PC_OBSERVED))),
         ActionSpec("RankDiscardStep", "rank", 2, _en_discard, _st_discard,
                    doc="a failure in forward or backward: discard the uncommitted step in place (grads dropped, wrapper idle, RNG and cursor at F)",
                    pcs=frozenset((PC_OBSERVED,))),
@@ -1151,7 +1248,7 @@ ACTIONS: dict[str, ActionSpec] = {
         ActionSpec("RankDecideAgreement", "rank", 3, _en_decide_agreement, _st_decide_agreement, doc="last arriver compare_sets commit/abort", pcs=frozenset((PC_ARRIVED,))),
         ActionSpec("RankAwaitAgreement", "rank", 3, _en_await_agreement, _st_await_agreement, doc="read the agreed commit", pcs=frozenset((PC_ARRIVED,))),
         ActionSpec("RankReplace", "rank", 4, _en_replace, _st_replace,
-                   doc="build the groups over all of W for generation g+1, and R's (members) or every group", pcs=frozenset((PC_AGREED,))),
+                   doc="build what failed for generation g+1: R's (members), the groups over all of W where learned, or every group", pcs=frozenset((PC_AGREED,))),
         ActionSpec("RankRebind", "rank", 5, _en_rebind, _st_rebind, doc="every cached reference names the new communicator", pcs=frozenset((PC_REPLACED,))),
         ActionSpec("RankValidate", "rank", 6, _en_validate, _st_validate, doc="validation collective and digests on the new group", pcs=frozenset((PC_REBOUND,))),
         ActionSpec("RankReady", "rank", 6, _en_ready, _st_ready, doc="post the release vote", pcs=frozenset((PC_VALIDATED, PC_REPLACED))),
@@ -1198,7 +1295,8 @@ ACTIONS: dict[str, ActionSpec] = {
 #: the hot-swap actions: instantiated (``all_actions``) only with ``Config.spares >= 1``, as are the
 #: ``FaultCrash(rank, point)`` instances
 HOTSWAP_ACTIONS = ("RankClaimSpare", "SpareJoin", "RankTransferState", "RankFenced")
-#: the physical-link actions: instantiated only with ``Config.links`` (issue 25, P18)
+#: the physical-link fault: instantiated only with ``Config.links`` (issue 25, P18); ``RankRevokeWide``
+#: is in every configuration (a flag fails under a gone or hung peer too), its latent meeting needs a link
 LINK_ACTIONS = ("FaultLinkCut",)
 
 

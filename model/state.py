@@ -328,8 +328,9 @@ class Rank(_CachedHash):
     # The uncommitted step (S_app beyond F): set when a failure is observed in flight, cleared by a discard.
     grads: bool = False      # outstanding gradients; the wrapper is mid forward/backward (runtime state not idle)
     ahead: int = 0           # RNG and data cursor: steps consumed past the committed frontier (1 inside a step)
-    #: the generation of the control plane's groups over all of W the rank holds (control, checkpoint, default,
-    #: world; P18.3): every episode's RankReplace rebuilds them on every rank
+    #: the generation in which the control plane's groups over all of W that the rank holds were built
+    #: (control, checkpoint, default, world; P18.3): RankReplace rebuilds them (``wide := g+1``) only where
+    #: their failure was learned (``Store.wide_revoked``), a rank died in the episode, or its step was discarded
     wide: int = 0
     # Hot swap (issue 13): the process that holds this rank's identity.
     inc: int = 0             # incarnation: 0 the original process, +1 for each spare that took the identity
@@ -348,7 +349,9 @@ class Store(_CachedHash):
     """
 
     failed: tuple[int, str, frozenset[int]] | None = None   # (gen, point, groups): these groups' communicators broke
-    revoked: frozenset[int] = frozenset()                   # gens whose R was revoked
+    #: gens in which a group of R's kind was revoked: a member's revoke(R, g) (P1.2), or the step revoke of a
+    #: rank that abandoned its step in flight (P17.1).  Not the wide revoke (``wide_revoked``)
+    revoked: frozenset[int] = frozenset()
     arrivals: frozenset[tuple[int, int, int, int]] = frozenset()   # (gen, rank, F, g reported)
     last_arriver: tuple[tuple[int, int], ...] = ()          # (gen, rank) whose add() completed the count
     agree: tuple[tuple[int, str], ...] = ()                 # (gen, "commit" | "abort:<reason>")
@@ -362,9 +365,15 @@ class Store(_CachedHash):
     claims: frozenset[tuple[int, int, int]] = frozenset()   # (gen, rank, inc): g{g}/spare/{rank} = inc, single assignment
     spares: int = 0                                         # spares idle on the control plane, not claimed yet
     #: gens in which a physical link failed (``FaultLinkCut``): the groups over all of W (control,
-    #: checkpoint, default, world) cross every link, so they failed with it (P18.2); never cleared
-    #: (a fact of the run's history as much as of the store: what S15 judges)
+    #: checkpoint, default, world) cross every link, so every such group built in that generation or
+    #: before failed with it (P18.2), and stays broken, latent, on a rank until it is rebuilt; never
+    #: cleared (a fact of the run's history as much as of the store: what S16 judges)
     wide: frozenset[int] = frozenset()
+    #: gens whose *wide revoke* was published (``g{g}/revoke/wide``, P18.4; ``RankRevokeWide``): a rank's
+    #: failure flag or checkpoint save failed under it, so a group over all of W failed.  Every rank reads
+    #: it after the agreement, so all decide alike whether phase 4 rebuilds the groups over W (P18.3);
+    #: never cleared (what S15 judges)
+    wide_revoked: frozenset[int] = frozenset()
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     __hash__ = _CachedHash.__hash__
 

@@ -1,7 +1,8 @@
 """Physical links in the model (issue 25, spec/protocol.md section 13, P18): a link cut fails every
-group across it, every episode rebuilds the groups over all of W, a failed failure flag is an
-observation.  The example runs of the spec replay; S15 holds on exhaustive search and its mutant
-breaks it."""
+group across it, a failed failure flag is an observation and publishes the wide revoke, and an
+episode rebuilds the groups over all of W only where that revoke was published (issue 40, P18.3); a
+break no flag met stays latent and a later flag meets it.  The example runs of the spec replay; S15
+and S16 hold on exhaustive search and their mutants break them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from accelpact.model.explore import all_resumed, explore
-from accelpact.model.invariants import check_edge, check_state, wide_replaced
+from accelpact.model.explore import explore
+from accelpact.model.invariants import check_edge, check_state, no_healthy_rebuilt, wide_replaced
 from accelpact.model.protocol import LINK_ACTIONS, Action, all_actions, initial_state, is_final
 from accelpact.model.transitions import enabled, step
 from accelpact.model.state import PC_TRAIN, Config
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
 LINKS = Config(max_faults=1, failing="any", links=True, faults=frozenset({"link"}))
+#: a cut, and the meeting of the latent break it left (one unit of the fault budget, P18.3)
+LINKS2 = LINKS.with_(max_faults=2)
 
 
 def _action(token: str) -> Action:
@@ -33,10 +36,11 @@ def _action(token: str) -> Action:
 def _runs() -> list[list[str]]:
     text = (ROOT / "spec" / "protocol.md").read_text()
     section = text[text.index("## 13. Faults as the world makes them"):]
-    for name in (*LINK_ACTIONS, "S15", "`WideReplaced`", "replace-r-only", "wide: true"):
+    for name in (*LINK_ACTIONS, "S15", "`WideReplaced`", "replace-r-only", "wide: true", "S16", "`NoHealthyRebuilt`",
+                 "rebuild-everything", "latent"):
         assert name in section, name
     blocks = re.findall(r"```link-run\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     out = []
     for block in blocks:
         lines = block.strip().splitlines()
@@ -45,11 +49,22 @@ def _runs() -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("which", [0, 1])
+#: per spec run: (generation every rank resumes in, the generation of its groups over W, comm per rank)
+EXPECT = {
+    # cut 0-2, no flag failed: only R = {0, 2} rebuilt, the groups over W kept (latent)
+    0: (1, 0, [1, 0, 1, 0]),
+    # the same, then the latent break met by rank 1's flag in generation 1: the groups over W rebuilt
+    1: (2, 2, [1, 0, 1, 0]),
+    # cut 0-3, the flags of 3 and 0 failed: the groups over W rebuilt, no group of R's kind
+    2: (1, 1, [0, 0, 0, 0]),
+}
+
+
+@pytest.mark.parametrize("which", sorted(EXPECT))
 def test_the_spec_link_runs_replay(which):
     """Each ``link-run`` of spec/protocol.md section 13 is a model behaviour: every step enabled, every
-    property holds, the end is final with every rank resumed in generation 1 holding new groups over W."""
-    cfg = LINKS
+    property holds, the end is final with every rank resumed, holding the groups it must."""
+    cfg = LINKS2
     s = initial_state(cfg)
     for tok in _runs()[which]:
         a = _action(tok)
@@ -57,10 +72,29 @@ def test_the_spec_link_runs_replay(which):
         t = step(cfg, s, a)
         assert not check_state(cfg, t) and not check_edge(cfg, s, t), tok
         s = t
-    assert is_final(cfg, s) and all_resumed(cfg, s)
-    assert all(rk.pc == PC_TRAIN and rk.gen == 1 and rk.wide == 1 for rk in s.ranks)
-    # the cut 0-2 crosses R = {0, 2} only: {1, 3} keeps its communicator; the cut 0-3 crosses none
-    assert [rk.comm for rk in s.ranks] == ([1, 0, 1, 0] if which == 0 else [0, 0, 0, 0])
+    gen, wide, comm = EXPECT[which]
+    assert is_final(cfg, s)
+    assert all(rk.pc == PC_TRAIN and not rk.hung and rk.gen == gen and rk.wide == wide for rk in s.ranks)
+    assert [rk.comm for rk in s.ranks] == comm
+
+
+def test_a_latent_break_is_met_only_by_a_rank_holding_it():
+    """After the first spec run (cut 0-2 not learned), each rank's flag may meet the latent break in
+    generation 1 (RankRevokeWide starts the episode, taking a unit of the fault budget); after the
+    third (cut 0-3 learned, groups over W rebuilt) nothing is latent."""
+    for which, latent in ((0, True), (2, False)):
+        cfg = LINKS2
+        s = initial_state(cfg)
+        for tok in _runs()[which]:
+            s = step(cfg, s, _action(tok))
+        for r in cfg.world:
+            assert enabled(cfg, s, Action("RankRevokeWide", r)) == latent
+        if latent:
+            t = step(cfg, s, Action("RankRevokeWide", 1))
+            assert t.store.failed == (1, "boundary", frozenset()) and t.store.wide_revoked == frozenset({1})
+            assert t.faults == s.faults + 1
+            # with the fault budget spent, the break stays latent
+            assert not enabled(LINKS, s, Action("RankRevokeWide", 1))
 
 
 def test_a_link_fails_every_group_across_it():
@@ -89,21 +123,35 @@ def test_links_need_any_failing_groups():
 
 
 def test_wide_replaced_judges_the_ranks_groups_over_w():
-    """S15 from recorded facts: a rank training past a generation whose link failed with groups over W
-    of that generation or older is named."""
+    """S15 from recorded facts: a rank training past a generation whose wide revoke was published with
+    groups over W of that generation or older is named; a link failure nobody learned of is not."""
     cfg = LINKS
     s = initial_state(cfg).with_store(wide=frozenset({0}))
     s = s.with_rank(1, gen=1, wide=0)
+    assert wide_replaced(cfg, s) is None  # latent: not learned
+    s = s.with_store(wide_revoked=frozenset({0}))
     assert "rank 1 trains in generation 1" in wide_replaced(cfg, s)
     assert wide_replaced(cfg, s.with_rank(1, gen=1, wide=1)) is None
 
 
-def test_exhaustive_links_hold_and_the_mutant_breaks_s15():
-    """2x1 DDP with two link faults and a group failure: every property holds, no deadlock; with
-    ``replace-r-only`` S15 fails."""
+def test_no_healthy_rebuilt_judges_the_step():
+    """S16 on one step: a rank whose groups over W rise in generation g with no link failure since they
+    were built, no death and no discard in g is named; a link failure in [w, g] excuses it."""
+    cfg = LINKS
+    before = initial_state(cfg).with_rank(1, pc="agreed")
+    after = before.with_rank(1, pc="replaced", wide=1)
+    assert "rank 1 rebuilt its groups over all of W in generation 0" in no_healthy_rebuilt(cfg, before, after)
+    cut = after.with_store(wide=frozenset({0}))
+    assert no_healthy_rebuilt(cfg, before.with_store(wide=frozenset({0})), cut) is None
+
+
+def test_exhaustive_links_hold_and_the_mutants_break_s15_and_s16():
+    """2x1 DDP with two link faults and a group failure (a cut, then a latent break met, fits the
+    budget): every property holds, no deadlock; with ``replace-r-only`` S15 fails, with
+    ``rebuild-everything`` S16."""
     cfg = Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=2, failing="any", links=True,
                  faults=frozenset({"link", "group_fail", "crash"}))
     ok = explore(cfg)
     assert ok.violated() == set() and not ok.deadlocks
-    bad = explore(cfg.with_(mutant="replace-r-only"))
-    assert "S15" in bad.violated()
+    assert "S15" in explore(cfg.with_(mutant="replace-r-only")).violated()
+    assert "S16" in explore(cfg.with_(mutant="rebuild-everything")).violated()
