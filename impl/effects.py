@@ -30,7 +30,7 @@ from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED,
                                    PC_TRAIN, REASON_DEADLINE, REASON_EXCEPTION, REASON_MISMATCH,
                                    REASON_REJECTED)
 
-from .controlplane import ControlPlane, swap_prefix, swap_rebuilt_key
+from .controlplane import WIDE_ENTRY, ControlPlane, swap_prefix, swap_rebuilt_key
 from .episode import Done, Episode, Exited
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .hooks import Hooks
@@ -149,6 +149,22 @@ class Effects:
                               {"point": point, "frontier": self.frontier, "tau": self.tau}))
             self._observed_gen = self.gen
 
+    # ---- RankRevokeWide --------------------------------------------------------------------------
+    def _revoke_wide(self, error: BaseException | None, cause: str) -> bool:
+        """RankRevokeWide (P18.4): a group over all of W failed under this rank (its failure flag, or a
+        checkpoint save after a boundary that found nothing; ``cause``: ``flag``, ``save``): publish the
+        wide revoke of this generation (single assignment: every watcher then closes its groups over W,
+        so a peer blocked in the flag or the save wakes up, and after the agreement every rank rebuilds
+        them, ``_replace``).  Only the first writer records it; it precedes the rank's observation
+        (a rank that observed through its probe on R before publishes after it).  Returns whether
+        this rank wrote it.  A lost store propagates (the caller's RankLoseStore)."""
+        with self._hold():
+            wrote = self.control.publish_wide_revoke(self.gen)
+            if wrote:
+                self._record("RankRevokeWide", None,
+                             Done({"cause": cause, "error": repr(error)[:300] if error is not None else None}))
+        return wrote
+
     # ---- RankDiscardStep -------------------------------------------------------------------------
     def _discard_step(self, ep: Episode) -> Done | None:
         """A failure inside forward or backward: the step's gradients are dropped and the rank stands
@@ -224,6 +240,9 @@ class Effects:
             over_w = len(self.groups.members) == self.control.world_size
             ep.failed = tuple(i for i, k in enumerate(keys) if over_w or self.control.revoked(ep.g, k))
             ep.member = self.groups.index in ep.failed
+        # which groups over W failed is learned, never assumed (P18.3): every rank whose flag, save or
+        # fence failed published the wide revoke before it arrived, and every rank has arrived
+        ep.wide_failed = ep.swap is None and self.control.revoked(ep.g, WIDE_ENTRY)
         return Done({"decision": dec})
 
     def _await_stragglers(self, ep: Episode, until: float) -> float:
@@ -256,11 +275,13 @@ class Effects:
 
     # ---- RankReplace -----------------------------------------------------------------------------
     def _replace(self, ep: Episode) -> Done:
-        """The groups of generation g+1.  A repair: every rank builds the groups over all of W (P18.3:
-        a broken link inside R crosses them too); a member of a failed group first builds R's
-        communicator with the same members (every member of R in that order, so no rendezvous waits on
-        a rank that waits on it).  A swap: every group of the job, each containing the dead identity
-        (``comm``: the namespace they are built under)."""
+        """The groups of generation g+1: what failed, never what exists.  A repair: a member of a failed
+        group of R's kind builds R's communicator with the same members (every member of R in that
+        order, so no rendezvous waits on a rank that waits on it); every rank builds the groups over
+        all of W only where their failure was learned (``Episode.wide_failed``, P18.3: a broken link
+        that no collective crossed yet is found by the first one that does, a later episode).  A swap
+        or a discard: every group of the job (each contains the dead identity, or a collective of the
+        abandoned step is in flight on it; ``comm``: the namespace they are built under)."""
         t = time.monotonic_ns()
         g_next = ep.g + 1
         if ep.swap is not None:
@@ -276,11 +297,12 @@ class Effects:
                                               self.deadline_s, name=key)
             state["comm"] = _group_name(ep.new_pg)
             built.append(key)
-        if self.wide is not None:
+        if self.wide is not None and ep.wide_failed:
             names, control, records = self.wide(g_next)
             self.groups = dataclasses.replace(self.groups, control=control, others={**self.groups.others, **records})
             built += names
-        return Done({"groups": built, "duration_ns": time.monotonic_ns() - t}, {**state, "wide": g_next})
+            state["wide"] = g_next
+        return Done({"groups": built, "wide": bool(ep.wide_failed), "duration_ns": time.monotonic_ns() - t}, state)
 
     def _new_members(self, ep: Episode) -> tuple[tuple[int, ...], str]:
         """R's members in g+1 (the same as in g) and its name in store keys."""

@@ -174,6 +174,10 @@ class Episode:
     durations: dict[str, int] = field(default_factory=dict)
     #: a hot swap's or a discard's facts (None: a repair)
     swap: SwapFacts | None = None
+    #: the groups over all of W failed in generation ``g`` (their wide revoke stands: a failure flag,
+    #: a save or the commit fence failed under some rank), read after the agreement: a repair
+    #: rebuilds them only then (P18.3); None until read
+    wide_failed: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

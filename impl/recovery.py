@@ -146,7 +146,8 @@ class Pact(Effects):
                  hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
                  hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
                  rebuild: Rebuild | None = None, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
-                 wide_records: Callable[[], list] | None = None, predecessor: Any = None) -> None:
+                 wide_records: Callable[[], list] | None = None, predecessor: Any = None,
+                 hang_floor_s: float | None = None) -> None:
         if control.rank not in groups.members:
             raise ValueError(f"attach: rank {control.rank} is not in its own group's members {groups.members}")
         self.module = module
@@ -199,7 +200,7 @@ class Pact(Effects):
         self.sites: list = []
         self._sites_settled = False  # re-discovered once after the first step (wrappers cache lazily)
         self.guard = BoundaryGuard(module, optimizer, frontier=frontier, on_point=self._at, sync_timeout_s=deadline_s,
-                                   before_commit=self._before_commit)
+                                   commit_drain_s=self.collective_timeout_s, before_commit=self._before_commit)
         self.sites = self._discover()  # at attach: rebinding reuses them (and the first boundary settles them)
         self.watchdog = Watchdog(control, trace=self.trace, gen_of=lambda: self.gen, pc_of=lambda: self.pc,
                                  step_records=lambda: list(self.group_records().values()), wide_records=wide_records)
@@ -209,7 +210,10 @@ class Pact(Effects):
         # its default bounds are the backend's (spec/nccl.md rows 19-20: NCCL's is_completed holds the GIL)
         self.detector = Detector(control.store, self.rank, control.world_size, prefix=control.prefix,
                                  on_suspect=self._on_suspect, dead_after_s=dead_after_s,
-                                 hang_threshold_s=hang_threshold_s, backend=backend.name, epoch=generation) if detect else None
+                                 hang_threshold_s=hang_threshold_s, backend=backend.name, epoch=generation,
+                                 hang_floor_s=hang_floor_s,  # None: the backend's, raised to the collective timeout
+                                 collective_timeout_s=None if hang_floor_s is not None else self.collective_timeout_s,
+                                 ) if detect else None
         self.watchdog.start(succeed=predecessor)  # a retired engine's abort thread is taken over
         start_retirer()  # now, not at the first retired group: the rank's thread count is steady from attach
         if self.detector is not None:
@@ -345,7 +349,9 @@ class Pact(Effects):
         without the bound it missed the episode and the job ended at the arrival deadline (the
         demo's path (e) under CI's load)."""
         control = self.groups.control
-        or_allreduce(control, torch.zeros(1, dtype=torch.int64),
+        # gloo's all-reduce, whatever W: the flag's recursive doubling as the fence lets ranks commit
+        # beside a discard in the generation after a discard in place (bench/README.md, K8: an open bug)
+        or_allreduce(control, torch.zeros(1, dtype=torch.int64), method="ring",
                      wait=lambda work: self._wait_unless_revoked(work, "the commit fence", group=control))
 
     def _fail_on_backend_errors(self, observed: bool) -> None:
@@ -626,14 +632,14 @@ class Pact(Effects):
         return -1
 
     # ---- RankObserve's causes (the effect: Effects._observe) ---------------------------------------
-    def _observe_wide(self, exc: BaseException) -> None:
+    def _observe_wide(self, exc: BaseException, cause: str = "flag") -> None:
         """RankObserve at the boundary through a failed group over all of W (P18.4): the failure flag,
         or a checkpoint save after a boundary that found nothing.  A standing abort is what reached us
-        (``RankExit``).  Otherwise the rank records its observation, if it has not observed this
-        generation's failure yet, and publishes the wide revoke (every watcher closes its groups over
-        W: a peer blocked in the flag or the save wakes up); which groups of R's kind failed is read
-        after the agreement (``Effects._await_agreement``)."""
-        g = self.gen
+        (``RankExit``).  Otherwise the rank publishes the wide revoke (``RankRevokeWide`` if it wrote it
+        first: every watcher closes its groups over W, so a peer blocked in the flag or the save wakes
+        up), then records its observation if it has not observed this generation's failure yet; which
+        groups of R's kind failed, and that the groups over W failed, is read after the agreement
+        (``Effects._await_agreement``).  ``cause``: ``flag`` or ``save``."""
         try:
             standing = self.control.read_abort()
         except Exception as err:  # noqa: BLE001 - store lost: RankLoseStore
@@ -644,15 +650,17 @@ class Pact(Effects):
             self.watchdog.exit_with(standing)  # RankExit on the abort that ended the collective
             raise Exited
         self.watchdog.disarm()
-        self._observe("boundary", exc, cause="wide", member=None, wide=True)
         try:
-            self.control.publish_wide_revoke(g)
-        except Exception as err:  # noqa: BLE001 - store lost: RankLoseStore (after its RankObserve)
+            self._revoke_wide(exc, cause)
+        except Exited:
+            raise
+        except Exception as err:  # noqa: BLE001 - store lost: RankLoseStore
             if self.control.reachable():
                 raise
             claim_exit()
             self.watchdog.lose_store(err, claimed=True)
             raise Exited from err
+        self._observe("boundary", exc, cause="wide", member=None, wide=True)
 
     def repair_after_save(self, exc: BaseException) -> RecoveryReport | None:
         """A checkpoint save at the boundary failed (P18.4): a group over all of W failed after a
@@ -667,7 +675,7 @@ class Pact(Effects):
         except _swap.SwapNeeded as need:
             self._rebuild(need)
             return None
-        self._observe_wide(exc)
+        self._observe_wide(exc, "save")
         report = self._recover(None, t0, time.monotonic_ns(), exc)
         self.reports.append(report)
         self.watchdog.disarm()
@@ -768,7 +776,8 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
            hooks: Hooks | None = None, detect: bool = True, dead_after_s: float | None = None,
            hang_threshold_s: float | None = None, generation: int = 0, notices: Any = None,
            rebuild: Rebuild | None = None, wide: Callable[[int], tuple[list[str], Any, dict]] | None = None,
-           wide_records: Callable[[], list] | None = None, predecessor: Any = None) -> Pact:
+           wide_records: Callable[[], list] | None = None, predecessor: Any = None,
+           hang_floor_s: float | None = None) -> Pact:
     """Discover R's cached references once, install the guard, start the watchdog.  ``predecessor``:
     the retired engine's watchdog (after a swap or a discard), whose abort thread the new one takes
     over (``Watchdog.start(succeed=)``).  ``rebuild``: how an episode rebuilds the model
@@ -784,4 +793,5 @@ def attach(module, optimizer, *, groups: PactGroups, control: ControlPlane, trac
                 deadline_s=deadline_s, adapter=adapter, frontier=frontier, strategy=strategy, hooks=hooks,
                 step_deadline_s=step_deadline_s,
                 detect=detect, dead_after_s=dead_after_s, hang_threshold_s=hang_threshold_s, generation=generation,
-                notices=notices, rebuild=rebuild, wide=wide, wide_records=wide_records, predecessor=predecessor)
+                notices=notices, rebuild=rebuild, wide=wide, wide_records=wide_records, predecessor=predecessor,
+                hang_floor_s=hang_floor_s)

@@ -420,10 +420,8 @@ class Watchdog:
                 # a group over all of W failed (P18.4), or every group is rebuilt (P17): a peer may be
                 # blocked in the failure flag or a checkpoint save on it
                 others += wide
-            closed = _revoke.hard_close(record) if mine else 0
-            for other in others:
-                if other is not None and other is not record:
-                    closed += _revoke.hard_close(other)
+            # one call: an NCCL rank's communicators are aborted together, never one after another
+            closed = _revoke.hard_close_all(([record] if mine else []) + [o for o in others if o is not record])
             if mine:
                 self.revocations.append((g, group, closed, time.monotonic_ns()))
             self.trace.note("revoke", gen=g, group=entry, sockets=closed, recorded=len(record.sockets))

@@ -8,6 +8,7 @@ from the code under test: the fakes record what the driver did, in order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 
 import pytest
@@ -130,3 +131,36 @@ def test_an_observation_is_recorded_once_per_generation():
     eng.gen = 4
     Effects._observe(eng, "backward", RuntimeError("y"), cause="discard")
     assert log == [("RankObserve", "observed", "boundary"), ("RankObserve", "observed", "discard")]
+
+
+def test_a_repair_rebuilds_the_groups_over_w_only_where_their_failure_was_learned():
+    """P18.3 (issue 40): which groups over W failed is read from generation g's revoke log after the
+    agreement (the wide revoke, published by a rank whose flag, save or fence failed), never assumed:
+    a repair of a replicate group keeps them; a repair after a wide failure rebuilds them."""
+    @dataclasses.dataclass(frozen=True)
+    class _Groups:  # the fields of PactGroups the repair reads and replaces
+        name: str = "replicate"
+        key: str = "replicate1"
+        count: int = 2
+        index: int = 1
+        members: tuple = (1, 3)
+        control: str = "old-control"
+        others: dict = dataclasses.field(default_factory=dict)
+
+    hsdp = _Groups()
+    built = []
+
+    def replace(revoked):
+        ep = _await_as(hsdp, _control(4, revoked=revoked))
+        eng = types.SimpleNamespace(wide=lambda g: built.append(g) or (["default", "control", "checkpoint"], "new-control", {}),
+                                    groups=hsdp, _pg=None, rank=1, control=types.SimpleNamespace(store=None),
+                                    deadline_s=5.0, strategy=types.SimpleNamespace(replace=lambda *a, **k: types.SimpleNamespace(group_name="accelpact/g1/replicate1")),
+                                    _new_members=lambda ep: ((1, 3), "replicate1"))
+        return Effects._replace(eng, ep)
+
+    done = replace({"replicate1"})
+    assert built == [] and done.detail["wide"] is False and "wide" not in done.state
+    assert done.detail["groups"] == ["replicate1"]
+    done = replace({"replicate1", "wide"})
+    assert built == [1] and done.detail["wide"] is True and done.state["wide"] == 1
+    assert done.detail["groups"] == ["replicate1", "default", "control", "checkpoint"]

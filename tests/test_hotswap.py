@@ -232,3 +232,49 @@ def test_a_suspect_whose_keeper_never_posts_ends_the_job(monkeypatch):
     rec = _Record(store)
     rec.handle(3)
     assert rec.notes == [("depose", 3)] and rec.suspected == [3]
+
+
+class _CountingStore:
+    """Counts every store operation a caller makes (a wrapper around a real TCPStore)."""
+
+    def __init__(self, store):
+        self.store, self.ops = store, 0
+
+    def __getattr__(self, name):
+        fn = getattr(self.store, name)
+
+        def counted(*a, **k):
+            self.ops += 1
+            return fn(*a, **k)
+        return counted
+
+
+def test_the_store_barrier_waits_instead_of_polling_two_operations_per_rank_and_times_out_naming_the_count():
+    """Issue 40: the swap's barrier is O(1) store operations per rank (the last to come sets the
+    done key; the others block in one wait), not a 5 ms poll; short of world it times out."""
+    import threading
+
+    import torch.distributed as dist
+
+    server = _store()
+    world, stores, errors = 4, [], []
+
+    def one(i):
+        s = _CountingStore(dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10)))
+        stores.append(s)
+        try:
+            hotswap.store_barrier(s, "b/rebuilt", world, 10.0, "rebuilt")
+        except Exception as err:  # noqa: BLE001 - any failure of a rank is the test's finding
+            errors.append(err)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(world)]
+    for i, t in enumerate(threads):
+        t.start()
+        if i == 0:
+            t.join(0.3)  # the first waits a while alone: a poll would have made ~60 requests by now
+    for t in threads:
+        t.join(20)
+    assert not errors and len(stores) == world
+    assert sorted(s.ops for s in stores) == [2] * world
+    with pytest.raises(TimeoutError, match="only 1 of 2 ranks rebuilt within 0.3 s"):
+        hotswap.store_barrier(server, "b/alone", 2, 0.3, "rebuilt")

@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import socket
+import weakref
 
 import pytest
 
@@ -173,3 +174,48 @@ def test_connected_tcp_tells_connected_tcp_sockets_from_the_rest():
             s.close()
         os.close(r)
         os.close(w)
+
+
+class _FakeNCCLBackend:
+    def __init__(self, log):
+        self.log = log
+
+    def _group_start(self):
+        self.log.append("start")
+
+    def _group_end(self):
+        self.log.append("end")
+
+
+class _FakeGroup:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def _get_backend(self, device):
+        assert str(device) == "cuda"
+        return _FakeNCCLBackend(self.log)
+
+    def abort(self):
+        self.log.append(f"abort {self.name}")
+
+
+def test_a_ranks_nccl_groups_are_aborted_together_in_one_bracket_each_once():
+    """Serial ncclCommAbort calls of one process can deadlock (pytorch#119797, NVIDIA/nccl#1013):
+    a revoke that closes several NCCL groups aborts them inside one group start/end, as torch's
+    _abort_process_group does for the world; a group already aborted is not aborted again."""
+    log: list[str] = []
+    a, b, c = (_FakeGroup(n, log) for n in "abc")
+    recs = [revoke.SocketRecord(backend="nccl", group_ref=weakref.ref(g)) for g in (a, b, c)]
+    revoke.hard_close_all([recs[0], None, recs[1], recs[2], recs[1]])
+    assert log == ["start", "abort a", "abort b", "abort c", "end"]
+    assert all(r.closed for r in recs)
+    log.clear()
+    revoke.hard_close_all(recs)
+    assert log == []
+
+
+def test_a_single_nccl_group_is_aborted_without_a_bracket():
+    log: list[str] = []
+    g = _FakeGroup("x", log)
+    revoke.hard_close_all([revoke.SocketRecord(backend="nccl", group_ref=weakref.ref(g))])
+    assert log == ["abort x"]

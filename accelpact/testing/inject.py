@@ -51,6 +51,7 @@ import ipaddress
 import os
 import platform
 import signal
+import sys
 import socket
 import stat
 import tempfile
@@ -280,18 +281,26 @@ def install_gil_hang_handler(signum: int = GIL_HANG_SIGNAL, default_s: float | N
     """Harness side of :func:`gil_hang`: call in the target's main thread at its start.  On
     ``signum`` the main thread holds the GIL inside one libc ``nanosleep`` for the mailbox's
     duration (``default_s`` when none was posted; None: forever, in one-hour calls).  Another signal
-    caught meanwhile ends the C call early; the remainder is slept again (between the two calls
-    other threads may run for one switch interval)."""
+    caught meanwhile ends the C call early; the remainder is slept again, with the switch interval
+    raised meanwhile so that no other thread runs between the two calls (as in a hang in C code)."""
     sleep = _gil_holding_sleep()
 
     def handler(sig: int, frame: object) -> None:
         seconds = _read_box(sig, default_s)
         end = None if seconds is None else time.monotonic() + seconds
-        while True:
-            left = 3600.0 if end is None else end - time.monotonic()
-            if left <= 0:
-                return
-            sleep(left)
+        # between two C calls the interpreter would hand the GIL to a waiting thread after one switch
+        # interval (a signal, e.g. the launcher's SIGTERM, ends a call): a real hang in C code never
+        # does, so none of the process's Python threads may run until the hang ends
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(3600.0)
+        try:
+            while True:
+                left = 3600.0 if end is None else end - time.monotonic()
+                if left <= 0:
+                    return
+                sleep(left)
+        finally:
+            sys.setswitchinterval(interval)
 
     signal.signal(signum, handler)
 

@@ -224,7 +224,7 @@ def run_job(job: Job) -> int:
     aj = api.init(job.backend, replicas=topo.nodes, deadline_s=job.deadline_s,
                   collective_timeout_s=job.collective_timeout_s, pg_timeout_s=job.pg_timeout_s,
                   step_deadline_s=job.step_deadline_s, trace_dir=str(out) if job.trace else None,
-                  envelope=job.envelope, spares=topo.spares, dead_after_s=job.dead_after_s,
+                  envelope=job.envelope, spares=topo.spares, dead_after_s=job.dead_after_s, hang_floor_s=job.hang_floor_s,
                   env={k: v for k, v in os.environ.items() if not k.startswith("ACCELPACT_")})
     spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed, pad_s=wl.pad_s)
     kind = wrapper(spec.wrapper).recovers

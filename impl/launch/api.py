@@ -66,12 +66,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from accelpact.model.contract import default_envelope, load_envelope
 
 from ..controlplane import ABORT_KEY, PREFIX, ControlPlane, progress_key
-from ..deadlines import DEFAULT_DEADLINE_S
+from ..deadlines import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_DEADLINE_S
 from ..exitcodes import code_for, exit_now
 from ..recovery import retired_watchdogs
 from ..spare import SpareEngine
 from ..rundir import RunDir
-from ..runtime import hotswap
+from ..runtime import counting, hotswap, revoke
 from ..runtime.backends import backend as _backend
 from ..runtime.backends import prebuilt_env_problem
 from ..runtime.checkpoint import CheckpointManager, latest_committed
@@ -103,13 +103,16 @@ class Settings:
     (``trace-a{attempt}-r{rank}.ndjson``; None: no trace); ``envelope``: an envelope file written by
     ``accelpact qualify`` (None: the default envelope); ``detect``: the heartbeat failure detector;
     ``dead_after_s`` / ``hang_threshold_s``: its thresholds (None: its defaults, spec/detection.md);
+    ``hang_floor_s``: the least derived hang threshold (None: ``collective_timeout_s``, so that a rank
+    slower than its peers by less than the collective timeout is a slow healthy rank, never hung; a
+    job that wants hangs found sooner, and whose steps are never that uneven, sets it lower);
     ``spares``: how many of the launcher's processes are spares (the last ``spares`` ranks of
     ``WORLD_SIZE``; hot swap, spec/hotswap.md); ``spare_wait_s``: how long an unused spare idles."""
 
     backend: str | None = None
     replicas: int | None = None
     deadline_s: float = DEFAULT_DEADLINE_S
-    collective_timeout_s: float = 60.0
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # torch's NCCL default (deadlines.py)
     pg_timeout_s: float = 120.0
     step_deadline_s: float | None = None
     trace_dir: str | None = None
@@ -117,6 +120,7 @@ class Settings:
     detect: bool = True
     dead_after_s: float | None = None
     hang_threshold_s: float | None = None
+    hang_floor_s: float | None = None
     spares: int = 0
     spare_wait_s: float = 7 * 86400.0
 
@@ -335,7 +339,8 @@ class Session:
         if checkpoint_dir is None:
             raise ApiError("attach: checkpoint_every needs checkpoint_dir (where the DCP checkpoints go)")
         return CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
-                                 store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group)
+                                 store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group,
+                                 commit_timeout_s=self.settings.collective_timeout_s)
 
     @functools.cached_property
     def contract(self) -> tuple[str, Any]:
@@ -571,10 +576,10 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     topo = Topology(n, world // n)
 
     timeout = timedelta(seconds=s.pg_timeout_s)
-    store = dist.TCPStore(_env(env, "MASTER_ADDR"), _env_int(env, "MASTER_PORT"), is_master=False, timeout=timeout)
+    store = counting.wrap_store(dist.TCPStore(_env(env, "MASTER_ADDR"), _env_int(env, "MASTER_PORT"), is_master=False, timeout=timeout))
     # the job's attempt, the same on every agent's workers (attempts.py: torchrun's restart count is not)
     attempt = attempts.start(store, {**env, "RANK": str(rank)})
-    astore = dist.PrefixStore(f"attempt{attempt}", store)
+    astore = counting.wrap_store(dist.PrefixStore(f"attempt{attempt}", counting.real_store(store)))  # counted under ACCELPACT_COUNT only
     # how every group of the job is built (impl/runtime/groups.py)
     where = dict(device=device, store=astore, deadline_s=s.deadline_s, pg_timeout_s=s.pg_timeout_s,
                  collective_timeout_s=s.collective_timeout_s)
@@ -583,9 +588,11 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
         return Session(settings=s, rank=-1, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                        device=device, store=store, attempt_store=astore, topology=topo, spares=s.spares,
                        spare=rank - world, groups=build_job_groups(workload, topo, rank, be.name, build=False, **where))
+    default_record = None  # the default group's sockets, where we build it: a wide revoke closes them (P18.4)
     if not dist.is_initialized():
-        dist.init_process_group(be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world,
-                                timeout=timeout, **be.init_kwargs(device))
+        _, default_record = revoke.recorded(lambda: dist.init_process_group(
+            be.name, store=dist.PrefixStore("pg", astore), rank=rank, world_size=world, timeout=timeout,
+            **be.init_kwargs(device)), be.name)
     elif dist.get_world_size() != world or dist.get_rank() != rank:
         raise ApiError(f"the default process group (rank {dist.get_rank()} of {dist.get_world_size()}) does not match "
                        f"RANK={rank} WORLD_SIZE={world}")
@@ -595,7 +602,7 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     if mesh is not None and mesh.mesh.tolist() != topo.mesh_ranks():
         raise ApiError(f"mesh: its ranks {mesh.mesh.tolist()} are not laid out as {topo.mesh_ranks()} (row r = replica "
                        "r's ranks, rank = replica * shards + shard index): build it with init_device_mesh")
-    groups = build_job_groups(workload, topo, rank, be.name, mesh=mesh, **where)
+    groups = build_job_groups(workload, topo, rank, be.name, mesh=mesh, default_record=default_record, **where)
     return Session(settings=s, rank=rank, world=world, local_rank=local_rank, attempt=attempt, replicas=n,
                    device=device, store=store, attempt_store=astore, topology=topo, groups=groups, spares=s.spares)
 

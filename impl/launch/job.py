@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ...model.faults import Fault, FaultError, parse_faults
-from ..deadlines import DEFAULT_DEADLINE_S, default_step_deadline
+from ..deadlines import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_DEADLINE_S, default_step_deadline
 from ..rundir import RunDir
 from ..runtime.backends import BACKEND_NAMES
 from ..runtime.wrappers import WRAPPER_NAMES, wrapper
@@ -196,7 +196,8 @@ class Job:
     ``faults``: every attempt's faults (``Fault.attempt``); ``seeded_bug``: the name of a deliberately
     broken engine for the conformance suite's teeth, which the harness's rank program validates and
     installs (:mod:`accelpact.testing.seeded`; this module does not interpret it); ``envelope``: the path of an envelope file (None: the default envelope);
-    ``dead_after_s``: the failure detector's silence threshold (None: its default, spec/detection.md)."""
+    ``dead_after_s``: the failure detector's silence threshold (None: its default, spec/detection.md);
+    ``hang_floor_s``: the least derived hang threshold (None: the collective timeout, ``Settings``)."""
 
     topology: Topology
     workload: Workload
@@ -206,15 +207,17 @@ class Job:
     backend: str = "gloo"
     trace: bool = False
     deadline_s: float = DEFAULT_DEADLINE_S
-    collective_timeout_s: float = 60.0
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # torch's NCCL default (deadlines.py)
     step_deadline_s: float | None = None
     pg_timeout_s: float = 120.0
     seeded_bug: str | None = None
     envelope: str | None = None
     dead_after_s: float | None = None
+    hang_floor_s: float | None = None
 
     FIELDS = ("scenario", "topology", "workload", "faults", "backend", "out", "trace", "deadline_s",
-              "collective_timeout_s", "step_deadline_s", "pg_timeout_s", "seeded_bug", "envelope", "dead_after_s")
+              "collective_timeout_s", "step_deadline_s", "pg_timeout_s", "seeded_bug", "envelope", "dead_after_s",
+              "hang_floor_s")
 
     def __post_init__(self) -> None:
         if self.step_deadline_s is None:
@@ -239,7 +242,7 @@ class Job:
             raise JobError(str(exc)) from None
         seconds = {k: check_seconds(k, j[k], JobError) for k in ("deadline_s", "collective_timeout_s", "pg_timeout_s")
                    if k in j}
-        for k in ("step_deadline_s", "dead_after_s"):
+        for k in ("step_deadline_s", "dead_after_s", "hang_floor_s"):
             if j.get(k) is not None:
                 seconds[k] = check_seconds(k, j[k], JobError)
         bug = j.get("seeded_bug")
@@ -263,7 +266,8 @@ class Job:
                 "trace": self.trace, "deadline_s": self.deadline_s, "collective_timeout_s": self.collective_timeout_s,
                 "step_deadline_s": self.step_deadline_s, "pg_timeout_s": self.pg_timeout_s,
                 "seeded_bug": self.seeded_bug, "envelope": self.envelope,
-                **({"dead_after_s": self.dead_after_s} if self.dead_after_s is not None else {})}
+                **({"dead_after_s": self.dead_after_s} if self.dead_after_s is not None else {}),
+                **({"hang_floor_s": self.hang_floor_s} if self.hang_floor_s is not None else {})}
 
     def replace(self, **changes: Any) -> "Job":
         """A copy with ``changes``, validated again (``faults`` may be mappings)."""

@@ -101,7 +101,8 @@ class Training:
         self.pact = attach(model, optimizer, groups=pg, control=control, trace=trace, deadline_s=s.deadline_s,
                            step_deadline_s=s.step_deadline_s, frontier=frontier, key=key, envelope=envelope,
                            hooks=self.hooks, detect=s.detect, dead_after_s=s.dead_after_s,
-                           hang_threshold_s=s.hang_threshold_s, generation=generation, notices=self._notices,
+                           hang_threshold_s=s.hang_threshold_s, hang_floor_s=s.hang_floor_s, generation=generation,
+                           notices=self._notices,
                            rebuild=rebuild, wide=job.rebuild_wide, wide_records=job.groups.wide_records,
                            predecessor=self.pact.watchdog if self.pact is not None and self.pact.closed else None)
         # F is published at the commit itself (the optimizer's post hook, after the guard's), not after

@@ -20,6 +20,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from . import counting
 from .sockets import record_group, record_sockets
 
 __all__ = ["BACKENDS", "BACKEND_NAMES", "CONNECT_FLOOR_S", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "detector_defaults", "for_device", "prebuilt_env_problem", "one_gpu_env",
@@ -239,6 +240,7 @@ class Backend:
             raw.eager_connect_single_device(dev)  # ncclCommInitRank now, bounded by the store exchange
             rec = record_group(pg, self.name)
         raw.set_timeout(datetime.timedelta(seconds=timeout_s))  # later ops: the training timeout
+        counting.count_group(pg, self.name)  # bench scale (ACCELPACT_COUNT only)
         return pg, rec
 
     def register(self, pg, name: str, global_ranks: Sequence[int], store=None):
@@ -285,6 +287,29 @@ class Backend:
             _ABORTED.add(pg)
         pg.abort()
         return True
+
+    def abort_all(self, pgs: Sequence[Any]) -> int:
+        """Abort several groups' communicators together, each once (:meth:`abort`'s rules): on NCCL
+        inside one ``ncclGroupStart``/``ncclGroupEnd`` bracket, as torch's ``_abort_process_group``
+        does for the world, because serial ``ncclCommAbort`` calls of one process can deadlock each
+        other (pytorch#119797, pytorch#173815, NVIDIA/nccl#1013).  Returns how many were aborted."""
+        if self.revoke != "abort":
+            return 0
+        with _ABORTED_LOCK:
+            todo = [pg for pg in {id(pg): pg for pg in pgs if pg is not None}.values() if pg not in _ABORTED]
+            _ABORTED.update(todo)
+        if not todo:
+            return 0
+        bracket = _group_bracket(todo[0], self.device_type) if len(todo) > 1 else None
+        if bracket is not None:
+            bracket._group_start()
+        try:
+            for pg in todo:
+                pg.abort()
+        finally:
+            if bracket is not None:
+                bracket._group_end()
+        return len(todo)
 
     def drain(self, device, timeout_s: float) -> bool:
         """Whether the work queued on ``device``'s current stream finished within ``timeout_s``: an
@@ -481,6 +506,19 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("nccl", "cuda-nccl", "cuda", "abort", detector_dead_after_s=5.0),
 )}
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
+
+
+
+def _group_bracket(pg: Any, device_type: str) -> Any:
+    """The backend object of ``pg`` whose ``_group_start``/``_group_end`` bracket a batch of NCCL calls
+    (torch's ``ProcessGroupNCCL``), or None where the group has none."""
+    import torch
+
+    try:
+        be = pg._get_backend(torch.device(device_type))
+    except RuntimeError:
+        return None
+    return be if hasattr(be, "_group_start") and hasattr(be, "_group_end") else None
 
 
 def backend(name: str) -> Backend:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..controlplane import swap_prefix, wide_prefix
-from . import revoke
+from . import counting, revoke
 from .adapters.base import unregister_group
 from .backends import backend
 from .retire import retire_off_path
@@ -52,6 +52,7 @@ class JobGroups:
     collective_timeout_s: float
     training: dict = field(default_factory=dict)
     records: dict = field(default_factory=dict)
+    default_record: Any = None
     control: Any = None
     control_record: Any = None
     checkpoint: Any = None
@@ -60,8 +61,11 @@ class JobGroups:
     mesh: Any = None
 
     def wide_records(self) -> list:
-        """The socket records of the groups over all of W that a wide revoke closes (P18.4)."""
-        return [r for r in (self.control_record, self.checkpoint_record) if r is not None]
+        """The socket records of the groups over all of W that a wide revoke closes (P18.4): the
+        default group's (where this job built it: a user's own ``init_process_group`` has none), the
+        control and the checkpoint group's.  A peer blocked in any of them (the flag, a save, FSDP1's
+        state-dict gathers on the default group) wakes up."""
+        return [r for r in (self.default_record, self.control_record, self.checkpoint_record) if r is not None]
 
     def _make(self, rank: int, b: Any, pre: str, name: str, members: list[int], timeout_s: float) -> tuple[Any, Any]:
         """One group built by its ``members`` under the store prefix ``pre + name`` with backend ``b``,
@@ -78,10 +82,12 @@ class JobGroups:
         ones (to retire)."""
         world = list(range(self.topology.world))
         old = [c10d._world.default_pg, self.control, self.checkpoint]
-        default, _ = self._make(rank, backend(self.backend), pre, "default", world, self.pg_timeout_s)
-        control, control_rec = self._make(rank, backend("gloo"), pre, "control", world, max(self.deadline_s, 1.0))
-        checkpoint, checkpoint_rec = self._make(rank, backend("gloo"), pre, "checkpoint", world, self.pg_timeout_s)
+        default, default_rec = self._make(rank, backend(self.backend), pre, "default", world, self.pg_timeout_s)
+        control, control_rec = self._make(rank, backend("gloo"), pre, "control", world, self.collective_timeout_s)
+        checkpoint, checkpoint_rec = self._make(rank, backend("gloo"), pre, "checkpoint", world,
+                                                max(self.pg_timeout_s, self.collective_timeout_s))
         c10d._update_default_pg(default)
+        self.default_record = default_rec
         self.control, self.control_record = control, control_rec
         self.checkpoint, self.checkpoint_record = checkpoint, checkpoint_rec
         return old
@@ -116,8 +122,7 @@ class JobGroups:
         be, topo = backend(self.backend), self.topology
         pre = swap_prefix(g_next)
         training = [*self.training.values(), *held]
-        for pg in training:
-            be.abort(pg)
+        be.abort_all(training)  # NCCL: in one bracket, as torch aborts the world (serial aborts can hang)
         old = self._replace_wide(rank, pre) + training
         groups: dict[str, Any] = {}
         records: dict[str, Any] = {}
@@ -133,7 +138,7 @@ class JobGroups:
 
 def _new_group(ranks: list[int] | None, backend_name: str, timeout: timedelta, **kwargs: Any) -> tuple[Any, Any]:
     """``dist.new_group`` (over ``ranks``, all of W for None) with its socket record."""
-    return revoke.recorded(lambda: dist.new_group(ranks, backend=backend_name, timeout=timeout, **kwargs), backend_name)
+    return counting.count_group(revoke.recorded(lambda: dist.new_group(ranks, backend=backend_name, timeout=timeout, **kwargs), backend_name), backend_name)
 
 
 def _retire_groups(old: list) -> None:
@@ -171,18 +176,22 @@ def build_recorded_groups(workload: Any, topo: Any, rank: int, backend_name: str
 
 def build_job_groups(workload: Any, topo: Any, rank: int, backend_name: str, *, device: Any, store: Any,
                      deadline_s: float, pg_timeout_s: float, collective_timeout_s: float, mesh: Any = None,
-                     build: bool = True) -> JobGroups:
+                     build: bool = True, default_record: Any = None) -> JobGroups:
     """The job's record of this rank's groups.  ``build`` (every training rank, at init, in one
-    order): the control group (gloo over W, timeout the phase deadline: the failure flag,
-    validation), the checkpoint group (gloo over W: DCP's, never a communicator that may fail), then
+    order): the control group (gloo over W, timeout the collective timeout: the failure flag and the
+    commit fence, waits of every fault-free step), the checkpoint group (gloo over W: DCP's, never a communicator that may fail), then
     the training groups: built here, or, with a user's ``mesh``, its shard and replicate groups (their
     timeout set to ``collective_timeout_s``) and a world group built here.  Without ``build`` (a
     spare): an empty record, filled when the spare takes an identity (:meth:`JobGroups.rebuild_all`)."""
-    groups = JobGroups(topo, backend_name, device, store, deadline_s, pg_timeout_s, collective_timeout_s, mesh=mesh)
+    groups = JobGroups(topo, backend_name, device, store, deadline_s, pg_timeout_s, collective_timeout_s, mesh=mesh,
+                       default_record=default_record)
     if not build:
         return groups
-    groups.control, groups.control_record = _new_group(None, "gloo", timedelta(seconds=max(deadline_s, 1.0)))
-    groups.checkpoint, groups.checkpoint_record = _new_group(None, "gloo", timedelta(seconds=pg_timeout_s))
+    # the control group's ops (the failure flag, the commit fence) are waits of a fault-free step: bounded
+    # by the training's collective timeout, never by the phase deadline (a slow healthy step is no failure)
+    groups.control, groups.control_record = _new_group(None, "gloo", timedelta(seconds=max(collective_timeout_s, 1.0)))
+    # a save to a slow disk on one rank is waited for as a slow step is: the collective timeout at least
+    groups.checkpoint, groups.checkpoint_record = _new_group(None, "gloo", timedelta(seconds=max(pg_timeout_s, collective_timeout_s)))
     timeout = timedelta(seconds=collective_timeout_s)
     if mesh is None:
         built, groups.records = build_recorded_groups(workload, topo, rank, backend_name, timeout, device=device)

@@ -26,12 +26,12 @@ import datetime
 import os
 import socket
 import stat
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from .backends import backend as _backend
 from .sockets import SocketRecord, connected_tcp, established_inodes, record_group, record_sockets, socket_inodes
 
-__all__ = ["REVOKED_TIMEOUT_S", "SocketRecord", "aborted", "recorded", "record_group", "hard_close", "socket_inodes", "established_inodes", "connected_tcp"]
+__all__ = ["REVOKED_TIMEOUT_S", "SocketRecord", "aborted", "recorded", "record_group", "hard_close", "hard_close_all", "socket_inodes", "established_inodes", "connected_tcp"]
 
 T = TypeVar("T")
 
@@ -56,6 +56,29 @@ def _same_socket(fd: int, inode: int) -> bool:
     except OSError:
         return False
     return stat.S_ISSOCK(st.st_mode) and st.st_ino == inode
+
+
+def hard_close_all(records: Sequence[SocketRecord | None]) -> int:
+    """:func:`hard_close` of several groups at once: the communicators of an ``abort`` backend
+    (NCCL) are aborted together in one bracket (:meth:`Backend.abort_all`: serial aborts can
+    deadlock), the sockets of the others shut down.  Returns the sockets shut down."""
+    recs = list({id(r): r for r in records if r is not None}.values())  # each once (records are unhashable)
+    n = 0
+    by_backend: dict[str, list[SocketRecord]] = {}
+    for rec in recs:
+        if _backend(rec.backend).revoke == "abort":
+            if rec.group is not None and not rec.closed:
+                by_backend.setdefault(rec.backend, []).append(rec)
+        else:
+            n += hard_close(rec)
+    for name, batch in by_backend.items():
+        for rec in batch:
+            rec.closed = True
+        try:
+            _backend(name).abort_all([rec.group for rec in batch])
+        except RuntimeError:  # DistBackendError: an abort outlived its group's timeout; revoked either way
+            pass
+    return n
 
 
 def hard_close(record: SocketRecord) -> int:
