@@ -20,7 +20,12 @@ Each rank runs one daemon thread (:class:`Detector`) that, every ``interval_s``:
   ``hang_threshold_s`` if given, else ``$ACCELPACT_HANG_THRESHOLD_S``, else
   ``max(HANG_FLOOR_S, HANG_K x median own step time)`` (median of the last ``STEP_WINDOW`` step
   times; ``HANG_UNTIL_OBSERVED_S`` until ``MIN_STEP_SAMPLES`` are known: the first steps include
-  warm-up).
+  warm-up), and, when the engine gives the training groups' collective timeout
+  (``collective_timeout_s``), never less than it: a rank that is alive and computing (an evaluation
+  or a checkpoint to a slow disk on one rank, a ``time.sleep`` in its forward) and a hung one look
+  alike from outside, and a slow healthy step is no failure (spec/detection.md), so a peer is not
+  judged hung before a collective of the step would have given up on it.  A dead or stopped process
+  is found by its heartbeat (DEAD) in about a second regardless; an explicit threshold is used as given.
 * A straggler (slow, but its progress advances within the threshold) is never declared.
 
 "Observed time": a poll adds to a peer's silence (or stall) at most ``2 x interval_s``, however long
@@ -47,10 +52,11 @@ only when it *changes* after the detector first read it, and each detector publi
 random incarnation, so a heartbeat left by a previous attempt or a previous process is never read
 as fresh.
 
-Cost: one ``set`` and one ``multi_get`` of the watched peers' keys per interval per rank: at
-world W watching all peers, ``2 W / interval_s`` store requests per second and ``W (W - 1)`` values
-read per interval (see spec/detection.md for the scaling to 1,024 ranks: ``peers=`` a ring
-neighbourhood, or per-node aggregation).
+Cost: one ``set`` and one ``multi_get`` of the watched peers' keys per interval per rank:
+``2 W / interval_s`` store requests per second in all, and per interval ``W x k`` values read, with
+k the peers each rank watches: all others up to :data:`ALL_TO_ALL_MAX_WORLD` ranks, the ring's next
+:data:`RING_WATCHERS` above (:func:`default_peers`; spec/detection.md, "Store load"), so the total is
+O(W) at any world.
 
 The thread has its own store connection (``store.clone()``, made in the constructor, before any
 thread starts: it never races :func:`accelpact.impl.runtime.revoke.recorded`) with the operation timeout
@@ -83,7 +89,7 @@ from .runtime.backends import detector_defaults
 from .threadname import EngineThread
 
 __all__ = [
-    "DEAD", "DONE", "EPISODE", "HUNG", "Detector", "Suspect", "detector_defaults_for", "heartbeat_key", "resolve_hang_threshold",
+    "ALL_TO_ALL_MAX_WORLD", "DEAD", "DONE", "EPISODE", "HUNG", "RING_WATCHERS", "Detector", "default_peers", "Suspect", "detector_defaults_for", "heartbeat_key", "resolve_hang_threshold",
     "INTERVAL_S", "DEAD_AFTER_S", "HANG_FLOOR_S", "HANG_K", "HANG_UNTIL_OBSERVED_S", "MIN_STEP_SAMPLES",
     "STEP_WINDOW", "STARTUP_GRACE_S", "OP_TIMEOUT_S", "ENV_HANG_THRESHOLD", "ENV_INTERVAL", "ENV_DEAD_AFTER",
 ]
@@ -155,15 +161,15 @@ def detector_defaults_for(backend: str | None) -> tuple[float, float]:
 
 def resolve_hang_threshold(step_times: Iterable[float], *, override: float | None = None, floor_s: float = HANG_FLOOR_S,
                            k: float = HANG_K, until_observed_s: float = HANG_UNTIL_OBSERVED_S,
-                           min_samples: int = MIN_STEP_SAMPLES) -> float:
+                           min_samples: int = MIN_STEP_SAMPLES, collective_timeout_s: float | None = None) -> float:
     """The hang threshold: ``override`` if given, else ``max(floor_s, k x median(step_times))``, or
-    ``max(floor_s, until_observed_s)`` while fewer than ``min_samples`` step times are known."""
+    ``max(floor_s, until_observed_s)`` while fewer than ``min_samples`` step times are known; a
+    derived one is at least ``collective_timeout_s`` when given (a slow healthy rank is not hung)."""
     if override is not None:
         return override
     times = list(step_times)
-    if len(times) < min_samples:
-        return max(floor_s, until_observed_s)
-    return max(floor_s, k * statistics.median(times))
+    derived = max(floor_s, until_observed_s) if len(times) < min_samples else max(floor_s, k * statistics.median(times))
+    return max(derived, collective_timeout_s or 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +194,30 @@ class _Peer:
     stalled_s: float = 0.0  # observed time awaited since the progress last changed
 
 
+#: Up to this many ranks every rank watches every other (a suspect is seen by all at once); above,
+#: each watches the next :data:`RING_WATCHERS` ranks of the ring, so the store's load is O(W) in all,
+#: not O(W^2) values per interval (issue 40; spec/detection.md "Store load").
+ALL_TO_ALL_MAX_WORLD = 8
+#: How many ranks watch each rank in the ring neighbourhood: two, so one death beside another is
+#: still seen by a live watcher.
+RING_WATCHERS = 2
+
+
+def default_peers(rank: int, world: int) -> list[int]:
+    """The ranks ``rank`` watches by default: every other rank up to :data:`ALL_TO_ALL_MAX_WORLD`
+    ranks, else its :data:`RING_WATCHERS` successors on the ring (each rank is then watched by as
+    many; a suspect one watcher finds is job-wide, since the suspicion is written to the store)."""
+    if world <= ALL_TO_ALL_MAX_WORLD:
+        return [p for p in range(world) if p != rank]
+    return sorted({(rank + d) % world for d in range(1, RING_WATCHERS + 1)})
+
+
 class Detector:
     """Heartbeat failure detector of one rank (see the module doc).
 
     ``store``: a c10d store (TCPStore or PrefixStore); the thread uses a clone of it.  ``peers``:
-    the ranks to watch (default every other rank of ``world``).  ``interval_s``/``dead_after_s``:
+    the ranks to watch (default :func:`default_peers`: every other rank up to
+    :data:`ALL_TO_ALL_MAX_WORLD` ranks, the ring's next :data:`RING_WATCHERS` above).  ``interval_s``/``dead_after_s``:
     argument, else ``$ACCELPACT_HB_INTERVAL_S``/``$ACCELPACT_DEAD_AFTER_S``, else the defaults.
     ``hang_threshold_s``: fixed threshold (else ``$ACCELPACT_HANG_THRESHOLD_S``, else derived).
     ``auto_await``: a peer whose progress is behind this rank's counts as awaited.
@@ -202,7 +227,9 @@ class Detector:
     :data:`HANG_FLOOR_S`, gloo's).  ``epoch``: the engine generation this detector belongs to
     (:func:`~accelpact.impl.controlplane.heartbeat_key`): detectors of one epoch read only each other,
     so a peer still rebuilding after a swap is awaited within the startup grace, never judged silent
-    on its previous engine's last heartbeat.
+    on its previous engine's last heartbeat.  ``collective_timeout_s``: the training groups' collective
+    timeout (the engine passes it; None: not known): a derived hang threshold is never below it (a
+    slow healthy rank is not hung, see the module doc); a given one is not changed.
     """
 
     def __init__(self, store: Any, rank: int, world: int, *, attempt: int = 0, prefix: str = PREFIX,
@@ -212,12 +239,12 @@ class Detector:
                  hang_until_observed_s: float = HANG_UNTIL_OBSERVED_S, startup_grace_s: float = STARTUP_GRACE_S,
                  op_timeout_s: float = OP_TIMEOUT_S, auto_await: bool = True,
                  clock: Callable[[], float] = time.monotonic, clone: bool = True, backend: str | None = None,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, collective_timeout_s: float | None = None) -> None:
         if isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ValueError(f"world must be a positive integer, got {world!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
             raise ValueError(f"rank must be an integer in [0, {world - 1}], got {rank!r}")
-        watched = sorted(set(range(world)) - {rank}) if peers is None else sorted(set(peers))
+        watched = default_peers(rank, world) if peers is None else sorted(set(peers))
         bad = [p for p in watched if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < world or p == rank]
         if bad:
             raise ValueError(f"peers must be other ranks in [0, {world - 1}] (not {rank} itself), got {bad}")
@@ -234,6 +261,7 @@ class Detector:
         self.hang_k = _positive("hang_k", hang_k)
         self.hang_until_observed_s = _positive("hang_until_observed_s", hang_until_observed_s)
         self.startup_grace_s = _positive("startup_grace_s", startup_grace_s)
+        self.collective_timeout_s = None if collective_timeout_s is None else _positive("collective_timeout_s", collective_timeout_s)
         self.op_timeout_s = _positive("op_timeout_s", op_timeout_s)
         self.auto_await = auto_await
         self.on_suspect = on_suspect
@@ -314,7 +342,8 @@ class Detector:
         Copying the deque is atomic under the GIL."""
         times = _snapshot(self._step_times)
         return resolve_hang_threshold(times, override=self._hang_override, floor_s=self.hang_floor_s, k=self.hang_k,
-                                      until_observed_s=self.hang_until_observed_s)
+                                      until_observed_s=self.hang_until_observed_s,
+                                      collective_timeout_s=self.collective_timeout_s)
 
     # ---- the thread ---------------------------------------------------------------------------------
     def start(self) -> "Detector":
@@ -357,11 +386,13 @@ class Detector:
         entered an episode (:data:`EPISODE`: it is on its way to the episode's barrier).  A peer that
         never published, ended (:data:`DONE`) or whose heartbeat stood still (dead, stopped, or a
         held GIL) is not beating.  Unlike :meth:`poll` this declares nothing."""
-        ranks = [p for p in peers if p in self._keys]
+        keys = {p: self._keys.get(p) or heartbeat_key(p, self.attempt, self.prefix, self.epoch)
+                for p in peers if p != self.rank and 0 <= p < self.world}  # watched or not: any rank's beat is readable
+        ranks = list(keys)
 
         def read() -> dict[int, bytes]:
-            seen = [p for p in ranks if self.store.check([self._keys[p]])]
-            got = self.store.multi_get([self._keys[p] for p in seen]) if seen else []
+            seen = [p for p in ranks if self.store.check([keys[p]])]
+            got = self.store.multi_get([keys[p] for p in seen]) if seen else []
             return {p: bytes(v) for p, v in zip(seen, got, strict=True)}
 
         first = read()

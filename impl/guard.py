@@ -24,6 +24,16 @@ the wrapper is idle, as far as torch lets us see it:
   (:meth:`accelpact.impl.runtime.backends.Backend.drain`); past it the guard fails (L2).  Not a
   device-wide ``torch.cuda.synchronize()``: that waits, unbounded, behind a hung collective kernel
   of R on another stream until the revoke's abort lands.  CPU: nothing to drain.
+
+Two drains, two bounds.  The check above is phase 2 of an episode: bounded by ``sync_timeout_s``, the
+phase deadline.  The commit's drain (:meth:`BoundaryGuard.undrained` without an argument, called by the
+engine as ``optimizer.step()`` starts) is a wait of a fault-free step: a step whose device work is
+only long (a backlog of kernels, a slow peer's collective still running) is not a failure, so it is
+bounded by ``commit_drain_s``, the training groups' collective timeout
+(:func:`accelpact.impl.deadlines.step_wait_bound`), never by the phase deadline.  A kernel that never
+ends behind a dead or hung peer ends earlier than that: the detector's verdict or a revoke aborts its
+communicator (NCCL's abort completes its kernels), and the collective's own timeout aborts it at the
+latest.
 """
 
 from __future__ import annotations
@@ -31,13 +41,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .deadlines import step_wait_bound
 from .runtime import backends as _backends
 
 __all__ = ["BoundaryGuard", "GuardReport", "POINTS", "SYNC_TIMEOUT_S"]
 
 POINTS = ("boundary", "forward", "backward", "optimizer")
-#: Default bound on draining the step's device work at the guard check (seconds); attach passes
-#: its phase deadline where it can.
+#: Default bound on draining the step's device work at the guard check (phase 2, seconds); the engine
+#: passes its phase deadline.
 SYNC_TIMEOUT_S = 30.0
 
 
@@ -51,15 +62,21 @@ class BoundaryGuard:
     """Installs hooks on ``module`` and ``optimizer``; ``remove()`` uninstalls them.
 
     ``on_point(point)`` (optional) is called after the point changes (fault injection);
-    ``sync_timeout_s`` bounds draining the step's device work in :meth:`check`."""
+    ``sync_timeout_s`` bounds draining the step's device work in :meth:`check` (phase 2: the phase
+    deadline); ``commit_drain_s`` bounds the commit's drain (:meth:`undrained` without an argument: a
+    wait of the fault-free step, the training groups' collective timeout; None:
+    :data:`~accelpact.impl.deadlines.DEFAULT_COLLECTIVE_TIMEOUT_S`, see the module doc)."""
 
     def __init__(self, module, optimizer, *, frontier: int = 0, on_point: Callable[[str], None] | None = None,
-                 sync_timeout_s: float = SYNC_TIMEOUT_S, before_commit: Callable[[], None] | None = None) -> None:
+                 sync_timeout_s: float = SYNC_TIMEOUT_S, before_commit: Callable[[], None] | None = None,
+                 commit_drain_s: float | None = None) -> None:
         self.module = module
         #: called as ``optimizer.step()`` starts, before the point moves to ``optimizer``: an exception
         #: it raises stops the commit and is a failure of ``backward`` (nothing is updated yet)
         self.before_commit = before_commit
         self.sync_timeout_s = sync_timeout_s
+        #: the commit drain's bound: a fault-free step's wait, never the phase deadline
+        self.commit_drain_s = step_wait_bound(commit_drain_s)
         self.optimizer = optimizer
         self.tau = frontier
         self.frontier = frontier
@@ -116,15 +133,17 @@ class BoundaryGuard:
                            "call optimizer.zero_grad(set_to_none=True) before the boundary")
         reasons.extend(self._wrapper_busy())
         reasons.extend(f"wrapper marked busy: {w}" for w in self.busy_marks)
-        reasons.extend(self.undrained())
+        reasons.extend(self.undrained(self.sync_timeout_s))
         return GuardReport(not reasons, tuple(reasons))
 
-    def undrained(self) -> list[str]:
-        """The devices whose current stream still had the step's work queued after ``sync_timeout_s``."""
+    def undrained(self, timeout_s: float | None = None) -> list[str]:
+        """The devices whose current stream still had the step's work queued after ``timeout_s`` (None:
+        ``commit_drain_s``, the commit's bound; :meth:`check` passes ``sync_timeout_s``)."""
+        bound = self.commit_drain_s if timeout_s is None else timeout_s
         devices = {p.device for p in self.module.parameters() if p.device.type != "cpu"}
-        return [f"the step's work on {d} did not finish within {self.sync_timeout_s} s (a kernel is still queued, "
+        return [f"the step's work on {d} did not finish within {bound} s (a kernel is still queued, "
                 "e.g. a hung collective): not a clean boundary"
-                for d in sorted(devices, key=str) if not _backends.for_device(d).drain(d, self.sync_timeout_s)]
+                for d in sorted(devices, key=str) if not _backends.for_device(d).drain(d, bound)]
 
     def _wrapper_busy(self) -> list[str]:
         out: list[str] = []

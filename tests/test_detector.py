@@ -526,3 +526,19 @@ def test_a_suspicion_awaiting_its_notice_does_not_silence_the_heartbeat(monkeypa
     during = polls_at_read[-1] - polls_at_read[0] if polls_at_read else 0
     assert during >= 10, f"the heartbeat thread made {during} polls during the {R.NOTICE_WAIT_S} s notice wait"
     assert suspected == [(1, D.DEAD)], suspected
+
+
+def test_above_eight_ranks_each_rank_is_watched_by_two_and_the_store_load_is_linear_in_w():
+    """Issue 40: all-to-all reads W (W - 1) values per interval; the default ring neighbourhood reads
+    2 W, every rank still watched by two live-or-dead-independent watchers."""
+    from collections import Counter
+
+    from accelpact.impl.detector import ALL_TO_ALL_MAX_WORLD, RING_WATCHERS, default_peers
+
+    for world in (2, ALL_TO_ALL_MAX_WORLD):
+        assert all(default_peers(r, world) == [p for p in range(world) if p != r] for r in range(world))
+    for world in (ALL_TO_ALL_MAX_WORLD + 1, 64, 1024):
+        watched = Counter(p for r in range(world) for p in default_peers(r, world))
+        assert set(watched) == set(range(world)) and set(watched.values()) == {RING_WATCHERS}
+        assert all(r not in default_peers(r, world) for r in range(world))
+        assert sum(len(default_peers(r, world)) for r in range(world)) == RING_WATCHERS * world

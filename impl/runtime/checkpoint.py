@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from ..deadlines import step_wait_bound
+
 __all__ = [
     "CheckpointError",
     "CheckpointManager",
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 MARKER = "COMMITTED"
+#: One slice of the acknowledgement wait (seconds): how soon ``abandoned()`` is seen, and how many
+#: store requests a long wait costs (one ``wait`` and one ``abandoned()`` per slice per rank).
+ACK_SLICE_S = 1.0
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
@@ -53,6 +58,12 @@ class SaveFailed(RuntimeError):
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be saved, committed or loaded (the message says which and why)."""
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """A ``store.wait`` that ran out of time (torch: ``DistStoreError`` "Wait timeout ..." on TCPStore,
+    a ``RuntimeError`` "...timeout..." elsewhere), not a lost store."""
+    return "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
@@ -155,13 +166,15 @@ class CheckpointManager:
 
     ``store`` is the control-plane store (a c10d Store, already namespaced per attempt); it carries
     the per-step acknowledgements ``ckpt/step-{n}/done``.  ``group`` is the healthy process group
-    DCP runs its collectives on (None: the default world group).  ``commit_timeout_s`` bounds rank
-    0's wait for the acknowledgements; on expiry nothing is committed and :class:`CheckpointError`
-    is raised (the previous committed checkpoint stays the one to resume from).
+    DCP runs its collectives on (None: the default world group).  ``commit_timeout_s`` bounds every
+    rank's wait for the acknowledgements (None: the default collective timeout, 600 s: a wait of a
+    fault-free step, :func:`accelpact.impl.deadlines.step_wait_bound`; pass the training groups'
+    collective timeout); on expiry nothing is committed and :class:`CheckpointError` is raised (the
+    previous committed checkpoint stays the one to resume from).
     """
 
     def __init__(self, root: str | os.PathLike, *, every: int, rank: int, world: int, store=None, group=None,
-                 commit_timeout_s: float = 120.0) -> None:
+                 commit_timeout_s: float | None = None) -> None:
         if every < 0:
             raise ValueError(f"CheckpointManager: every must be >= 0 (0 disables checkpoints), got {every}")
         if world > 1 and store is None:
@@ -172,7 +185,7 @@ class CheckpointManager:
         self.world = world
         self.store = store
         self.group = group
-        self.commit_timeout_s = commit_timeout_s
+        self.commit_timeout_s = step_wait_bound(commit_timeout_s)
         self.timings: list[dict] = []
 
     def due(self, step: int) -> bool:
@@ -218,29 +231,38 @@ class CheckpointManager:
         return t1 - t0
 
     def _acknowledge_and_commit(self, step: int, folder: Path, tag: int = 0, abandoned: Any = None) -> None:
-        """Every rank adds 1 to ``ckpt/step-{n}/g{tag}/done`` and waits until it reads ``world`` (every
+        """Every rank adds 1 to ``ckpt/step-{n}/g{tag}/done`` and waits until every rank did (every
         rank finished the same save: one that met a failed collective makes the others' saves
         abandoned, :class:`SaveFailed`, so all of W repair and save again together); rank 0 then writes
         the marker.
 
         ``add`` is a round trip (unlike ``set``), so a returned count proves the store recorded it.
-        """
+
+        Store traffic is O(1) per rank, whatever the world (at 1,024 ranks a poll of the count every
+        5 ms was ~205k requests/s against one TCPStore): the rank whose ``add`` returns ``world`` (the
+        last acknowledger) sets ``.../all``; every other rank blocks in ``store.wait`` on that key, in
+        slices of :data:`ACK_SLICE_S`, so one acknowledgement costs one ``add`` and, while the wait
+        lasts, one ``wait`` and one ``abandoned()`` call per slice.
+
+        Bounds.  A slow peer is waited for: the save of a fault-free step is bounded by
+        ``commit_timeout_s`` (default: the training groups' collective timeout,
+        :func:`accelpact.impl.deadlines.step_wait_bound`, never the recovery's phase deadline), past
+        which :class:`CheckpointError` is raised and nothing is committed.  A failed peer ends the wait
+        sooner, through what this code can see of it: ``abandoned()`` (polled once per slice: the
+        engine passes "the wide revoke of this generation stands", published by a rank whose save met
+        a failed collective) raises :class:`SaveFailed`; a peer the failure detector declares dead or
+        hung (in about a second for a crash or a stop) ends this process itself, for the watchdog exits
+        every survivor (``RankSuspect``), so the wait ends with it.  Only with spares, where a
+        declared peer is excused for a hot swap, is the verdict not seen here unless ``abandoned()``
+        includes it."""
         if self.world > 1:
             key = f"ckpt/step-{step}/g{tag}/done"
-            self.store.add(key, 1)
-            deadline = time.monotonic() + self.commit_timeout_s
-            while True:
-                count = self.store.add(key, 0)
-                if count >= self.world:
-                    break
-                if abandoned is not None and abandoned():
-                    raise SaveFailed(f"checkpoint step {step}: a peer's save failed (abandoned at {count}/{self.world} "
-                                     "acknowledgements)")
-                if time.monotonic() > deadline:
-                    raise CheckpointError(
-                        f"checkpoint step {step}: only {count}/{self.world} ranks acknowledged within "
-                        f"{self.commit_timeout_s}s; not committing it (resume uses the previous committed checkpoint)")
-                time.sleep(0.005)
+            everyone = f"ckpt/step-{step}/g{tag}/all"
+            count = int(self.store.add(key, 1))
+            if count >= self.world:
+                self.store.set(everyone, str(count))
+            else:
+                self._await_everyone(step, key, everyone, abandoned)
         if self.rank != 0:
             return
         missing = [r for r in range(self.world) if not (folder / f"rank{r}.pt").exists()]
@@ -248,6 +270,34 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint step {step}: ranks {missing} acknowledged but their rank files are missing in {folder}")
         marker = {"step": step, "world": self.world, "time": time.time()}
         _atomic_write(folder / MARKER, json.dumps(marker).encode())
+
+    def _await_everyone(self, step: int, key: str, everyone: str, abandoned: Any) -> None:
+        """Block until ``everyone`` is set (the last acknowledger's), in slices: each slice one
+        ``store.wait``; between slices ``abandoned()`` and the bound (see :meth:`_acknowledge_and_commit`)."""
+        import datetime
+
+        deadline = time.monotonic() + self.commit_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left > 0:
+                try:
+                    self.store.wait([everyone], datetime.timedelta(seconds=min(ACK_SLICE_S, left)))
+                    return
+                except Exception as exc:  # noqa: BLE001 - a wait's timeout (DistStoreError/RuntimeError); a lost store is re-raised below
+                    if not _is_timeout(exc):
+                        raise
+            if abandoned is not None and abandoned():
+                raise SaveFailed(f"checkpoint step {step}: a peer's save failed (abandoned at {self._count(key)}/{self.world} "
+                                 "acknowledgements)")
+            if time.monotonic() >= deadline:
+                if self.store.check([everyone]):
+                    return
+                raise CheckpointError(
+                    f"checkpoint step {step}: only {self._count(key)}/{self.world} ranks acknowledged within "
+                    f"{self.commit_timeout_s}s; not committing it (resume uses the previous committed checkpoint)")
+
+    def _count(self, key: str) -> int:
+        return int(self.store.add(key, 0))
 
     # ------------------------------------------------------------------ load
     def load(self, step: int, module, optimizer) -> Restored:
