@@ -26,6 +26,7 @@ REGISTRY: dict[str, str] = {
     "summary": "accelpact.bench.summary",
     "detect": "accelpact.bench.detect",
     "hunt": "accelpact.bench.hunt",
+    "scale": "accelpact.bench.scale",
 }
 
 

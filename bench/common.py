@@ -243,10 +243,17 @@ def line_plot(path: str | os.PathLike, title: str, xlabel: str, ylabel: str,
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+    """Lay out, write (its folder made) and close a matplotlib figure; prints where it went."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=dpi)
     plt.close(fig)
     print(f"plot: {out}", flush=True)
     return out

@@ -23,9 +23,10 @@ fixed per-round tags need no step number.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
-__all__ = ["RING_MAX_WORLD", "or_allreduce", "rounds"]
+__all__ = ["FLAG_METHOD_ENV", "RING_MAX_WORLD", "or_allreduce", "rounds"]
 
 _TAG = 7100  # + round; fold-in uses _TAG - 1, fold-out _TAG - 2
 
@@ -50,6 +51,14 @@ def _exchange(group: Any, mine: Any, into: Any, peer: int, tag: int, wait: Calla
         wait(w)
 
 
+#: ``$ACCELPACT_FLAG_METHOD`` (``auto``, ``ring``, ``doubling``): the method ``auto`` stands for in
+#: this process, read once at import; ``accelpact bench scale`` measures the doubling a large world
+#: runs on small worlds with it.  Unset: ``auto``.
+FLAG_METHOD_ENV = "ACCELPACT_FLAG_METHOD"
+_AUTO = os.environ.get(FLAG_METHOD_ENV, "auto") or "auto"
+if _AUTO not in ("auto", "ring", "doubling"):
+    raise ValueError(f"${FLAG_METHOD_ENV} must be auto, ring or doubling, got {_AUTO!r}")
+
 #: Up to this many ranks the flag is gloo's own all-reduce: one exchange of two Python-level p2p works
 #: costs about two ring hops, so the ring's 2(W-1) hops win at W <= 16; above, the doubling's
 #: ceil(log2 W) rounds win by a factor that grows with W (W = 1024: 10 rounds, 2046 hops).  The
@@ -70,6 +79,8 @@ def or_allreduce(group: Any, flag: Any, method: str = "auto", wait: Callable[[An
 
     if method not in ("auto", "ring", "doubling"):
         raise ValueError(f"method must be auto, ring or doubling, got {method!r}")
+    if method == "auto":
+        method = _AUTO
     n, me = group.size(), group.rank()
     if n == 1:
         return
