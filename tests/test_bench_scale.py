@@ -19,9 +19,9 @@ import threading
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
+import torch.distributed as dist  # noqa: E402 - after the torch skip
 
-from accelpact.impl.runtime import counting  # noqa: E402
+from accelpact.impl.runtime import counting  # noqa: E402 - after the torch skip
 
 
 @pytest.fixture
