@@ -58,7 +58,7 @@ from accelpact.testing import worker as _worker
 __all__ = ["CONSTANTS", "add_arguments", "growth_class", "measure_world", "model_episode_s", "model_restart_s",
            "model_step_s", "run", "worker_main"]
 
-KINDS = ("repair", "link", "discard", "swap")
+EPISODE_KINDS = ("repair", "link", "discard", "swap")
 DEFAULT_WORLDS = "4,8,16,32,64"
 WARMUP = 2          # fault-free steps before the first episode
 GAP = 3             # steps from one episode to the next (the episode's step, the next, one fault-free)
@@ -485,7 +485,7 @@ def measure_primitives(rtt_n: int = 200) -> dict[str, float]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_common(p, "scale")
     p.add_argument("--worlds", default=None, help=f"comma-separated W, even, >= 4 (default {DEFAULT_WORLDS}; quick 4,8)")
-    p.add_argument("--episodes", default=",".join(KINDS), help="episode kinds, in order (default %(default)s)")
+    p.add_argument("--episodes", default=",".join(EPISODE_KINDS), help="episode kinds, in order (default %(default)s)")
     p.add_argument("--timeout", type=float, default=1200.0, help="bound on each job, seconds")
     p.add_argument("--max-rss-gb", type=float, default=16.0,
                    help="skip a W whose projected RSS (from the largest W run so far) exceeds this (default %(default)s)")
@@ -503,9 +503,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"accelpact bench scale: error: {exc}", file=sys.stderr)
         return 2
-    bad = [k for k in kinds if k not in KINDS] + [str(w) for w in worlds if w < 4 or w % 2]
+    bad = [k for k in kinds if k not in EPISODE_KINDS] + [str(w) for w in worlds if w < 4 or w % 2]
     if bad or not kinds or len(set(kinds)) != len(kinds):
-        print(f"accelpact bench scale: error: episodes from {KINDS} (each once), worlds even >= 4; bad: {bad}", file=sys.stderr)
+        print(f"accelpact bench scale: error: episodes from {EPISODE_KINDS} (each once), worlds even >= 4; bad: {bad}", file=sys.stderr)
         return 2
     if "swap" in kinds and kinds[-1] != "swap":  # the crashed rank's counts end with it: the swap goes last
         kinds = [k for k in kinds if k != "swap"] + ["swap"]
