@@ -246,7 +246,7 @@ def line_plot(path: str | os.PathLike, title: str, xlabel: str, ylabel: str,
     return save_figure(fig, path)
 
 
-def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> Path:
+def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 110) -> Path:
     """Lay out, write (its folder made) and close a matplotlib figure; prints where it went."""
     import matplotlib.pyplot as plt
 
