@@ -75,6 +75,9 @@ class Decision:
 
     level: str  # "L1" | "L2"
     reason: str
+    #: an L1 that keeps no spare's identity: the dead rank's replica leaves the data-parallel dimension
+    #: (issue 41, spec/protocol.md P19; decided by :func:`accelpact.model.hotswap.decide`)
+    shrink: bool = False
 
     @property
     def preserve(self) -> bool:

@@ -474,6 +474,17 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
     "2x2-fence-f2": (Config(max_faults=2, fence=True, faults=frozenset({"group_fail", "crash"}), points=("backward",)), True),
     "3x1-ddp-spare2-crash-f2": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=2, spares=2,
                                        faults=frozenset({"crash"}), points=("backward",)), False),
+    # shrink, grow and refill (issue 41, P19): a death with no spare idle takes its replica out and keeps
+    # the global batch (S17; mutant fixed-share); the keeper refills the pool and a grow brings the
+    # replica back from a live one (S13; mutant refill-double-count); two deaths in two replicas of 2x2
+    # leave a shard without a replica: L2, never a shrink (S18; mutant shrink-last-replica)
+    "2x1-ddp-shrink-refill-f1": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1,
+                                        shrink=True, refill=True, faults=frozenset({"crash"})), True),
+    "2x2-shrink-crash-f2": (Config(max_faults=2, shrink=True, faults=frozenset({"crash"}), points=("boundary",)), True),
+    "2x2-shrink-refill-f1": (Config(max_faults=1, shrink=True, refill=True, faults=frozenset({"crash"}),
+                                    points=("boundary",)), False),
+    "3x1-ddp-shrink-refill-f1": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=1,
+                                        shrink=True, refill=True, micro_batches=6, faults=frozenset({"crash"})), False),
 }
 
 #: The nightly profile (``make nightly``, :mod:`accelpact.model.engine_nightly`): millions of states
@@ -491,7 +502,10 @@ NIGHTLY_CONFIGS: dict[str, Config] = {
 
 #: Manifest configurations pinned with symmetry reduction only: unreduced, 4x2's eight ranks give
 #: millions of states (up to 4! * 3! = 144 renamings of each), too many to recompute as a check.
-SYMMETRY_ONLY = frozenset({"4x2-f1"})
+#: A job that shrinks has no rank symmetry (a replica out is one node's ranks: ``symmetry.rank_classes``), so
+#: both modes are one search: pinned once.
+SYMMETRY_ONLY = frozenset({"4x2-f1", "2x1-ddp-shrink-refill-f1", "2x2-shrink-crash-f2", "2x2-shrink-refill-f1",
+                           "3x1-ddp-shrink-refill-f1"})
 
 
 def manifest_modes(name: str) -> tuple[str, ...]:
@@ -509,6 +523,8 @@ def config_summary(cfg: Config) -> dict[str, Any]:
         **({"spares": cfg.spares} if cfg.spares else {}),
         **({"links": True} if cfg.links else {}),
         **({"fence": True} if cfg.fence else {}),
+        **({"shrink": True, "micro_batches": cfg.total_micro_batches} if cfg.shrink else {}),
+        **({"refill": True} if cfg.refill else {}),
     }
 
 

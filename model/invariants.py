@@ -1,4 +1,4 @@
-"""Safety properties as predicates on one state (spec/properties.md: S1-S16, and W1-W2 for the model itself).
+"""Safety properties as predicates on one state (spec/properties.md: S1-S18, and W1-W2 for the model itself).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
 when it holds, or a sentence saying what is wrong.
@@ -25,6 +25,7 @@ from .state import (
     EXIT_REASONS,
     PC_CRASHED,
     PC_EXITED,
+    PC_LEFT,
     PC_RESTARTED,
     PC_TRAIN,
     SHARD_OWN,
@@ -41,6 +42,30 @@ _IN_FLIGHT = tuple(p for p in STEP_ORDER if p != "boundary")
 #: the in-flight points whose step has committed nothing (the optimizer has not run): the oracle's
 #: own list, from the step's order (not the contract's ``DISCARD_PHASES``, which the protocol reads)
 _DISCARDABLE = STEP_ORDER[:STEP_ORDER.index("optimizer")]
+
+
+def _out_at(s: State, g: int) -> frozenset[int]:
+    """The replicas out of the data-parallel dimension in generation ``g`` (P19), from history alone:
+    every replica that left (``shrunk``) in a generation up to g and did not come back (``grown``)
+    since; within one generation a grow (which opens it) comes before a shrink."""
+    if not s.store.shrunk:
+        return frozenset()
+    out: set[int] = set()
+    for gg, kind, i in sorted([(gg, 0, i) for gg, i in s.store.grown] + [(gg, 1, i) for gg, i in s.store.shrunk]):
+        if gg > g:
+            break
+        if kind:
+            out.add(i)
+        else:
+            out.discard(i)
+    return frozenset(out)
+
+
+def _dp(cfg: Config, s: State, g: int) -> list[int]:
+    """The ranks in the data-parallel dimension in generation ``g``: every rank of W whose replica
+    is not out (:func:`_out_at`)."""
+    out = _out_at(s, g)
+    return [r for r in cfg.world if cfg.replica_of(r) not in out]
 
 
 def _decided(pairs: tuple[tuple[int, str], ...], gen: int) -> str | None:
@@ -92,9 +117,10 @@ def no_split_brain(cfg: Config, s: State) -> str | None:
 
 
 def release_quorum(cfg: Config, s: State) -> str | None:
-    """S1.2: a rank resumes from generation g only after every rank of W posted its release vote in g."""
-    world = set(cfg.world)
+    """S1.2: a rank resumes from generation g only after every rank of W in the data-parallel
+    dimension (every rank, unless a shrink took a replica out, P19) posted its release vote in g."""
     for g, r, *_ in sorted(s.resumed):
+        world = set(_dp(cfg, s, g))
         voted = {rr for (gg, rr) in s.store.ready if gg == g}
         if voted != world:
             missing = sorted(world - voted)
@@ -119,22 +145,24 @@ def decisions_stable(cfg: Config, before: State, after: State) -> str | None:
 
 def agreed_frontier(cfg: Config, s: State) -> str | None:
     """S2.2: every rank that passed phase 3 in generation g reported rank 0's committed F, as rank 0
-    posted it in g (without rank 0's post there is nothing the agreement could have compared with)."""
+    posted it in g (without rank 0's post there is nothing the agreement could have compared with);
+    the lowest rank in the data-parallel dimension where a shrink took rank 0's replica out (P19)."""
     for g, r, f in sorted(s.agreed):
-        posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == 0]
+        ref = min(_dp(cfg, s, g), default=0)
+        posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == ref]
         if not posted:
-            return f"rank {r} passed agreement in generation {g} with F={f}, but rank 0 never posted its F in generation {g}"
+            return f"rank {r} passed agreement in generation {g} with F={f}, but rank {ref} never posted its F in generation {g}"
         f0 = posted[0]
         if f != f0:
-            return f"rank {r} passed agreement in generation {g} with F={f}, but rank 0's committed frontier is F={f0}"
+            return f"rank {r} passed agreement in generation {g} with F={f}, but rank {ref}'s committed frontier is F={f0}"
     return None
 
 
 def agreement_quorum(cfg: Config, s: State) -> str | None:
     """S2.3: a rank passes phase 3 in generation g only after every rank of W posted (F, g) in g
-    and the decision written in g is commit."""
-    world = set(cfg.world)
+    and the decision written in g is commit (every rank in the data-parallel dimension, P19)."""
     for g, r, _f in sorted(s.agreed):
+        world = set(_dp(cfg, s, g))
         posted = {a[1] for a in s.store.arrivals if a[0] == g and a[3] == g}
         if posted != world:
             return f"rank {r} passed agreement in generation {g} but only ranks {sorted(posted)} of {sorted(world)} posted (F, {g})"
@@ -160,8 +188,14 @@ def l1_only_qualified(cfg: Config, s: State) -> str | None:
             return f"rank {r} resumed (L1) from generation {g} after a failure in flight ({point}) {how}"
         if dirty:
             return f"rank {r} resumed (L1) from generation {g} with a failed guard (outstanding gradients or a busy wrapper)"
-        spare = died and all(any(gc == g and dc == d for gc, dc, _i in s.store.claims) for d in dead)
-        replica = died and all((g, d, True) in s.transfers for d in dead)
+        # a dead rank whose replica left in g (a shrink, P19) is qualified where a swap is: the key with
+        # a spare and a replica; only in a job that counts its step in micro-batches
+        out = _out_at(s, g)
+        kept = [d for d in dead if cfg.replica_of(d) not in out]
+        if len(kept) < len(dead) and not cfg.shrink:
+            return f"rank {r} resumed (L1) from generation {g} after a shrink, in a job that does not count its step in micro-batches"
+        spare = died and all(any(gc == g and dc == d for gc, dc, _i in s.store.claims) for d in kept)
+        replica = died and all((g, d, True) in s.transfers for d in kept)
         if not _qualifies_l1(cfg, point, died, spare, replica):
             facts = f"; died={died}, spare={spare}, replica={replica}" if died else ""
             return (f"rank {r} resumed (L1) from generation {g} but the envelope does not qualify "
@@ -220,8 +254,10 @@ def state_preserved(cfg: Config, s: State) -> str | None:
 
 
 def _agreed_frontier(cfg: Config, s: State, g: int) -> int:
-    """Rank 0's committed F as it reported it in generation g (F_g if it never did)."""
-    posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == 0]
+    """Rank 0's committed F as it reported it in generation g (F_g if it never did); the lowest rank in
+    the data-parallel dimension where a shrink took rank 0's replica out (P19)."""
+    ref = min(_dp(cfg, s, g), default=0)
+    posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == ref]
     return posted[0] if posted else cfg.frontier_at(g)
 
 
@@ -243,9 +279,10 @@ def replicas_validated(cfg: Config, s: State) -> str | None:
             return (f"the release of generation {g} was decided but failed group {gi}'s validation collective never "
                     "completed (history validated): its members did not validate together")
         held: dict[tuple[int, int], list[int]] = {}
+        out = _out_at(s, g)
         for m in cfg.members(gi):
             rk = s.ranks[m]
-            if rk.gen != g or rk.pc in (PC_EXITED, PC_RESTARTED):
+            if rk.gen != g or rk.pc in (PC_EXITED, PC_RESTARTED, PC_LEFT) or cfg.replica_of(m) in out:
                 continue
             if rk.corrupt:
                 return f"the release of generation {g} was decided while rank {m} of failed group {gi} holds a corrupt S_app"
@@ -301,11 +338,16 @@ def identity_conserved(cfg: Config, s: State) -> str | None:
     spares); every join took a claimed incarnation, at most one per claim; and a live seat is held by
     the identity's latest joined incarnation (0, the original process, when no spare joined)."""
     st = s.store
-    if not (st.claims or s.joins or st.spares != cfg.spares):
+    if not (st.claims or s.joins or s.pooled or st.spares != cfg.spares):
         return None
-    if len(st.claims) + st.spares != cfg.spares:
+    # what entered the pool besides the job's spares (P19): a survivor of a leaving replica, a keeper's
+    # fresh spare for a dead process (once each, for a process that died in training)
+    for kind, g, r in sorted(s.pooled):
+        if kind == "refill" and (g, r) not in st.dead:
+            return f"a keeper started a spare for rank {r} in generation {g}, but rank {r} did not die in training in it"
+    if len(st.claims) + st.spares != cfg.spares + len(s.pooled):
         return (f"the spare pool is not conserved: {len(st.claims)} claim(s) and {st.spares} spare(s) left, "
-                f"but the job has {cfg.spares} spare(s)")
+                f"but the job has {cfg.spares} spare(s) and {len(s.pooled)} entered the pool since")
     per_rank: dict[int, list[tuple[int, int]]] = {}
     for g, d, inc in sorted(st.claims):
         if (g, d) not in st.dead:
@@ -327,7 +369,7 @@ def identity_conserved(cfg: Config, s: State) -> str | None:
             return f"two spares joined as rank {d} at incarnation {inc}"
         joined[d] = inc
     for d, rk in enumerate(s.ranks):
-        if rk.pc not in _GONE and rk.inc != joined.get(d, 0):
+        if rk.pc not in _GONE and rk.pc != PC_LEFT and rk.inc != joined.get(d, 0):
             return (f"rank {d}'s seat is held by incarnation {rk.inc} ({rk.pc}), but its latest joined incarnation "
                     f"is {joined.get(d, 0)}")
     return None
@@ -341,7 +383,7 @@ def discard_leaves_no_trace(cfg: Config, s: State) -> str | None:
         return None
     for g, r in sorted(s.discarded):
         rk = s.ranks[r]
-        if rk.gen != g or rk.pc in (PC_EXITED, PC_CRASHED, PC_RESTARTED):
+        if rk.gen != g or rk.pc in (PC_EXITED, PC_CRASHED, PC_RESTARTED, PC_LEFT):
             continue
         if rk.grads or rk.ahead != 0 or rk.tau != rk.frontier:
             return (f"rank {r} discarded its uncommitted step in generation {g} but still holds gradients {rk.grads}, "
@@ -367,7 +409,7 @@ def no_resume_past_discard(cfg: Config, s: State) -> str | None:
 
     for g in sorted({g for g, _r in s.discarded}):
         held = {d: s.ranks[d].tau for gd, d in s.discarded
-                if gd == g and (settled(d, g + 1) or (s.ranks[d].gen == g and s.ranks[d].pc not in (PC_EXITED, PC_RESTARTED)))}
+                if gd == g and (settled(d, g + 1) or (s.ranks[d].gen == g and s.ranks[d].pc not in (PC_EXITED, PC_RESTARTED, PC_LEFT)))}
         for r in range(len(s.ranks)):
             if not settled(r, g + 1):
                 continue
@@ -385,11 +427,13 @@ def swap_qualified(cfg: Config, s: State) -> str | None:
     to spares never outnumber ``Config.spares``."""
     if not s.store.dead:
         return None
-    if len(s.store.claims) > cfg.spares:
-        return f"{len(s.store.claims)} identities were handed to spares but the job has {cfg.spares} spare(s)"
+    if len(s.store.claims) > cfg.spares + len(s.pooled):
+        return (f"{len(s.store.claims)} identities were handed to spares but the job has {cfg.spares} spare(s) and "
+                f"{len(s.pooled)} entered the pool since")
     for g, r, *_ in sorted(s.resumed):
+        out = _out_at(s, g)
         for gd, d in sorted(s.store.dead):
-            if gd == g and (g, d, True) not in s.transfers:
+            if gd == g and cfg.replica_of(d) not in out and (g, d, True) not in s.transfers:
                 how = "from a rank that is not its replica" if (g, d, False) in s.transfers else "from nowhere"
                 return (f"rank {r} resumed (L1) from generation {g} in which rank {d} died, but rank {d}'s state reached "
                         f"its spare {how}: no live replica, so this must be L2")
@@ -445,6 +489,83 @@ def no_healthy_rebuilt(cfg: Config, before: State, after: State) -> str | None:
     return None
 
 
+# Shrink and grow (issue 41, P19).  Every predicate below holds trivially without them (its history is empty).
+
+def _position(cfg: Config, r: int) -> int:
+    """Rank r's place within its replica (its shard of S_app): the oracle's own reading, from the replicas' ranks."""
+    i = cfg.replica_of(r)
+    return r - min(q for q in cfg.world if cfg.replica_of(q) == i)
+
+
+def batch_conserved(cfg: Config, s: State) -> str | None:
+    """S17: every micro-batch of every step is processed exactly once across the replicas that train
+    it, whatever their count.  From history ``shares`` (the micro-batches each rank resumed to
+    process in every step from generation g on) and the step's micro-batch count M alone (the
+    config's, or one per replica of the job): for each generation and each place in a replica, no
+    micro-batch is counted by two replicas nor lies outside 0..M-1, the ranks of one replica process
+    the same ones, and once every replica in the data-parallel dimension in g (the store's ``shrunk``,
+    ``grown``) has resumed, their shares cover all M."""
+    if not s.shares:
+        return None
+    m = cfg.micro_batches or len({cfg.replica_of(r) for r in cfg.world})
+    by: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
+    for g, r, share in sorted(s.shares):
+        if any(not 0 <= b < m for b in share):
+            return f"rank {r} resumed from generation {g} to process micro-batches {list(share)}, outside the step's 0..{m - 1}"
+        seen = by.setdefault((g, _position(cfg, r)), {})
+        i = cfg.replica_of(r)
+        for j, other in seen.items():
+            if j != i and set(other) & set(share):
+                return (f"micro-batch(es) {sorted(set(other) & set(share))} of every step from generation {g} on are "
+                        f"processed by replica {j} and by replica {i} (rank {r}): counted twice")
+        peers = [q for gg, q, sh in s.shares if gg == g and q != r and cfg.replica_of(q) == i and sh != share]
+        if peers:
+            return f"ranks {r} and {peers[0]} of replica {i} resumed from generation {g} to process different micro-batches"
+        seen[i] = share
+    for (g, pos), seen in sorted(by.items()):
+        want = {cfg.replica_of(q) for q in _dp(cfg, s, g)}
+        if set(seen) == want:
+            got = sorted(b for share in seen.values() for b in share)
+            if got != list(range(m)):
+                missing = sorted(set(range(m)) - set(got))
+                return (f"the replicas {sorted(want)} training from generation {g} on process micro-batches {got} of "
+                        f"every step: {missing} of the step's {m} are never processed")
+    return None
+
+
+def shards_held(cfg: Config, s: State) -> str | None:
+    """S18: a job that trains on holds every shard.  No generation's shrink takes out every replica
+    holding a shard (the store's ``shrunk`` and ``grown`` keys); and in a state where no abort stands, the store
+    answers, the supervisor restarted nothing and no training rank is inside an episode (every rank
+    trains past its generation's failure or belongs to a replica out), every group of R's kind (a
+    shard of S_app, held by one member per replica) has a member training.  A shrink takes a replica
+    out only where every shard keeps a live one."""
+    for g, _i in sorted(s.store.shrunk):
+        out = _out_at(s, g)
+        for gi in range(len(cfg._members)):
+            if all(cfg.replica_of(m) in out for m in cfg.members(gi)):
+                return (f"in generation {g} the replicas {sorted(out)} are out of the data-parallel dimension: no "
+                        f"replica left holds shard {gi} (ranks {list(cfg.members(gi))}); it must end L2")
+    if s.supervisor or s.store.abort or s.store.down:
+        return None
+    f = s.store.failed
+    gens = [rk.gen for rk in s.ranks if rk.pc == PC_TRAIN]
+    if not gens:
+        return None  # nobody trains: the supervisor restarts the job
+    out = _out_at(s, max(gens))
+    for r, rk in enumerate(s.ranks):
+        if rk.pc == PC_TRAIN:
+            if f is not None and f[0] == rk.gen:
+                return None  # an episode under way
+        elif cfg.replica_of(r) not in out:
+            return None  # a rank of the job still to be found dead, or in an episode
+    for gi in range(len(cfg._members)):
+        if not any(s.ranks[m].pc == PC_TRAIN for m in cfg.members(gi)):
+            return (f"the job trains on with no rank holding shard {gi} (ranks {list(cfg.members(gi))}: "
+                    f"{', '.join(s.ranks[m].pc for m in cfg.members(gi))}): it must end L2")
+    return None
+
+
 def exit_reasons(cfg: Config, s: State) -> str | None:
     """W2 (well-formedness of the model, not a protocol property): every exit carries one of the
     documented reasons."""
@@ -488,6 +609,9 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S11", "DiscardLeavesNoTrace", discard_leaves_no_trace),
     # issue 25 (P18): the groups over all of W cross every link; a failure learned is repaired
     Invariant("S15", "WideReplaced", wide_replaced),
+    # issue 41 (P19): shrink and grow keep the global batch and every shard
+    Invariant("S17", "BatchConserved", batch_conserved),
+    Invariant("S18", "ShardsHeld", shards_held),
     # model well-formedness: checked on every state, but true of the encoding, not of the protocol
     Invariant("W2", "ExitReasons", exit_reasons),
 )

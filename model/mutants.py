@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 
 from .contract import IN_FLIGHT_PHASES, decide
 from . import hotswap
+from .batches import share
 from . import protocol as _protocol
 from .protocol import (
     ACTIONS,
@@ -287,7 +288,7 @@ def _claim_without_replica(spec: ActionSpec) -> Enabled:
         rk = s.ranks[r]
         if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
             return False
-        todo = hotswap.unclaimed(s, rk.gen) if _crash_episode(s, rk.gen) else ()
+        todo = hotswap.unclaimed(s, rk.gen, cfg) if _crash_episode(s, rk.gen) else ()
         f = s.store.failed
         return bool(todo) and s.store.spares >= len(todo) and cfg.observable(f[1])[0] in hotswap.SWAP_POINTS
     return enabled
@@ -386,7 +387,7 @@ def _claim_keeping_pool(spec: ActionSpec) -> Step:
 
 # double-claim: helper hotswap.unclaimed reads no claim: every dead rank of the generation is "not
 # claimed yet", so a second survivor claims it again (and takes another spare)
-def _unclaimed_ignoring_claims(s: State, gen: int) -> tuple[int, ...]:
+def _unclaimed_ignoring_claims(s: State, gen: int, cfg: Config | None = None) -> tuple[int, ...]:
     return hotswap.dead_in(s, gen)
 
 
@@ -411,6 +412,39 @@ def _replace_keeping_wide(spec: ActionSpec) -> Step:
 def _replace_rebuilding_wide(spec: ActionSpec) -> Step:
     def step(cfg, s, r, arg):
         return spec.step(cfg, s, r, arg).with_rank(r, wide=s.ranks[r].gen + 1)
+    return step
+
+
+# ---- shrink and grow (issue 41, P19) -----------------------------------------------------------------
+# fixed-share: a replica keeps its own share of the step after a shrink (the global batch shrinks with the job)
+def _resume_with_fixed_share(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        t = spec.step(cfg, s, r, arg)
+        if not cfg.shrink:
+            return t
+        g = s.ranks[r].gen
+        mine = share(cfg.replica_of(r), cfg.replicas, cfg.total_micro_batches)
+        return t.with_(shares=frozenset(e for e in t.shares if e[:2] != (g, r)) | {(g, r, mine)})
+    return step
+
+
+# shrink-last-replica: the shrink asks only whether each dead rank has a live replica, not whether one stays
+def _shrink_without_keeping_shards(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, arg):
+        rk = s.ranks[r]
+        if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
+            return False
+        if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen, cfg):
+            return False
+        return cfg.shrink and not s.store.spares and cfg.replica_of(r) not in s.store.out
+    return enabled
+
+
+# refill-double-count: a keeper's fresh spare is counted twice in the pool
+def _refill_counting_twice(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        t = spec.step(cfg, s, r, arg)
+        return t.with_store(spares=t.store.spares + 1)
     return step
 
 
@@ -501,6 +535,17 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("double-claim",
                "helper hotswap.unclaimed ignores the claims: a dead identity is claimed again by another survivor",
                ("S13",), _helper_everywhere("unclaimed", _unclaimed_ignoring_claims, hotswap)),
+        # issue 41 (P19): shrink, grow, refill
+        Mutant("fixed-share",
+               "after a shrink each replica keeps its own share of the step (torchft's behaviour): the micro-batches of "
+               "the replica that left are never processed, the global batch shrinks with the job",
+               ("S17",), {"RankResume": _step(_resume_with_fixed_share)}),
+        Mutant("shrink-last-replica",
+               "the shrink asks only that no spare is idle, not that every shard keeps a live replica in a replica that "
+               "stays: two deaths in two replicas take both out",
+               ("S18",), {"RankShrink": _enabled(_shrink_without_keeping_shards)}),
+        Mutant("refill-double-count", "a keeper's fresh spare for a dead worker is counted twice in the pool",
+               ("S13",), {"KeeperRefill": _step(_refill_counting_twice)}),
     )
 }
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from . import hotswap
+from .batches import share
 from .contract import DISCARD_PHASES, IN_FLIGHT_PHASES, decide
 from .state import (
     DECISION_COMMIT,
@@ -34,6 +35,7 @@ from .state import (
     PC_EXITED,
     PC_GUARDED,
     PC_JOINED,
+    PC_LEFT,
     PC_OBSERVED,
     PC_READY,
     PC_REBOUND,
@@ -60,6 +62,7 @@ __all__ = [
     "Action",
     "ActionSpec",
     "FAULT_KINDS",
+    "ELASTIC_ACTIONS",
     "HOTSWAP_ACTIONS",
     "LINK_ACTIONS",
     "all_actions",
@@ -89,7 +92,7 @@ class Action:
 @dataclass(frozen=True, slots=True)
 class ActionSpec:
     name: str
-    actor: str          # "rank" | "spare" | "fault" | "supervisor"
+    actor: str          # "rank" | "spare" | "keeper" | "fault" | "supervisor"
     phase: int | None   # protocol phase the action belongs to (1-6), None for faults/supervisor
     enabled: Callable[[Config, State, int | None, str | None], bool]
     step: Callable[[Config, State, int | None, str | None], State]
@@ -127,6 +130,25 @@ def _count_arrivals(s: State, gen: int) -> int:
 
 def _count_ready(s: State, gen: int) -> int:
     return sum(1 for a in s.store.ready if a[0] == gen)
+
+
+def _in_dp(cfg: Config, s: State, r: int) -> bool:
+    """Rank r's replica is in the data-parallel dimension (not out after a shrink, P19)."""
+    return not s.store.out or cfg.replica_of(r) not in s.store.out
+
+
+def _dp_ranks(cfg: Config, s: State) -> tuple[int, ...]:
+    """The ranks whose replica is in the data-parallel dimension: those a barrier of the episode
+    counts (every rank of W unless a shrink took a replica out, P19)."""
+    if not s.store.out:
+        return cfg.world
+    return tuple(r for r in cfg.world if cfg.replica_of(r) not in s.store.out)
+
+
+def _dp_peers(cfg: Config, s: State, r: int) -> tuple[int, ...]:
+    """The members of rank r's group (with r) in the data-parallel dimension: those its validation waits for."""
+    peers = _peers(cfg, r)
+    return peers if not s.store.out else tuple(m for m in peers if cfg.replica_of(m) not in s.store.out)
 
 
 def _member(cfg: Config, s: State, r: int) -> bool:
@@ -195,7 +217,8 @@ def _in_episode(s: State, r: int) -> bool:
 
 
 def _alive(s: State, r: int) -> bool:
-    return s.ranks[r].pc not in (PC_EXITED, PC_CRASHED, PC_RESTARTED)
+    """A rank of the job: not gone (exited, crashed, restarted) and not an idle spare since its replica left."""
+    return s.ranks[r].pc not in (PC_EXITED, PC_CRASHED, PC_RESTARTED, PC_LEFT)
 
 
 #: the program counters of a live rank (:func:`_alive`)
@@ -405,7 +428,7 @@ def _meets_latent(cfg: Config, s: State, r: int) -> bool:
     if rk.pc != PC_TRAIN or not s.store.wide or s.store.abort or not _fault_ok(cfg, s, "link") or not _via_store(s, r):
         return False
     f = s.store.failed
-    return (f is None or f[0] < rk.gen) and _wide_broken(s, r) and _between_episodes(s, rk.gen)
+    return (f is None or f[0] < rk.gen) and _wide_broken(s, r) and _between_episodes(cfg, s, rk.gen)
 
 
 def _en_observe(cfg: Config, s: State, r, point) -> bool:
@@ -508,7 +531,8 @@ def _st_guard(cfg, s, r, arg) -> State:
 
 
 def _en_reject(cfg, s, r, arg) -> bool:
-    return s.ranks[r].pc == PC_OBSERVED and _via_store(s, r) and not _contract_decision(cfg, s, r).preserve
+    return (s.ranks[r].pc == PC_OBSERVED and _via_store(s, r) and not _contract_decision(cfg, s, r).preserve
+            and not _left_job(cfg, s, r))
 
 
 def _st_reject(cfg, s, r, arg) -> State:
@@ -522,7 +546,14 @@ def _st_reject(cfg, s, r, arg) -> State:
 def _en_arrive(cfg, s, r, arg) -> bool:
     """A rank whose guard passed, or a spare that joined (it posts the F its identity published at
     its last commit: it holds no state until the transfer, after the groups are rebuilt)."""
-    return s.ranks[r].pc in (PC_GUARDED, PC_JOINED) and _via_store(s, r)
+    if not (s.ranks[r].pc in (PC_GUARDED, PC_JOINED) and _via_store(s, r)):
+        return False
+    if cfg.shrink:
+        # P19.1: a survivor arrives once every dead rank of the episode is handled (a spare claimed for
+        # it, or its replica out), so the barrier counts the data-parallel dimension as it will stand;
+        # a rank whose replica left leaves instead (RankLeave)
+        return _in_dp(cfg, s, r) and not (_crash_episode(s, s.ranks[r].gen) and hotswap.unclaimed(s, s.ranks[r].gen, cfg))
+    return True
 
 
 def _st_arrive(cfg, s, r, arg) -> State:
@@ -531,7 +562,7 @@ def _st_arrive(cfg, s, r, arg) -> State:
     if rk.drop:  # the write is lost; the rank believes it arrived
         return s.with_rank(r, pc=PC_ARRIVED, drop=False, lost=True)
     s = s.with_store(arrivals=s.store.arrivals | {(g, r, rk.frontier, rk.gen)})
-    if _count_arrivals(s, g) == len(cfg.world):
+    if _count_arrivals(s, g) == len(_dp_ranks(cfg, s)):
         s = s.with_store(last_arriver=s.store.last_arriver + ((g, r),))
     return s.with_rank(r, pc=PC_ARRIVED)
 
@@ -549,7 +580,8 @@ def _en_decide_agreement(cfg, s, r, arg) -> bool:
 def _st_decide_agreement(cfg, s, r, arg) -> State:
     g = s.ranks[r].gen
     rows = [a for a in s.store.arrivals if a[0] == g]
-    ref = [a for a in rows if a[1] == 0]
+    first = _dp_ranks(cfg, s)[0]  # rank 0 unless its replica left (P19)
+    ref = [a for a in rows if a[1] == first]
     f0 = ref[-1][2] if ref else None
     # every row reports rank 0's F and the generation it was written in (the value is "F,g": with
     # keys that are not namespaced, mutant no-fence, this is what still tells a stale row)
@@ -629,7 +661,7 @@ def _validation_complete(cfg: Config, s: State, r: int) -> bool:
     if rk.pc != PC_REBOUND or not _active(s, r) or not _loaded(s, r):
         return False
     return (_validation(s, rk.gen, cfg.group_of(r)) is not None
-            or all(_in_validation(cfg, s, m, rk.gen) for m in _peers(cfg, r)))
+            or all(_in_validation(cfg, s, m, rk.gen) for m in _dp_peers(cfg, s, r)))
 
 
 def _digests_agree(cfg: Config, s: State, r: int) -> bool:
@@ -637,14 +669,14 @@ def _digests_agree(cfg: Config, s: State, r: int) -> bool:
     them at that moment (recorded by the first member to complete it, when every member was in
     phase 6), not as they are now: a peer may have exited since, and an exited rank holds nothing."""
     got = _validation(s, s.ranks[r].gen, cfg.group_of(r))
-    return _replicas_agree(cfg, s, _peers(cfg, r)) if got is None else got
+    return _replicas_agree(cfg, s, _dp_peers(cfg, s, r)) if got is None else got
 
 
 def _complete_validation(cfg: Config, s: State, r: int) -> State:
     g, gi = s.ranks[r].gen, cfg.group_of(r)
     if _validation(s, g, gi) is not None:
         return s
-    return s.with_(validated=s.validated | {(g, gi, _replicas_agree(cfg, s, _peers(cfg, r)))})
+    return s.with_(validated=s.validated | {(g, gi, _replicas_agree(cfg, s, _dp_peers(cfg, s, r)))})
 
 
 def _shard_of(cfg: Config, s: State, r: int) -> int:
@@ -688,7 +720,7 @@ def _st_ready(cfg, s, r, arg) -> State:
     if rk.drop:
         return s.with_rank(r, pc=PC_READY, drop=False, lost=True)
     s = s.with_store(ready=s.store.ready | {(g, r)})
-    if _count_ready(s, g) == len(cfg.world):
+    if _count_ready(s, g) == len(_dp_ranks(cfg, s)):
         s = s.with_store(last_ready=s.store.last_ready + ((g, r),))
     return s.with_rank(r, pc=PC_READY)
 
@@ -720,14 +752,34 @@ def _st_resume(cfg, s, r, arg) -> State:
     if s.store.claims and (rk.gen, r, rk.inc) in s.store.claims:  # a spare's first resume: what S9 judges
         s = s.with_(swapped=s.swapped | {(rk.gen, r, rk.shard, rk.tau, rk.ahead, rk.grads, rk.corrupt)})
     s = s.with_rank(r, pc=PC_TRAIN, gen=rk.gen + 1, point="", seen="", dirty=False, delayed=False, replayed=0)
+    if cfg.shrink:  # P19.2: the micro-batches its replica processes in every step from F on
+        s = s.with_(shares=s.shares | {(rk.gen, r, _share_of(cfg, s, r))})
     return s.with_(resumed=s.resumed | {entry})
+
+
+def _share_of(cfg: Config, s: State, r: int) -> tuple[int, ...]:
+    """The micro-batches of every step that rank r's replica processes while the replicas in the
+    data-parallel dimension are those not out (``model/batches.share``, P19.2)."""
+    g = s.ranks[r].gen - 1  # it resumed from g: the replicas agreed in g, whatever a grow opened since
+    return share(cfg.replica_of(r), _replicas_in(cfg, s, g), cfg.total_micro_batches)
+
+
+def _replicas_in(cfg: Config, s: State, g: int) -> tuple[int, ...]:
+    """The replicas in the data-parallel dimension in generation ``g``: the store's ``g{g}/out/*`` and
+    ``g{g}/grow/*`` keys up to g, a grow (which opens its generation) before a shrink in it."""
+    out: set[int] = set()
+    for gg, i, grow in sorted([(gg, i, False) for gg, i in s.store.shrunk] + [(gg, i, True) for gg, i in s.store.grown],
+                              key=lambda e: (e[0], not e[2])):
+        if gg <= g:
+            (out.discard if grow else out.add)(i)
+    return tuple(i for i in cfg.replicas if i not in out)
 
 
 # Failure handling inside phases 2-6
 
 def _en_timeout(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
-    if not _via_store(s, r) or not stalled(cfg, s) or s.store.abort:
+    if not _via_store(s, r) or not stalled(cfg, s) or s.store.abort or _left_job(cfg, s, r):
         # once an abort stands, a failed wait is an exit on that abort (RankExit), not a new one
         return False
     if rk.pc == PC_TRAIN:
@@ -750,6 +802,12 @@ def _en_timeout(cfg, s, r, arg) -> bool:
     return False
 
 
+def _left_job(cfg: Config, s: State, r: int) -> bool:
+    """Rank r's replica is out (P19): it is no rank of the job any more, and its failures are its own:
+    no deadline, detector, rejection or exception of it writes the job's abort; it leaves (RankLeave)."""
+    return bool(s.store.out) and hotswap.vacant(cfg, s, r)
+
+
 def _st_timeout(cfg, s, r, arg) -> State:
     s = _write_abort_decision(cfg, s, r, REASON_DEADLINE)
     s = _abort(s, REASON_DEADLINE)
@@ -762,7 +820,7 @@ def _en_suspect(cfg, s, r, arg) -> bool:
     or, a false suspicion, it is merely slow (``delayed``).  Enabled wherever the rank is in an
     episode, in any pc: a detector does not wait for a deadline."""
     rk = s.ranks[r]
-    if not _via_store(s, r) or s.store.abort:
+    if not _via_store(s, r) or s.store.abort or _left_job(cfg, s, r):
         return False
     if not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
         return False
@@ -784,7 +842,7 @@ def _en_expire(cfg, s, r, arg) -> bool:
     step, at the boundary, or in phases 2-6.  Without it a job whose every rank hangs would
     wait forever (nobody left to time out); with it every rank exits within a bound."""
     rk = s.ranks[r]
-    if not (_alive(s, r) and rk.hung) or s.store.abort or s.store.down:
+    if not (_alive(s, r) and rk.hung) or s.store.abort or s.store.down or _left_job(cfg, s, r):
         return False
     return rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))
 
@@ -798,8 +856,8 @@ def _en_fail(cfg, s, r, arg) -> bool:
     """An exception in phases 2-6: one propagating (FaultRaise), or phase 6's digest comparison
     finding that the replicas of R differ (once the validation collective completed)."""
     rk = s.ranks[r]
-    if s.store.down:
-        return False  # its abort cannot be written: it ends by RankLoseStore
+    if s.store.down or _left_job(cfg, s, r):
+        return False  # its abort cannot be written: it ends by RankLoseStore (or its replica left: RankLeave)
     if rk.raised:
         return rk.pc in RECOVERY_PCS and not rk.hung
     return _validation_complete(cfg, s, r) and not _digests_agree(cfg, s, r)
@@ -854,11 +912,15 @@ def _failing_group(cfg: Config, r: int | None) -> int:
     return cfg.groups[0] if r is None else cfg.group_of(r)
 
 
-def _between_episodes(s: State, gen: int) -> bool:
+def _between_episodes(cfg: Config, s: State, gen: int) -> bool:
     """Every rank trains in generation ``gen`` or is about to: it still reads the release of
     ``gen - 1``, already decided (episodes overlap: a peer's first step after a repair may fail
-    while this rank has not resumed yet).  Nobody hung, gone, or observing."""
-    for rk in s.ranks:
+    while this rank has not resumed yet).  Nobody hung, gone, or observing.  A vacant identity (its
+    replica out after a shrink, P19: an idle spare or a dead process, ``PC_LEFT``/``PC_CRASHED`` with
+    ``Store.out``) is no rank of the job meanwhile."""
+    for q, rk in enumerate(s.ranks):
+        if s.store.out and rk.pc in (PC_LEFT, PC_CRASHED) and cfg.replica_of(q) in s.store.out:
+            continue
         if rk.hung:
             return False
         if rk.pc == PC_TRAIN and rk.gen == gen:
@@ -873,7 +935,7 @@ def _en_group_fail(cfg, s, r, point) -> bool:
     if not _fault_ok(cfg, s, "group_fail") or s.store.abort or s.store.down or point not in cfg.points:
         return False
     gen = max(rk.gen for rk in s.ranks)
-    if not _between_episodes(s, gen):
+    if not _between_episodes(cfg, s, gen):
         return False
     f = s.store.failed
     if f is None or f[0] < gen:
@@ -912,7 +974,7 @@ def _en_link_cut(cfg, s, a, arg) -> bool:
         return False
     gen = max(rk.gen for rk in s.ranks)
     f = s.store.failed
-    return _between_episodes(s, gen) and (f is None or f[0] < gen)
+    return _between_episodes(cfg, s, gen) and (f is None or f[0] < gen)
 
 
 def _st_link_cut(cfg, s, a, arg) -> State:
@@ -953,18 +1015,19 @@ def _en_crash_in_training(cfg, s, r, point) -> bool:
     ``point`` of its step: every group it belongs to fails there.  It starts an episode, as
     ``FaultGroupFail`` does, or (a concurrent crash) joins one that a crash at the same point
     started, while it has not observed it yet."""
-    if not cfg.spares or not _fault_ok(cfg, s, "crash") or s.store.abort or s.store.down or point not in cfg.points:
+    if not cfg.elastic or not _fault_ok(cfg, s, "crash") or s.store.abort or s.store.down or point not in cfg.points:
         return False
     rk = s.ranks[r]
-    if rk.pc != PC_TRAIN or rk.hung:
+    if rk.pc != PC_TRAIN or rk.hung or not _in_dp(cfg, s, r):
         return False
     gen = max(k.gen for k in s.ranks)
     if rk.gen != gen:
         return False
     f = s.store.failed
     if f is not None and f[0] == gen:
-        return f[1] == point and _crash_episode(s, gen)
-    return _between_episodes(s, gen)
+        # with a shrink, a second death joins the episode only before its barrier counts anyone (P19.1)
+        return f[1] == point and _crash_episode(s, gen) and not (cfg.shrink and _count_arrivals(s, gen))
+    return _between_episodes(cfg, s, gen)
 
 
 def _st_crash_in_training(cfg, s, r, point) -> State:
@@ -1081,7 +1144,7 @@ def _st_store_loss(cfg, s, r, arg) -> State:
 def _en_restart(cfg, s, r, arg) -> bool:
     if s.supervisor:
         return False
-    gone = [rk.pc in (PC_EXITED, PC_CRASHED) for rk in s.ranks]
+    gone = [rk.pc in (PC_EXITED, PC_CRASHED, PC_LEFT) for rk in s.ranks]
     return any(gone) and all(g or rk.hung for g, rk in zip(gone, s.ranks, strict=True))
 
 
@@ -1128,16 +1191,17 @@ def _en_claim(cfg, s, r, arg) -> bool:
     rk = s.ranks[r]
     if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
         return False
-    if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen):
+    if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen, cfg):
         return False
-    return hotswap.claim_decision(cfg, s, rk.gen).preserve
+    decision = hotswap.claim_decision(cfg, s, rk.gen)
+    return decision.preserve and not decision.shrink
 
 
 def _st_claim(cfg, s, r, arg) -> State:
     """``compare_set(g{g}/spare/{dead}, "", inc + 1)`` for each dead rank not claimed yet: single
     assignment per dead identity and generation; each takes one spare from the pool."""
     g = s.ranks[r].gen
-    todo = hotswap.unclaimed(s, g)
+    todo = hotswap.unclaimed(s, g, cfg)
     claims = s.store.claims | {(g, d, s.ranks[d].inc + 1) for d in todo}
     return s.with_store(claims=claims, spares=s.store.spares - len(todo))
 
@@ -1161,6 +1225,8 @@ def _st_join(cfg, s, r, arg) -> State:
     assert inc is not None
     f = cfg.frontier_at(rk.gen)
     spare = Rank(pc=PC_JOINED, gen=rk.gen, frontier=f, tau=f, comm=-1, refs=(-1,) * cfg.refs, inc=inc, shard=SHARD_NONE)
+    if s.store.grown and (rk.gen, cfg.replica_of(r)) in s.store.grown:  # a grow (P19.3): the seat was vacant, nobody to depose
+        return s.with_(joins=s.joins | {(rk.gen, r, inc)}).with_rank(r, **{name: getattr(spare, name) for name in _RANK_FIELDS})
     s = s.with_(deposed=s.deposed | {(rk.gen, r, rk.inc, DEPOSED_STOPPED)}, joins=s.joins | {(rk.gen, r, inc)})
     return s.with_rank(r, **{name: getattr(spare, name) for name in _RANK_FIELDS})
 
@@ -1225,9 +1291,121 @@ def _st_fenced(cfg, s, r, arg) -> State:
     entry = min(e for e in s.deposed if e[1] == r and e[3] == DEPOSED_AWAKE)
     g, _d, inc, _stage = entry
     held = hotswap.claim_of(s, g, r)
-    if s.store.down or (held is not None and held > inc):
+    if s.store.down or (held is not None and held > inc) or (cfg.shrink and _fenced_by_shrink(cfg, s, r, g, inc)):
         return s.with_(deposed=s.deposed - {entry})
     return s.with_(deposed=(s.deposed - {entry}) | {(g, r, inc, DEPOSED_ACTING)})
+
+
+def _fenced_by_shrink(cfg: Config, s: State, r: int, g: int, inc: int) -> bool:
+    """A deposed process of rank r's identity (deposed in generation g) finds its replica left in g or
+    later (``g{g}/out/{replica}``, P19.1), or the identity claimed at a later incarnation since (a grow
+    brought the replica back, P19.3)."""
+    i = cfg.replica_of(r)
+    return (any(gg >= g and ii == i for gg, ii in s.store.shrunk)
+            or any(d == r and ii > inc for _g, d, ii in s.store.claims))
+
+
+# --------------------------------------------------------------------------------------
+# Shrink, grow and refill (issue 41; spec/protocol.md P19).  Instantiated only with Config.shrink
+# (RankShrink, RankLeave, RankStartGrow) and Config.refill (KeeperRefill).
+
+def _leaving(cfg: Config, s: State, gen: int) -> frozenset[int]:
+    """The replicas of generation ``gen``'s dead ranks that no claim handed to a spare."""
+    return frozenset(cfg.replica_of(d) for d in hotswap.unclaimed(s, gen, cfg))
+
+
+def _en_shrink(cfg, s, r, arg) -> bool:
+    """A survivor's failure detector declares the ranks that died in training dead and the decision
+    is a shrink (no spare idle, a live replica for each, a job that counts its step in micro-batches,
+    every shard keeping a live replica in a replica that stays: ``hotswap.claim_decision``): it writes
+    the replicas of the dead ranks out of the data-parallel dimension (``g{g}/out/{replica}``)."""
+    rk = s.ranks[r]
+    if not _via_store(s, r) or s.store.abort or not _in_dp(cfg, s, r):
+        return False
+    if not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
+        return False
+    if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen, cfg):
+        return False
+    return hotswap.claim_decision(cfg, s, rk.gen).shrink
+
+
+def _st_shrink(cfg, s, r, arg) -> State:
+    """The replicas of the unhandled dead ranks leave at F: their identities are vacant; each dead
+    process (perhaps only stopped) is deposed, fenced out by the vacancy if it ever wakes."""
+    g = s.ranks[r].gen
+    dead = hotswap.unclaimed(s, g, cfg)
+    leaving = _leaving(cfg, s, g)
+    s = s.with_store(out=s.store.out | leaving, shrunk=s.store.shrunk | {(g, i) for i in leaving})
+    deposed = {(g, d, s.ranks[d].inc, DEPOSED_STOPPED) for d in dead}
+    return s.with_(deposed=s.deposed | deposed)
+
+
+#: what a rank forgets when its replica leaves (as an exit does, P11.5), but its incarnation: the
+#: process idles as a spare, and a later grow claims the identity at the next incarnation
+_LEAVE_FORGETS = {k: v for k, v in _EXIT_FORGETS.items() if k != "inc"}
+
+
+def _en_leave(cfg, s, r, arg) -> bool:
+    """A live rank of a replica that left (``Store.out``), in its episode (or a spare that joined it),
+    leaves training and idles on the control plane as a spare (a store write)."""
+    rk = s.ranks[r]
+    if not (rk.pc in (PC_OBSERVED, PC_GUARDED, PC_JOINED) or (rk.pc == PC_TRAIN and _in_episode(s, r))):
+        return False
+    # an exception propagating ends its part in the job the same way
+    return _alive(s, r) and not rk.hung and not s.store.down and not s.store.abort and _left_job(cfg, s, r)
+
+
+def _st_leave(cfg, s, r, arg) -> State:
+    rk = s.ranks[r]
+    s = s.with_store(spares=s.store.spares + 1)
+    s = s.with_(pooled=s.pooled | {("leave", rk.gen, r)})
+    return s.with_rank(r, **_LEAVE_FORGETS, pc=PC_LEFT)
+
+
+def _en_start_grow(cfg, s, r, arg) -> bool:
+    """At a committed boundary with no episode under way, a rank finds a replica out and the pool
+    holding a spare for each of its ranks: it opens a grow in its generation (P19.3)."""
+    if not s.store.out or s.store.abort or s.store.down:
+        return False
+    rk = s.ranks[r]
+    if rk.pc != PC_TRAIN or not _active(s, r) or not _in_dp(cfg, s, r):
+        return False
+    gen = rk.gen
+    f = s.store.failed
+    if (f is not None and f[0] >= gen) or not _between_episodes(cfg, s, gen):
+        return False
+    return s.store.spares >= len(cfg.replica_ranks(min(s.store.out)))
+
+
+def _st_start_grow(cfg, s, r, arg) -> State:
+    """The lowest replica out comes back: its vacant identities stand dead in generation g (``Store.dead``),
+    so that the swap's actions hand each to a spare with the state of a live replica (RankClaimSpare,
+    SpareJoin, RankTransferState); every group is rebuilt with them (a crash episode).  The survivors
+    observe it at the boundary (its flag)."""
+    g = s.ranks[r].gen
+    i = min(s.store.out)
+    vac = cfg.replica_ranks(i)
+    s = s.with_store(out=s.store.out - {i}, failed=(g, "boundary", frozenset(cfg.group_of(d) for d in vac)),
+                     dead=s.store.dead | {(g, d) for d in vac}, grown=s.store.grown | {(g, i)})
+    s = s.with_(failures=s.failures | {(g, cfg.group_of(q)) for q in cfg.world})
+    for d in vac:
+        s = s.with_rank(d, pc=PC_CRASHED, gen=g, hung=False, raised=False)
+    return s
+
+
+def _en_refill(cfg, s, r, arg) -> bool:
+    """Rank r's keeper, its node healthy, saw its worker die (a death in training, ``Store.dead``; not a
+    vacant seat a grow stood dead): it starts a fresh spare, once per dead process."""
+    if s.store.down or s.store.abort:
+        return False
+    return any(d == r and ("refill", g, r) not in s.pooled and (g, cfg.replica_of(r)) not in s.store.grown
+               for g, d in s.store.dead)
+
+
+def _st_refill(cfg, s, r, arg) -> State:
+    g = min(g for g, d in s.store.dead if d == r and ("refill", g, r) not in s.pooled and (g, cfg.replica_of(r)) not in s.store.grown)
+    s = s.with_store(spares=s.store.spares + 1)
+    return s.with_(pooled=s.pooled | {("refill", g, r)})
 
 
 # --------------------------------------------------------------------------------------
@@ -1273,6 +1451,18 @@ ACTIONS: dict[str, ActionSpec] = {
                    pcs=frozenset((PC_REBOUND,))),
         ActionSpec("RankFenced", "rank", None, _en_fenced, _st_fenced,
                    doc="a deposed holder wakes (arg wake); its first store operation finds a later incarnation; it exits"),
+        # shrink, grow, refill (issue 41): instantiated only with Config.shrink / Config.refill (ELASTIC_ACTIONS)
+        ActionSpec("RankShrink", "rank", None, _en_shrink, _st_shrink,
+                   doc="the detector declares ranks dead, no spare is idle, every shard keeps a live replica: their replicas leave",
+                   pcs=frozenset((PC_TRAIN, *RECOVERY_PCS))),
+        ActionSpec("RankLeave", "rank", None, _en_leave, _st_leave,
+                   doc="a rank whose replica left leaves training and idles as a spare",
+                   pcs=frozenset((PC_TRAIN, PC_OBSERVED, PC_GUARDED, PC_JOINED))),
+        ActionSpec("RankStartGrow", "rank", None, _en_start_grow, _st_start_grow,
+                   doc="at a boundary, a spare idle for each rank of a replica out: open a grow that brings it back",
+                   pcs=frozenset((PC_TRAIN,))),
+        ActionSpec("KeeperRefill", "keeper", None, _en_refill, _st_refill,
+                   doc="a keeper whose worker died starts a fresh spare in its place"),
         ActionSpec("FaultGroupFail", "fault", None, _en_group_fail, _st_group_fail, fault_kind="group_fail", doc="R's communicator fails at a point"),
         ActionSpec("FaultCrash", "fault", None, _en_crash, _st_crash, fault_kind="crash"),
         ActionSpec("FaultHang", "fault", None, _en_hang, _st_hang, fault_kind="hang"),
@@ -1295,6 +1485,8 @@ ACTIONS: dict[str, ActionSpec] = {
 #: the hot-swap actions: instantiated (``all_actions``) only with ``Config.spares >= 1``, as are the
 #: ``FaultCrash(rank, point)`` instances
 HOTSWAP_ACTIONS = ("RankClaimSpare", "SpareJoin", "RankTransferState", "RankFenced")
+#: shrink and grow (``Config.shrink``), refill (``Config.refill``): issue 41, P19
+ELASTIC_ACTIONS = {"RankShrink": "shrink", "RankLeave": "shrink", "RankStartGrow": "shrink", "KeeperRefill": "refill"}
 #: the physical-link fault: instantiated only with ``Config.links`` (issue 25, P18); ``RankRevokeWide``
 #: is in every configuration (a flag fails under a gone or hung peer too), its latent meeting needs a link
 LINK_ACTIONS = ("FaultLinkCut",)
@@ -1304,7 +1496,9 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
     """Every action instance of a configuration, in a fixed order (deterministic search)."""
     out: list[Action] = []
     for spec in ACTIONS.values():
-        if spec.name in HOTSWAP_ACTIONS and not cfg.spares:
+        if spec.name in HOTSWAP_ACTIONS and not cfg.elastic:
+            continue
+        if spec.name in ELASTIC_ACTIONS and not getattr(cfg, ELASTIC_ACTIONS[spec.name]):
             continue
         if spec.name in LINK_ACTIONS and not cfg.links:
             continue
@@ -1313,7 +1507,7 @@ def all_actions(cfg: Config) -> tuple[Action, ...]:
             out.extend(Action(spec.name, a, f"{b}@{p}") for a in cfg.world for b in cfg.world
                        if a < b and a // rpn != b // rpn for p in cfg.points)
             continue
-        if spec.name == "FaultCrash" and cfg.spares:  # also: a rank dies in training at a point
+        if spec.name == "FaultCrash" and cfg.elastic:  # also: a rank dies in training at a point
             out.extend(Action(spec.name, r) for r in cfg.world)
             out.extend(Action(spec.name, r, p) for r in cfg.world for p in cfg.points)
         elif spec.name == "FaultGroupFail":
@@ -1345,8 +1539,10 @@ def is_final(cfg: Config, s: State) -> bool:
         return True
     if s.store.abort or s.store.down:
         return False
-    for rk in s.ranks:
+    for q, rk in enumerate(s.ranks):
         if rk.pc == PC_TRAIN and not rk.hung:
+            continue
+        if s.store.out and hotswap.vacant(cfg, s, q):  # its replica is out (P19): no rank of the job waits on it
             continue
         if (rk.pc == PC_CRASHED or rk.hung) and true_lookup(s.store.release, rk.gen) == DECISION_RELEASE:
             continue

@@ -37,6 +37,7 @@ PC_EXITED = "exited"        # fail-stop exit with a reason (L2)
 PC_CRASHED = "crashed"      # died (SIGKILL); takes no further step
 PC_RESTARTED = "restarted"  # the supervisor restarted it from the last durable checkpoint
 PC_JOINED = "joined"        # hot swap: a spare that took a dead rank's identity, waiting for its state from a replica
+PC_LEFT = "left"            # shrink (issue 41): its replica left the data-parallel dimension; the process idles as a spare
 
 RECOVERY_PCS = (PC_OBSERVED, PC_GUARDED, PC_ARRIVED, PC_AGREED, PC_REPLACED, PC_REBOUND, PC_VALIDATED, PC_READY)
 #: Phases 2-6 in the sense of the safety rule "any failure in phases 2-6 ends the rank".
@@ -138,6 +139,17 @@ class Config:
     #: the commit fence (issue 27, P17.2): a job that discards in place passes an all-reduce over all of W
     #: as ``optimizer.step()`` starts; a failure in forward or backward then stops every rank before its commit
     fence: bool = False
+    #: shrink and grow (issue 41, spec/protocol.md P19): the job counts its step in micro-batches
+    #: (``micro_batches``, the replicas' count at start when 0) and a death with no spare idle, where every
+    #: shard keeps a live replica, is a shrink: the dead rank's replica leaves the data-parallel dimension
+    #: at F (``RankShrink``), its survivors idle as spares (``RankLeave``), and a grow brings it back from a
+    #: live replica once the pool holds a spare for each of its ranks (``RankStartGrow``).  False: today's
+    #: job (a death with no spare is L2) and every state of the classic model
+    shrink: bool = False
+    micro_batches: int = 0
+    #: refill (issue 41): a keeper whose worker died on a healthy node starts a fresh spare in its place
+    #: (``KeeperRefill``, once per dead process)
+    refill: bool = False
     # Derived, cached at construction because the search asks for them millions of times.
     _world: tuple[int, ...] = field(init=False, repr=False, compare=False, hash=False)
     _affected: frozenset[int] = field(init=False, repr=False, compare=False, hash=False)
@@ -174,6 +186,10 @@ class Config:
                              "(and a wide revoke every group of R's kind), not one fixed group")
         if self.links and self.nodes < 2:
             raise ValueError("Config.links needs nodes >= 2: a link joins ranks on two nodes")
+        if self.micro_batches < 0:
+            raise ValueError(f"Config.micro_batches must be >= 0 (0: one per replica), got {self.micro_batches}")
+        if (self.shrink or self.refill) and self.fence:
+            raise ValueError("Config.shrink/refill: not modelled beside the commit fence (fence=True) yet")
         world = tuple(range(self.nodes * self.ranks_per_node))
         if self.ranks_per_node == 1 or self.group == "world":
             affected = world
@@ -192,6 +208,32 @@ class Config:
     @property
     def world(self) -> tuple[int, ...]:
         return self._world
+
+    @property
+    def elastic(self) -> bool:
+        """A death in training is an episode of the model (``FaultCrash(rank, point)``, the hot-swap
+        actions): with spares, with a shrink, or with a refill."""
+        return bool(self.spares or self.shrink or self.refill)
+
+    def replica_of(self, r: int) -> int:
+        """The replica (one full copy of S_app, the unit of the data-parallel dimension) rank ``r``
+        belongs to: its node's shard group under HSDP (``group="replicate"``, several ranks per node);
+        the rank itself where every rank holds a full copy (DDP, one rank per node)."""
+        return r // self.ranks_per_node if self.group == "replicate" and self.ranks_per_node > 1 else r
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """Every replica of the job, by index."""
+        return tuple(sorted({self.replica_of(r) for r in self._world}))
+
+    def replica_ranks(self, i: int) -> tuple[int, ...]:
+        """The ranks of replica ``i``."""
+        return tuple(r for r in self._world if self.replica_of(r) == i)
+
+    @property
+    def total_micro_batches(self) -> int:
+        """M: the micro-batches of one step, whatever the replica count (P19.2)."""
+        return self.micro_batches or len(self.replicas)
 
     @property
     def affected(self) -> tuple[int, ...]:
@@ -374,6 +416,16 @@ class Store(_CachedHash):
     #: it after the agreement, so all decide alike whether phase 4 rebuilds the groups over W (P18.3);
     #: never cleared (what S15 judges)
     wide_revoked: frozenset[int] = frozenset()
+    #: the replicas out of the data-parallel dimension (issue 41, P19): written by ``RankShrink`` (the
+    #: dead rank's replica leaves), removed by ``RankStartGrow`` (it comes back); their ranks' identities
+    #: are vacant meanwhile
+    out: frozenset[int] = frozenset()
+    #: (gen, replica) of each replica that left in generation gen (``g{gen}/out/{replica}``, ``RankShrink``)
+    #: and of each that came back (``g{gen}/grow/{replica}``, ``RankStartGrow``); never cleared: a woken
+    #: deposed process reads them (its identity's replica left after it was deposed), and the job's
+    #: replicas in a generation are every replica less those shrunk and not grown since (S12, S17)
+    shrunk: frozenset[tuple[int, int]] = frozenset()
+    grown: frozenset[tuple[int, int]] = frozenset()
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     __hash__ = _CachedHash.__hash__
 
@@ -425,6 +477,14 @@ class State(_CachedHash):
     #: history: (gen, rank, inc) of each SpareJoin: a spare took rank's identity at incarnation inc in
     #: generation gen (with ``Store.claims``, ``Store.spares`` and each seat's ``Rank.inc``: what S13 judges)
     joins: frozenset[tuple[int, int, int]] = frozenset()
+    # Shrink, grow and refill (issue 41); all empty without them.
+    #: history: (gen, rank, micro-batches) of each RankResume in a job that shrinks: the micro-batches of
+    #: every later step that the rank's replica processes (``model/batches.share``; what S17 judges)
+    shares: frozenset[tuple[int, int, tuple[int, ...]]] = frozenset()
+    #: history: what entered the spare pool besides the job's spares: ("leave", gen, rank) for each
+    #: survivor of a leaving replica (``RankLeave``), ("refill", gen, rank) for each fresh spare a keeper
+    #: started for a dead process (``KeeperRefill``; with ``Store.claims`` and ``Store.spares``: S13)
+    pooled: frozenset[tuple[str, int, int]] = frozenset()
     _h: int = field(default=0, init=False, repr=False, compare=False)  # cached hash (_CachedHash)
     _rh: int = field(default=0, init=False, repr=False, compare=False)  # cached hash of the ranks
 

@@ -37,8 +37,10 @@ def rank_classes(cfg: Config) -> tuple[tuple[int, ...], ...]:
     rest without 0.  ``"any"``: {0}, and each group of R's kind without 0 (a group's members are
     interchangeable; groups are not permuted, which keeps the FaultGroupFail instances, one per
     group, fixed)."""
-    if cfg.links:  # a link names two ranks on two nodes: renaming within a group would move a rank to
-        return tuple((r,) for r in cfg.world)  # another node (no renaming is sound: each rank its own class)
+    if cfg.links or cfg.shrink or cfg.refill:
+        # a link names two ranks on two nodes, and a replica out (P19) is one node's ranks: renaming within
+        # a group would move a rank to another node (no renaming is sound: each rank its own class)
+        return tuple((r,) for r in cfg.world)
     if cfg.failing == "any" or cfg.spares:
         groups = tuple(tuple(r for r in cfg.members(gi) if r != 0) for gi in range(len(cfg._members)))
         return tuple(c for c in ((0,), *groups) if c)

@@ -6,7 +6,8 @@ state machine (ci profile) must fail on the same configuration.  The correct pro
 both on the same configurations.  Spec ids: S1 (early-release), S2.2/S2.3 (skip-agreement),
 S2.3 (no-fence), S5 (partial-rebind), S3 (admit-inflight, ignore-guard), S1 (timeout-leaves-decision-open),
 S2.1 (overwrite-decision), S8 (skip-validation), S2.2 (no-frontier-check), S4.2 (stale-release),
-S6 (reload-on-resume), S10 (no-identity-fence, fence-reads-next-generation), S13 (claim-keeps-pool, double-claim), S14 (report-published-frontier), S15 (replace-r-only), S16 (rebuild-everything), L2/L3 (linger,
+S6 (reload-on-resume), S10 (no-identity-fence, fence-reads-next-generation), S13 (claim-keeps-pool, double-claim), S14 (report-published-frontier), S15 (replace-r-only), S16 (rebuild-everything), S17 (fixed-share),
+S18 (shrink-last-replica), S13 (refill-double-count), L2/L3 (linger,
 no-step-deadline, wait-on-lost-store).
 """
 
@@ -96,6 +97,15 @@ SMALLEST.update({
     "rebuild-everything": Config(**_DDP2, max_faults=1),
 })
 
+# Issue 41 (P19): shrink, grow, refill.  S17 (fixed-share: one death, DDP 2x1, the replica left keeps its
+# half of the step), S18 (shrink-last-replica: 2x2, one death in each replica), S13 (refill-double-count).
+_SHRINK = dict(shrink=True, faults=frozenset({"crash"}), points=_BOUNDARY)
+SMALLEST.update({
+    "fixed-share": Config(**_DDP2, group="world", max_faults=1, **_SHRINK),
+    "shrink-last-replica": Config(max_faults=2, **_SHRINK),
+    "refill-double-count": Config(**_DDP2, group="world", max_faults=1, refill=True, **_SHRINK),
+})
+
 
 def _hypothesis_settings(**more) -> settings:
     # the loaded profile (ci by default), without shrinking: we only need "found", and
@@ -170,6 +180,8 @@ CAUGHT_ON_MANIFEST: dict[str, str] = {
     "fence-reads-next-generation": "2x1-ddp-spare1-f2", "claim-keeps-pool": "2x1-ddp-spare1-f2",
     "double-claim": "2x1-ddp-spare2-crash-f1", "report-published-frontier": "2x2-f1",
     "replace-r-only": "2x1-ddp-links-f2", "rebuild-everything": "2x1-ddp-f1",
+    "fixed-share": "2x1-ddp-shrink-refill-f1", "shrink-last-replica": "2x2-shrink-crash-f2",
+    "refill-double-count": "2x1-ddp-shrink-refill-f1",
 }
 
 
