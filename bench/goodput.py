@@ -26,6 +26,12 @@ and two CPU cores are not computing for a second), measured in one run:
   step ends uncommitted), reconfigures at the next quorum and runs the step again; fault-to-frontier
   = until both replicas are ready again for the interrupted step.
 
+Each L2 restart is also reported as the soak reports one (:mod:`accelpact.testing.soak.restarts`,
+:func:`restart_report`): its cause (from the records and exit codes: ``in_flight`` here), the time
+lost from the last commit before the fault to the first commit past it, read off the steps files'
+own timestamps, split at the attempt's last exit (before: detection; after: respawn, reload,
+replay), and the steps replayed.
+
 The fault steps put every age in ``--ages`` behind a checkpoint: checkpoints every k = max(A) + 1
 steps, faults at k(r+1) + A for repeat r and age A (ascending), so an L2 restart replays exactly A
 steps (checked: ``replayed_steps``).  L1 and torchft lose no committed step whatever A is; they
@@ -50,8 +56,10 @@ from typing import Any
 
 from . import common, recovery
 from accelpact.impl.launch.launch import l1_episodes, l2_episodes, run_torchrun, swap_episodes
+from accelpact.testing.soak.restarts import restarts as read_restarts
+from accelpact.testing.soak.restarts import summary as restarts_summary
 
-__all__ = ["add_arguments", "run", "find_torchft", "fault_plan"]
+__all__ = ["add_arguments", "run", "find_torchft", "fault_plan", "restart_report"]
 
 MTBF_S = (600.0, 3600.0, 6 * 3600.0)
 DEFAULT_AGES = "1,5,10,20"
@@ -201,6 +209,12 @@ def run(args: argparse.Namespace) -> int:
               "episodes": [{"age": a, **{key: e.get(key) for key in ("replayed_steps", "fault_to_exit_s", "exit_to_ready_s",
                                                                      "ready_to_frontier_s", "fault_to_frontier_s")}}
                            for e, a in zip(ep2, age_of, strict=False)]}
+    # each restart as the soak reports it (accelpact/testing/soak/restarts.py): its cause, the time lost
+    # from the last commit before the fault to the first commit past it, the steps replayed
+    l2_res.update(restart_report(l2.out, 2, age_of))
+    if not l2_res["restarts_replayed_agree"]:
+        say(f"the restarts' replayed steps {[r['replayed_steps'] for r in l2_res['restarts']]} (steps files) differ "
+            f"from the workers' own {l2_res['replayed_steps']}")
     complete = (l1.ok() and l2.ok() and len(ep1) == len(plan) and len(ep2) == len(plan)
                 and l2_res["replayed_steps"] == age_of and all(r == 0 for r in l1_res["replayed_steps"]))
     if l2_res["replayed_steps"] != age_of:
@@ -271,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
                        [[a, common.fmt(r["l1"], 1e3), common.fmt(r["discard"], 1e3), common.fmt(r["l2"], 1e3),
                          common.fmt(r["torchft"], 1e3), common.fmt(r["l2_over_l1"]), common.fmt(r["l2_over_discard"])]
                         for a, r in by_age.items()])
+    _print_restarts(l2_res, {"L1": l1.restarts, "discard": dc.restarts})
     print(f"goodput: a discard's per-step cost (the committed boundary's RNG state and extra state kept): median "
           f"{common.fmt(dc_res['keep_state_us']['median'])} us (p90 {common.fmt(dc_res['keep_state_us']['p90'])}); the commit "
           "fence's all-reduce over W (P17.2) is a further per-step cost: `accelpact bench guard --fence`", flush=True)
@@ -308,6 +323,47 @@ def run(args: argparse.Namespace) -> int:
         say(f"incomplete: L1 {len(ep1)}/{len(plan)} repairs (rc={l1.returncode}, {l1.log}), "
             f"L2 {len(ep2)}/{len(plan)} restarts (rc={l2.returncode}, {l2.log})")
     return 0 if complete and (tft is None or tft["complete"]) else 1
+
+
+def restart_report(out: str | Path, world: int, ages: list[int]) -> dict[str, Any]:
+    """The restarts of the L2 run in ``out`` in the soak's terms (:mod:`accelpact.testing.soak.restarts`):
+    per restart (with the plan's age A of its fault) its cause, the time lost from the last commit
+    before the fault to the first commit past it (split at the attempt's last exit: ``before_s``,
+    the detection; ``after_s``, torchrun's respawn, the reload and the replay) and the steps
+    replayed; their statistics and totals; and whether the steps replayed agree with the workers'
+    own count (``result.replayed_steps``: F - C)."""
+    rs = read_restarts(out, world)
+    rows = [{"age": ages[i] if i < len(ages) else None, **r.to_json()} for i, r in enumerate(rs)]
+    own = _replayed_by_workers(out)
+    return {"restarts": rows, "restart_totals": restarts_summary(rs),
+            "lost_s": common.stats(r.lost_s for r in rs), "lost_before_exit_s": common.stats(r.before_s for r in rs),
+            "lost_after_exit_s": common.stats(r.after_s for r in rs),
+            "restarts_replayed_agree": [r.replayed_steps for r in rs] == own}
+
+
+def _replayed_by_workers(out: str | Path) -> list[int]:
+    """Each restarted attempt's ``replayed_steps`` as its workers recorded them (the most over its ranks)."""
+    from accelpact.impl.rundir import RunDir
+
+    res = RunDir(out).results()
+    attempts = sorted({a for a, _ in res if a > 0})
+    return [max((int(v.get("replayed_steps") or 0) for (x, _r), v in res.items() if x == a), default=0) for a in attempts]
+
+
+def _print_restarts(l2_res: dict[str, Any], others: dict[str, int]) -> None:
+    rows = l2_res["restarts"]
+    common.print_table("L2 restarts: time lost = first commit past the fault's last step - last commit before the fault "
+                       "(seconds; before / after the attempt's last exit)",
+                       ["restart", "A", "cause", "last step", "lost", "before exit", "after exit", "replayed", "fault to frontier"],
+                       [[f"a{r['attempt']}->a{r['attempt'] + 1}", r["age"], r["cause"], r["last_step"], common.fmt(r["lost_s"]),
+                         common.fmt(r["before_s"]), common.fmt(r["after_s"]), r["replayed_steps"],
+                         common.fmt(e.get("fault_to_frontier_s"))]
+                        for r, e in zip(rows, l2_res["episodes"] + [{}] * len(rows), strict=False)])
+    tot = l2_res["restart_totals"]
+    by = ", ".join(f"{c} {v['restarts']}" for c, v in sorted(tot["by_cause"].items()))
+    print(f"goodput: L2 {tot['restarts']} restart(s) ({by or 'none'}): {tot['lost_s']:.2f} s of training lost, "
+          f"{tot['replayed_steps']} steps replayed" + "".join(f"; {m} {n} restart(s)" for m, n in others.items())
+          + (f"; unknown causes: {tot['unknown']}" if tot["unknown"] else ""), flush=True)
 
 
 def _keep_state_cost_us(n: int = 2000) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from accelpact.cli import main as cli_main
+from accelpact.impl.rundir import RunDir
 from accelpact.impl.runtime.wrappers import WRAPPER_NAMES
 
 FIGURES = ("repair_total_ms_median_2x2", "repair_total_ms_max_100", "rebind_us_median_L32", "phase5_ms_median_L32",
@@ -259,3 +260,75 @@ def test_statistics_helpers() -> None:
     assert common.stats([])["median"] is None
     lo, hi = common.bootstrap_ci([1.0, 2.0, 3.0, 4.0, 5.0])
     assert 1.0 <= lo <= 3.0 <= hi <= 5.0
+
+
+def _goodput_l2_run(path: Path) -> None:
+    """The L2 run folder of a real `accelpact bench goodput --quick` (2026-12-05), its files as the
+    worker and the engine wrote them (timestamps as recorded): an exception in backward of step 3
+    on rank 1, every rank exits 70, torchrun restarts, attempt 1 resumes from checkpoint 2, replays
+    step 2, and commits step 3 first on rank 1 at 28653.320223569."""
+    from accelpact.impl.rundir import RunDir
+
+    run = RunDir(path)
+    path.mkdir(parents=True)
+    steps = {(0, 0): [(0, 28648.333410064), (1, 28648.531816222), (2, 28648.607165799)],
+             (0, 1): [(0, 28648.334820909), (1, 28648.52982707), (2, 28648.607185993)],
+             (1, 0): [(2, 28653.210819029), (3, 28653.324325735), (4, 28653.363298658)],
+             (1, 1): [(2, 28653.210823618), (3, 28653.320223569), (4, 28653.363308765)]}
+    for (a, r), rows in steps.items():
+        run.steps(a, r).write_text("".join(json.dumps({"step": s, "loss": 3.9, "t": t}) + "\n" for s, t in rows))
+    head = {"type": "header", "format": "accelpact-trace/1", "world": 2, "nodes": 1, "ranks_per_node": 2, "group": "world",
+            "own_group": [0, 1], "scenario": "bench-goodput-l2", "seed": 0, "backend": "gloo", "frontier_at_start": 0,
+            "wrapper": "ddp", "generation_at_start": 0, "spares": 0, "platform": "cpu-gloo"}
+    exited = {"pc": "exited", "reason": "rejected"}
+    traces = {
+        (0, 0): [{"type": "note", "rank": 0, "note": "revoke", "t_ns": 28648633469812, "gen": 0, "group": "world"},
+                 {"type": "action", "seq": 0, "rank": 0, "action": "RankExit", "gen": 0, "outcome": "fail",
+                  "t_ns": 28648633869762, "state": exited, "detail": {"abort": "rejected"}},
+                 {"type": "end", "rank": 0, "outcome": "exited", "t_ns": 28648633907341, "code": 70, "reason": "rejected"}],
+        (0, 1): [{"type": "action", "seq": 0, "rank": 1, "action": "FaultGroupFail", "gen": 0, "outcome": "info",
+                  "t_ns": 28648631093744, "state": {}, "detail": {"point": "backward", "kind": "exception", "step": 3}},
+                 {"type": "action", "seq": 1, "rank": 1, "action": "RankObserve", "gen": 0, "outcome": "ok",
+                  "t_ns": 28648632184985, "state": {"pc": "observed", "point": "backward", "frontier": 3, "tau": 3},
+                  "detail": {"cause": "in_flight", "in_flight": True,
+                             "error": "InjectedFault('injected exception at backward of step 3 on rank 1')"}},
+                 {"type": "action", "seq": 2, "rank": 1, "action": "RankReject", "gen": 0, "outcome": "fail",
+                  "t_ns": 28648633176927, "state": exited,
+                  "detail": {"why": "guard failed: not a clean committed boundary",
+                             "guard": ["step is at 'backward', not at the committed boundary"]}},
+                 {"type": "end", "rank": 1, "outcome": "exited", "t_ns": 28648633751816, "code": 70, "reason": "rejected"}],
+        (1, 0): [{"type": "end", "rank": 0, "outcome": "released", "t_ns": 28653372340476, "gen": 0, "frontier": 5}],
+        (1, 1): [{"type": "end", "rank": 1, "outcome": "released", "t_ns": 28653372340476, "gen": 0, "frontier": 5}],
+    }
+    for (a, r), recs in traces.items():
+        run.trace(a, r).write_text("".join(json.dumps(x) + "\n" for x in [{**head, "rank": r, "attempt": a}, *recs]))
+    for r, t_exit in ((0, 28648.633974878), (1, 28648.633854925)):
+        run.result(0, r).write_text(json.dumps({"attempt": 0, "rank": r, "outcome": "exited", "exit_code": 70, "t_exit": t_exit,
+                                                "frontier": 3, "start_step": 0, "replayed_steps": 0, "t_start": 28646.7}))
+        run.result(1, r).write_text(json.dumps({"attempt": 1, "rank": r, "outcome": "finished", "exit_code": 0, "frontier": 5,
+                                                "start_step": 2, "resumed_from": 2, "replayed_steps": 1, "t_start": 28650.6,
+                                                "t_exit": 28653.377}))
+
+
+def test_goodput_reports_each_restart_in_the_soaks_terms(tmp_path: Path) -> None:
+    """`accelpact bench goodput`'s L2 restarts as the soak reports one: the cause read off the records
+    (an exception in backward: the guard fails on a step in flight), the time lost from the last
+    commit before the fault (step 2, rank 1) to the first commit past it (step 3, rank 1), split at
+    the last exit, and the steps replayed, which agree with the workers' own count."""
+    from accelpact.bench.goodput import restart_report
+
+    _goodput_l2_run(tmp_path / "l2")
+    rep = restart_report(tmp_path / "l2", 2, [1])
+    (r,) = rep["restarts"]
+    assert (r["age"], r["cause"], r["last_step"], r["replayed_steps"], r["resumed_at"]) == (1, "in_flight", 2, 1, 2)
+    assert r["fault_from"] == "record FaultGroupFail (rank 1)" and r["exit_codes"] == {"0": 70, "1": 70}
+    assert r["lost_s"] == pytest.approx(28653.320223569 - 28648.607185993, abs=1e-3)
+    assert r["before_s"] == pytest.approx(28648.633974878 - 28648.607185993, abs=1e-3)
+    assert r["after_s"] == pytest.approx(28653.320223569 - 28648.633974878, abs=1e-3)
+    assert rep["restarts_replayed_agree"] is True
+    assert rep["restart_totals"]["by_cause"] == {"in_flight": {"restarts": 1, "lost_s": r["lost_s"], "replayed_steps": 1}}
+    _stats(rep["lost_s"], "goodput.restart.lost_s")
+    # a worker's count that disagrees with the steps files is said
+    p = RunDir(tmp_path / "l2").result(1, 0)
+    p.write_text(json.dumps({**json.loads(p.read_text()), "replayed_steps": 2}))
+    assert restart_report(tmp_path / "l2", 2, [1])["restarts_replayed_agree"] is False

@@ -438,6 +438,293 @@ def test_a_partial_boundary_flag_is_a_behaviour_of_the_model() -> None:
     assert seen == {0: [("forward", 6833)], 1: [("boundary", 6833)], 2: [], 3: [("forward", 6833)]}
 
 
+# ------------------------------------------------------------------- restarts: cause and time lost
+#
+# Run folders written as the worker and the engine write them.  The record shapes are a real run's
+# (`accelpact bench goodput --quick`'s L2 attempt, 2026-12-05): a header per rank; FaultGroupFail,
+# RankObserve {cause: in_flight}, RankReject {why, guard} on the faulted rank; RankExit {abort} on
+# the other; end records {outcome: exited, code, reason}; result files {outcome, exit_code, t_exit,
+# frontier, t_start}; steps files {step, loss, t} (time.monotonic(), the traces' t_ns clock in s).
+
+S = 1_000_000_000
+
+
+def _header(a: int, r: int, world: int = WORLD) -> dict:
+    return {"type": "header", "format": "accelpact-trace/1", "rank": r, "world": world, "nodes": 2,
+            "ranks_per_node": world // 2, "group": "replicate", "own_group": [r % 2, r % 2 + 2][: world // 2],
+            "affected": [0, 2][: world // 2], "attempt": a, "scenario": "soak-seed7", "seed": 0, "backend": "gloo",
+            "frontier_at_start": 0, "wrapper": "fsdp1-hybrid", "generation_at_start": 0, "spares": 2}
+
+
+def _act(r: int, seq: int, action: str, t_s: float, state: dict | None = None, detail: dict | None = None,
+         gen: int = 0, outcome: str = "ok") -> dict:
+    return {"type": "action", "seq": seq, "rank": r, "action": action, "gen": gen, "outcome": outcome,
+            "t_ns": int(round(t_s * S)), "state": state or {}, "detail": detail or {}}
+
+
+def _write_trace(run: RunDir, a: int, r: int, acts: list[tuple], end: dict | None = None, world: int = WORLD) -> None:
+    """acts: (action, t_s, state, detail[, outcome]) in the rank's order."""
+    lines = [_header(a, r, world)]
+    for i, x in enumerate(acts):
+        lines.append(_act(r, i, x[0], x[1], x[2], x[3], outcome=x[4] if len(x) > 4 else "ok"))
+    if end is not None:
+        lines.append({"type": "end", "rank": r, **end})
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.trace(a, r).write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _write_steps(run: RunDir, a: int, times: dict[int, float], ranks: range, skew: float = 0.001) -> None:
+    """Rank r commits each step ``skew * r`` seconds after rank 0 (ranks commit a step apart by
+    microseconds to milliseconds in real runs)."""
+    run.path.mkdir(parents=True, exist_ok=True)
+    for r in ranks:
+        run.steps(a, r).write_text("".join(json.dumps({"step": st, "loss": 3.9, "t": t + skew * r}) + "\n"
+                                           for st, t in sorted(times.items())))
+
+
+def _write_result(run: RunDir, a: int, r: int, **fields) -> None:
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.result(a, r).write_text(json.dumps({"attempt": a, "rank": r, "outcome": "running", "exit_code": None, **fields}))
+
+
+def _parse(lines: list[dict]):
+    from accelpact.impl.trace import parse_trace
+
+    return parse_trace([json.dumps(x) for x in lines], "synthetic").records
+
+
+#: the SIGSTOP-in-a-save restart (a 3-minute soak): the last commit of attempt 0 (step 99, rank 3),
+#: the stop struck in the save of checkpoint 100 just after it, the survivors' exit 1 once the save's
+#: group timed out, and attempt 1's first commit of step 100 (rank 0), after it replayed 50..99
+T_LAST = 909.9 + 0.001 * 3
+T_STOP = 909.95
+T_EXIT = 1023.95
+T_BACK = T_LAST + 131.0
+
+
+def _sigstop_in_save(tmp_path: Path) -> tuple[Path, list[dict]]:
+    run = RunDir(tmp_path / "run")
+    _write_steps(run, 0, {st: 900.0 + 0.1 * st for st in range(100)}, range(WORLD))
+    replay = {st: 1031.0 + 0.1 * (st - 50) for st in range(50, 100)}
+    _write_steps(run, 1, {**replay, **{st: T_BACK + 0.1 * (st - 100) for st in range(100, 110)}}, range(WORLD))
+    for r in range(WORLD):
+        _write_trace(run, 0, r, [])           # no record: the save's error escaped the pact (K1)
+        _write_trace(run, 1, r, [], {"outcome": "released", "t_ns": int((T_BACK + 2) * S), "gen": 0, "frontier": 110})
+        if r == 2:  # the stopped rank, killed by torchrun
+            _write_result(run, 0, r, frontier=100, t_start=899.0)
+        else:
+            _write_result(run, 0, r, outcome="exited", exit_code=1, frontier=100, t_start=899.0, t_exit=T_EXIT + 0.01 * r)
+        _write_result(run, 1, r, outcome="finished", exit_code=0, frontier=110, t_start=1025.0, t_exit=T_BACK + 2,
+                      start_step=50, replayed_steps=50)
+    stop = {"index": 0, "kind": "stop", "trigger": "time", "met": True, "t_ns": int(T_STOP * S),
+            "t_end_ns": int((T_STOP + 2.4) * S), "attempt": 0, "identity": 2, "during": "", "duration_s": 2.4,
+            "detail": {}}
+    return run.path, [stop]
+
+
+def test_a_restart_after_a_stop_in_a_checkpoint_save_loses_what_the_steps_say(tmp_path: Path) -> None:
+    """A 3-minute soak met a SIGSTOP during a checkpoint save: training stood still 131 s from the
+    last commit to the first commit of the next attempt past it, yet the judge counted 17.3 s (from
+    the first exit: the stop, 114 s before it, was past the 75 s attribution window) and its exit
+    check said "slowest 0.0 s" (measured from that first exit).  The time lost is the steps files'
+    own span; the exits are timed from the stop."""
+    out, strikes = _sigstop_in_save(tmp_path)
+    v = J.judge(out, seed=7, world=WORLD, spares=2, strikes=strikes, check_snapshots=False, checkpoint_every=50)
+    (rst,) = v.restarts
+    assert rst.lost_s == pytest.approx(T_BACK - T_LAST, abs=2e-3) and rst.lost_s == pytest.approx(131.0, abs=2e-3)
+    assert rst.before_s == pytest.approx(T_EXIT + 0.03 - T_LAST, abs=2e-3)
+    assert rst.after_s == pytest.approx(T_BACK - T_EXIT - 0.03, abs=2e-3)
+    assert (rst.last_step, rst.resumed_at, rst.replayed_steps, rst.back_attempt) == (99, 50, 50, 1)
+    assert rst.cause == "checkpoint_save" and rst.faults == [0] and rst.fault_from == "strike #0 stop", rst
+    (ep,) = [e for e in v.episodes if e.outcome == "L2"]
+    assert ep.lost_s == rst.lost_s and ep.faults == [0] and ep.cause == "checkpoint_save"
+    from accelpact.testing.soak.report import summary_counts
+
+    counts = summary_counts(v)
+    assert counts["by_outcome"]["L2"]["lost_s"] == rst.lost_s
+    assert counts["restarts"]["lost_s"] == rst.lost_s and counts["restarts"]["replayed_steps"] == 50
+    assert counts["restarts"]["by_cause"] == {"checkpoint_save": {"restarts": 1, "lost_s": rst.lost_s, "replayed_steps": 50}}
+    # the exits are timed from the stop: 114 s, K1's (a survivor waits out the save's group), listed as known
+    exits = _check(v, "exits")
+    assert exits.ok and "K1 at a0/g0" in v.known, exits.detail
+    assert "known K1 exits (slowest 114.0s, a0/g0)" in exits.detail, exits.detail
+    strict = _check(J.judge(out, seed=7, world=WORLD, spares=2, strikes=strikes, check_snapshots=False,
+                            checkpoint_every=50, strict=True), "exits")
+    assert not strict.ok and "a0/g0: rank 0 exited 114.0s after the fault" in strict.detail, strict.detail
+    doc = v.to_json()
+    assert doc["restarts"][0]["lost_s"] == rst.lost_s and doc["restart_totals"]["lost_s"] == rst.lost_s
+    # the summary prints it: cause, the stop behind it, time lost and its parts, steps replayed, the totals
+    from rich.console import Console
+
+    from accelpact.testing.soak.report import print_restarts
+
+    con = Console(record=True, width=250)
+    print_restarts(con, v.restarts, v.strikes)
+    text = con.export_text()
+    assert "a0->a1" in text and "checkpoint_save" in text and "#0 stop" in text and "131.0s" in text, text
+    assert "114.1s" in text and "16.9s" in text, text
+    assert "1 restart(s): 131.0s of training lost (each moment once), 50 steps replayed; by cause: checkpoint_save 1" in text
+
+
+def _ending(*acts: tuple) -> list:
+    """Records of an ending episode across ranks: (rank, action, t_s, state, detail[, outcome])."""
+    seqs: dict[int, int] = {}
+    lines = []
+    for x in acts:
+        r = x[0]
+        lines.append(_act(r, seqs.get(r, 0), x[1], x[2], x[3], x[4], outcome=x[5] if len(x) > 5 else "ok"))
+        seqs[r] = seqs.get(r, 0) + 1
+    out = []
+    for r in sorted(seqs):
+        out += _parse([_header(0, r)] + [x for x in lines if x["rank"] == r])
+    return out
+
+
+OBS_DEATH = ({"pc": "observed", "point": "boundary", "frontier": 700, "tau": 700}, {"cause": "death", "dead": [1], "error": None})
+EXITED_70 = {"pc": "exited", "reason": "rejected"}
+
+
+def _reject(why: str, t: float = 1000.2) -> list:
+    return _ending((0, "RankObserve", 1000.0, *OBS_DEATH), (2, "RankObserve", 1000.01, *OBS_DEATH),
+                   (0, "RankReject", t, EXITED_70, {"why": why, "guard": []}, "fail"),
+                   (2, "RankExit", t + 0.01, EXITED_70, {"abort": "rejected"}, "fail"))
+
+
+@pytest.mark.parametrize("recs, codes, kw, cause", [
+    # the goodput bench's real L2 (an exception in backward): the guard fails on a step in flight
+    (_ending((1, "FaultGroupFail", 1000.0, {}, {"point": "backward", "kind": "exception", "step": 3}, "info"),
+             (1, "RankObserve", 1000.001, {"pc": "observed", "point": "backward", "frontier": 3, "tau": 3},
+              {"cause": "in_flight", "in_flight": True, "error": "InjectedFault('injected exception')"}),
+             (1, "RankReject", 1000.002, EXITED_70, {"why": "guard failed: not a clean committed boundary",
+                                                     "guard": ["step is at 'backward', not at the committed boundary"]}, "fail"),
+             (0, "RankExit", 1000.003, EXITED_70, {"abort": "rejected"}, "fail")), {0: 70, 1: 70}, {}, "in_flight"),
+    (_reject("guard failed: not a clean committed boundary"), {0: 70, 1: None, 2: 70, 3: 70}, {}, "guard_failed"),
+    (_reject("a rank died and no spare is left to take its identity"), {0: 70, 1: None, 2: 70, 3: 70}, {}, "no_spare"),
+    (_reject("rank(s) [1] died and no spare is left to take their identity"), {0: 70, 1: None, 2: 70, 3: 70}, {}, "no_spare"),
+    (_reject("a rank died and none of its replicas lives: its shard exists nowhere else"), {0: 70, 1: None, 2: 70, 3: 70}, {},
+     "replicas_lost"),
+    (_reject("key (cpu-gloo, hsdp, boundary, loss) is outside the envelope"), {0: 70, 1: 70, 2: 70, 3: 70}, {},
+     "outside_envelope"),
+    (_reject("a rank died while the survivors were in optimizer: the update may be half applied"),
+     {0: 70, 1: None, 2: 70, 3: 70}, {}, "in_flight"),
+    (_ending((0, "RankLoseStore", 1000.0, {"pc": "exited", "reason": "deadline"}, {"error": "RuntimeError: Connection reset"},
+              "fail"), (1, "RankLoseStore", 1000.1, {"pc": "exited", "reason": "deadline"}, {"error": "x"}, "fail")),
+     {0: 72, 1: 72}, {}, "store_lost"),
+    (_ending((0, "RankArrive", 1000.0, {"pc": "arrived", "frontier": 700, "tau": 700}, {"count": 1, "last": False}),
+             (3, "RankArrive", 1000.1, {"pc": "arrived", "frontier": 701, "tau": 701}, {"count": 2, "last": True}),
+             (3, "RankDecideAgreement", 1000.2, {"pc": "exited", "reason": "mismatch"}, {"decision": "abort:mismatch"}, "fail"),
+             (0, "RankExit", 1000.3, {"pc": "exited", "reason": "mismatch"}, {"abort": "mismatch"}, "fail")),
+     {0: 71, 3: 71}, {}, "mismatch"),
+    (_ending((0, "RankSuspect", 1000.0, {"pc": "exited", "reason": "deadline"},
+              {"pc": "train", "decision": "abort:deadline", "suspect": 2, "kind": "dead", "detected_at_ns": 1}, "fail"),
+             (1, "RankExit", 1000.1, {"pc": "exited", "reason": "deadline"}, {"abort": "deadline"}, "fail")),
+     {0: 72, 1: 72, 2: 143, 3: 72}, {}, "suspected"),
+    (_ending((0, "RankObserve", 1000.0, *OBS_DEATH),
+             (0, "RankTimeout", 1021.0, {"pc": "exited", "reason": "deadline"}, {"decision": "abort:deadline"}, "fail")),
+     {0: 72, 1: None, 2: 72, 3: 72}, {}, "deadline"),
+    # the same, with a crash struck during the episode (the injector's `during`): a fault during a repair
+    (_ending((0, "RankObserve", 1000.0, *OBS_DEATH),
+             (0, "RankTimeout", 1021.0, {"pc": "exited", "reason": "deadline"}, {"decision": "abort:deadline"}, "fail")),
+     {0: 72, 1: None, 2: None, 3: 72},
+     {"faults": [{"index": 4, "kind": "crash", "met": True, "t_ns": int(1000.5 * S), "during": "attempt 0: episode open "
+                  "(r0 RankArrive)"}]}, "fault_during_repair"),
+    # a crash struck before the episode is not one during it
+    (_ending((0, "RankObserve", 1000.0, *OBS_DEATH),
+             (0, "RankTimeout", 1021.0, {"pc": "exited", "reason": "deadline"}, {"decision": "abort:deadline"}, "fail")),
+     {0: 72, 1: None, 2: 72, 3: 72}, {"faults": [{"index": 3, "kind": "crash", "met": True, "t_ns": int(999.9 * S),
+                                                  "during": ""}]}, "deadline"),
+    (_ending((2, "RankFail", 1000.0, {"pc": "exited", "reason": "exception"}, {"error": "ValidationError: digest"}, "fail")),
+     {0: 73, 1: 73, 2: 73, 3: 73}, {}, "exception"),
+    ([], {0: 1, 1: 1, 2: None, 3: 1}, {"frontiers": [100, 100, 100], "checkpoint_every": 50}, "checkpoint_save"),
+    ([], {0: 1, 1: 1, 2: None, 3: 1}, {"frontiers": [100, 100, 100], "checkpoint_every": 30}, "uncaught_error"),
+    ([], {0: None, 1: 143, 2: 143, 3: 143}, {}, "killed"),
+    ([], {0: 72, 1: 72}, {"faults": [{"index": 2, "kind": "store_loss", "met": True, "t_ns": 1, "during": "x"}]}, "store_lost"),
+])
+def test_a_restart_is_named_by_its_recorded_cause(recs: list, codes: dict, kw: dict, cause: str) -> None:
+    from accelpact.testing.soak.restarts import CAUSES, classify
+
+    got, detail = classify(recs, codes, **kw)
+    assert got == cause and got in CAUSES, (got, detail)
+    assert detail and "exit codes" in detail
+
+
+@pytest.mark.parametrize("recs, codes, says", [
+    (_reject("a reason the soak never met"), {0: 70, 2: 70}, "RankReject 'a reason the soak never met'"),
+    ([], {0: 70, 1: 70}, "exit codes r0: 70, r1: 70; no record of the episode"),
+    (_ending((0, "RankExit", 1000.0, EXITED_70, {"abort": "rejected"}, "fail")), {0: 70}, "no record of who decided it"),
+])
+def test_a_restart_of_no_known_cause_says_what_was_recorded(recs: list, codes: dict, says: str) -> None:
+    from accelpact.testing.soak.restarts import CAUSES, Restart, classify
+    from accelpact.testing.soak.restarts import summary as restarts_summary
+
+    got, _ = classify(recs, codes)
+    assert got.startswith("unknown: ") and says in got and got not in CAUSES, got
+    assert restarts_summary([Restart(3, got)])["unknown"] == [f"a3: {got}"]
+    # reported, never hidden: the summary names it
+    from rich.console import Console
+
+    from accelpact.testing.soak.report import print_restarts
+
+    con = Console(record=True, width=400)
+    print_restarts(con, [Restart(3, got)])
+    assert f"restart of unknown cause: a3: {got}" in con.export_text()
+
+
+def _chain(tmp_path: Path) -> RunDir:
+    """Attempt 0 times out after step 9; attempt 1 resumes at 5 and fails at step 7 (its replay); attempt
+    2 resumes at 5 again and passes step 9 at 126 s."""
+    run = RunDir(tmp_path / "run")
+    timeout = ("RankTimeout", None, {"pc": "exited", "reason": "deadline"}, {"decision": "abort:deadline"}, "fail")
+    _write_steps(run, 0, {st: 100.0 + st for st in range(10)}, range(2))
+    _write_steps(run, 1, {5: 115.0, 6: 116.0, 7: 117.0}, range(2))
+    _write_steps(run, 2, {st: 116.0 + st for st in range(5, 12)}, range(2))
+    for r in range(2):
+        obs = ("RankObserve", 109.5, {"pc": "observed", "point": "boundary", "frontier": 10, "tau": 10}, {"cause": "flag"})
+        _write_trace(run, 0, r, [obs, (timeout[0], 111.0 + r, *timeout[2:])], {"outcome": "exited", "code": 72}, world=2)
+        fail = ("RankFail", 118.0, {"pc": "exited", "reason": "exception"}, {"error": "RuntimeError: x"}, "fail")
+        _write_trace(run, 1, r, [(obs[0], 117.5, *obs[2:]), fail], {"outcome": "exited", "code": 73}, world=2)
+        _write_trace(run, 2, r, [], {"outcome": "released"}, world=2)
+        _write_result(run, 0, r, outcome="exited", exit_code=72, frontier=10, t_start=99.0, t_exit=111.0 + r)
+        _write_result(run, 1, r, outcome="exited", exit_code=73, frontier=8, t_start=113.0, t_exit=118.0)
+        _write_result(run, 2, r, outcome="finished", exit_code=0, frontier=12, t_start=119.0, t_exit=128.0)
+    return run
+
+
+def test_restarts_in_a_chain_each_count_their_span_and_the_total_counts_a_moment_once(tmp_path: Path) -> None:
+    from accelpact.testing.soak.restarts import restarts, total_lost_s
+
+    run = _chain(tmp_path)
+    a0, a1 = restarts(run.path, 2)
+    # a0: the last commit before its first record (109.5 s) is step 9 at 109.001 (rank 1); step 10 comes at 126.0
+    assert (a0.cause, a0.last_step, a0.fault_from) == ("deadline", 9, "first record RankObserve (rank 0)")
+    assert a0.lost_s == pytest.approx(126.0 - 109.001, abs=1e-6) and a0.replayed_steps == 3 and a0.resumed_at == 5
+    assert a0.before_s == pytest.approx(112.0 - 109.001, abs=1e-6) and a0.after_s == pytest.approx(126.0 - 112.0, abs=1e-6)
+    # a1 failed in its replay: its last commit is its own step 7 (117.001), its last step still 9
+    assert (a1.cause, a1.last_step, a1.replayed_steps, a1.back_attempt) == ("exception", 9, 5, 2)
+    assert a1.lost_s == pytest.approx(126.0 - 117.001, abs=1e-6)
+    assert a0.overlaps == [1] and a1.overlaps == [0]
+    assert total_lost_s([a0, a1]) == pytest.approx(126.0 - 109.001, abs=1e-3)  # a1's span lies inside a0's
+
+
+def test_a_restart_that_never_came_back_and_a_fault_training_outlived(tmp_path: Path) -> None:
+    from accelpact.testing.soak.restarts import restarts
+
+    run = _chain(tmp_path)
+    for r in range(2):  # the job ended in attempt 1: nothing passed step 9
+        run.steps(2, r).unlink()
+        run.result(2, r).unlink()
+        run.trace(2, r).unlink()
+    (a0,) = restarts(run.path, 2)
+    assert a0.lost_s is None and a0.t_back is None and "no later attempt committed a step past 9" in a0.note
+    # a fault struck at 105.5 s that training outlived (steps 6..9 committed after it, until its episode
+    # began at 109.5 s): those steps were progress; the stall runs from the last of them, and it is said
+    run = _chain(tmp_path / "latent")
+    a0, _ = restarts(run.path, 2, faults={0: [{"index": 1, "kind": "cut_group", "met": True, "t_ns": int(105.5 * S)}]})
+    assert (a0.t_fault, a0.fault_from, a0.faults, a0.committed_after_fault) == (105.5, "strike #1 cut_group", [1], 4)
+    assert a0.last_step == 9 and a0.lost_s == pytest.approx(126.0 - 109.001, abs=1e-6)
+    assert "training outlived the fault by 4 step(s)" in a0.note
+
+
 # ------------------------------------------------------------------------------------- real soaks
 
 #: a short soak's configuration: 2x2 FSDP1, one spare, fixed steps (the fault-free reference is cached)

@@ -1,8 +1,9 @@
 """The soak's summary (rich tables) and timeline (a matplotlib PNG).
 
 The summary: the schedule (printed before the run), faults by kind and by where they struck, each
-episode's outcome (L1 / swap / discard / L2) and the training time it cost, the outcome totals,
-and the judge's checks.  The timeline: committed steps against time for every attempt, every
+episode's outcome (L1 / swap / discard / L2) and the training time it cost, each restart's cause,
+time lost (last commit before the fault to the first commit past it) and steps replayed with their
+totals, the outcome totals, and the judge's checks.  The timeline: committed steps against time for every attempt, every
 episode as a span coloured by its outcome, every fault as a marker on its own row.
 """
 
@@ -14,9 +15,11 @@ from typing import Any, Mapping
 
 from ...impl.rundir import RunDir
 from .judge import KNOWN_BUGS, Verdict, _steps
+from .restarts import Restart, total_lost_s
+from .restarts import summary as restarts_summary
 from .schedule import Schedule
 
-__all__ = ["print_schedule", "print_summary", "summary_counts", "timeline"]
+__all__ = ["print_restarts", "print_schedule", "print_summary", "summary_counts", "timeline"]
 
 OUTCOMES = ("L1", "swap", "discard", "L2", "failed", "split")
 COLOURS = {"L1": "tab:green", "swap": "tab:blue", "discard": "tab:cyan", "L2": "tab:red", "failed": "black",
@@ -53,10 +56,50 @@ def summary_counts(v: Verdict) -> dict[str, Any]:
         row = by_outcome.setdefault(e.outcome, {"episodes": 0, "lost_s": 0.0})
         row["episodes"] += 1
         row["lost_s"] = round(row["lost_s"] + (e.lost_s or 0.0), 3)
+    if "L2" in by_outcome and v.restarts:  # chained restarts share moments: each counted once
+        by_outcome["L2"]["lost_s"] = total_lost_s(v.restarts)
     during = sum(1 for s in met if s.get("during"))
     return {"faults_met": len(met), "faults_scheduled": len(v.strikes), "kinds_met": len(by_kind),
             "by_kind": dict(by_kind), "where": {f"{k}@{w}": n for (k, w), n in sorted(where.items())},
-            "during_recovery": during, "by_outcome": by_outcome}
+            "during_recovery": during, "by_outcome": by_outcome, "restarts": restarts_summary(v.restarts)}
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}s"
+
+
+def print_restarts(console: Any, rs: list[Restart], strikes: list[dict] | None = None, title: str = "restarts") -> None:
+    """Each restart: its cause, the faults behind it, the time lost (from the last commit before the
+    fault to the first commit past it; before / after the attempt's last exit) and the steps
+    replayed; then the totals, by cause, and every unknown cause named."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not rs:
+        console.print(f"{title}: none", highlight=False)
+        return
+    kinds = {s.get("index"): s.get("kind") for s in strikes or ()}
+    t = Table(title=f"{title}: time lost = first commit past the fault's last step - last commit before the fault")
+    for col in ("restart", "cause", "faults", "last step", "time lost", "before exit", "after exit", "replayed",
+                "resumed at", "detail"):
+        t.add_column(col)
+    for r in rs:
+        faults = ", ".join(f"#{i} {kinds.get(i, '?')}" for i in r.faults)
+        cause = r.cause if r.known else f"[yellow]{escape(r.cause)}[/yellow]"
+        lost = _s(r.lost_s) + (f" (overlaps {', '.join(f'a{x}' for x in r.overlaps)})" if r.overlaps else "")
+        t.add_row(f"a{r.attempt}->a{r.attempt + 1}", cause, faults, "-" if r.last_step is None else str(r.last_step), lost,
+                  _s(r.before_s), _s(r.after_s), str(r.replayed_steps), "-" if r.resumed_at is None else str(r.resumed_at),
+                  escape(((r.note + "; ") if r.note else "") + r.detail[:160]))
+    console.print(t)
+    tot = restarts_summary(rs)
+    by = "; ".join(f"{c} {row['restarts']} ({row['lost_s']:.1f}s, {row['replayed_steps']} steps)"
+                   for c, row in sorted(tot["by_cause"].items(), key=lambda kv: -kv[1]["restarts"]))
+    console.print(escape(f"{tot['restarts']} restart(s): {tot['lost_s']:.1f}s of training lost (each moment once), "
+                  f"{tot['replayed_steps']} steps replayed; by cause: {by}"
+                  + (f"; time lost not measured for {tot['lost_s_unmeasured']}" if tot["lost_s_unmeasured"] else "")),
+                  highlight=False)
+    for u in tot["unknown"]:
+        console.print(f"[yellow]restart of unknown cause[/yellow]: {escape(u)}", highlight=False)
 
 
 def print_summary(console: Any, v: Verdict, sched: Schedule, wall_s: float, extra: Mapping[str, Any] | None = None) -> None:
@@ -81,8 +124,11 @@ def print_summary(console: Any, v: Verdict, sched: Schedule, wall_s: float, extr
         faults = ", ".join(f"#{i} {next((s['kind'] for s in v.strikes if s['index'] == i), '?')}" for i in e.faults)
         e_t.add_row(e.name, e.outcome, e.point, "" if e.frontier is None else str(e.frontier), faults,
                     "-" if e.lost_s is None else f"{e.lost_s:.2f}s",
-                    (e.note + (f" exit codes {sorted({str(c) for c in e.exit_codes.values()})}" if e.exit_codes else ""))[:90])
+                    ((f"{e.cause}; " if e.cause else "") + e.note
+                     + (f" exit codes {sorted({str(c) for c in e.exit_codes.values()})}" if e.exit_codes else ""))[:90])
     console.print(e_t)
+
+    print_restarts(console, v.restarts, v.strikes)
 
     o_t = Table(title="outcomes")
     for col in ("outcome", "episodes", "training time lost", "mean"):
