@@ -219,3 +219,124 @@ def test_a_collective_failing_while_the_state_dict_is_gathered_is_a_failed_save(
     with pytest.raises(SaveFailed, match="Connection closed by peer"):
         mgr.save(1, model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert latest_committed(tmp_path) is None
+
+
+# ---- a fault during the save (issue 41): every wait of the save ends on the verdict, one outcome on every rank ----
+def _ack_managers(tmp_path: Path, world: int):
+    import torch.distributed as dist
+
+    from accelpact.impl.runtime.checkpoint import CheckpointManager
+
+    store = dist.HashStore()
+    folder = step_dir(tmp_path, 2)
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in range(world):
+        (folder / f"rank{r}.pt").write_bytes(b"x")
+    return [CheckpointManager(tmp_path, every=2, rank=r, world=world, store=store, commit_timeout_s=60) for r in range(world)], folder
+
+
+def test_a_death_during_the_acknowledgements_withdraws_the_save_on_every_rank(tmp_path: Path) -> None:
+    """Ranks 0 and 1 acknowledged and wait; rank 2 is declared (its death notice: ``abandoned()``
+    names it).  Both waits end with SaveFailed naming rank 2, and a late acknowledgement of rank 2
+    (it died just after its DCP shard, or its acknowledgement was in flight) finds the save withdrawn
+    and fails too: nothing is committed, whoever acknowledged last."""
+    import threading
+
+    from accelpact.impl.runtime.checkpoint import Abandon, SaveFailed
+
+    mgrs, folder = _ack_managers(tmp_path, 3)
+    declared = threading.Event()
+    results: dict = {}
+
+    def rank(r: int) -> None:
+        try:
+            mgrs[r]._acknowledge_and_commit(2, folder, 5, lambda: Abandon("rank 2 died", (2,)) if declared.is_set() else None)
+            results[r] = None
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    declared.set()
+    for t in threads:
+        t.join(30)
+    for r in (0, 1):
+        assert isinstance(results[r], SaveFailed) and results[r].dead == (2,), results
+        assert "abandoned at 2/3 acknowledgements: rank 2 died" in str(results[r]), results
+    with pytest.raises(SaveFailed, match="abandoned at 3/3 acknowledgements: a peer withdrew it"):
+        mgrs[2]._acknowledge_and_commit(2, folder, 5, None)
+    assert not (folder / MARKER).exists()
+
+
+def test_a_save_every_rank_acknowledged_stands_on_a_rank_that_gives_up_after_it(tmp_path: Path) -> None:
+    """Rank 0 waits; its slice ends just as ranks 1 and 2 acknowledge (rank 2 last: it sets ``all``),
+    and by then a peer's death is posted (``abandoned()`` names it).  Rank 0's withdrawal finds every
+    acknowledgement before it, and so does rank 1's after it: the save stands on every rank, and rank
+    0 commits it (as the last acknowledger decided)."""
+    from accelpact.impl.runtime.checkpoint import Abandon
+
+    mgrs, folder = _ack_managers(tmp_path, 3)
+    store = mgrs[0].store
+    key, everyone, gone = "ckpt/step-2/g0/done", "ckpt/step-2/g0/all", "ckpt/step-2/g0/gone"
+
+    class SliceEndsAsPeersAcknowledge:
+        """Rank 0's store: its first wait's slice ends (a timeout) just after the peers acknowledged."""
+
+        def __init__(self) -> None:
+            self.first = True
+
+        def __getattr__(self, name: str):
+            return getattr(store, name)
+
+        def wait(self, keys, timeout=None):
+            if self.first:
+                self.first = False
+                assert int(store.add(key, 1)) == 2  # rank 1
+                mgrs[2]._acknowledge_and_commit(2, folder, 0, None)  # rank 2, the last: `all` is set
+                raise RuntimeError("Wait timeout")
+            return store.wait(keys, timeout)
+
+    mgrs[0].store = SliceEndsAsPeersAcknowledge()
+    mgrs[0]._acknowledge_and_commit(2, folder, 0, lambda: Abandon("rank 1 died", (1,)))
+    assert (folder / MARKER).exists() and json.loads((folder / MARKER).read_text())["tag"] == 0
+    assert mgrs[1]._withdraw(key, everyone, gone, deadline=float("inf")) is None  # a second withdrawal: `all` says
+    assert not store.check([gone])
+
+
+def test_the_save_guard_interrupts_collectives_blocked_on_a_declared_peer(tmp_path: Path, monkeypatch) -> None:
+    """While DCP's collectives run, the save guard asks ``abandoned()`` once per slice; once it names
+    a dead rank, ``interrupt()`` (the engine's: the save's groups' sockets shut down) makes the blocked
+    collective fail now: SaveFailed naming the rank, nothing acknowledged or committed."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint.state_dict as sd
+
+    from accelpact.impl.runtime.checkpoint import Abandon, CheckpointManager, SaveFailed
+
+    shut = threading.Event()
+
+    def blocked_on_a_stopped_peer(*args, **kwargs):  # a collective whose peer never answers
+        if shut.wait(60):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+        raise AssertionError("the save's collective was never interrupted")
+
+    monkeypatch.setattr(sd, "get_state_dict", blocked_on_a_stopped_peer)
+    asked = []
+
+    def abandoned():
+        asked.append(1)
+        return Abandon("rank 1 died or was deposed during the save (death notice)", (1,)) if len(asked) >= 2 else None
+
+    interrupts = []
+    store = dist.HashStore()
+    mgr = CheckpointManager(tmp_path, every=1, rank=0, world=2, store=store, commit_timeout_s=60)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(SaveFailed, match="abandoned in its collectives: rank 1 died") as info:
+        mgr.save(1, model, torch.optim.SGD(model.parameters(), lr=0.1), abandoned=abandoned,
+                 interrupt=lambda: (interrupts.append(1), shut.set()))
+    assert info.value.dead == (1,)
+    assert interrupts == [1] and len(asked) == 2
+    assert not store.check(["ckpt/step-1/g0/done"]) and latest_committed(tmp_path) is None

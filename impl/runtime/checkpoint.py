@@ -8,7 +8,8 @@ A checkpoint of step n lives in ``<root>/step-{n}/``:
   and not part of the DCP state dict);
 * ``COMMITTED``: a JSON marker written by rank 0 *only after every rank acknowledged* (through the
   control-plane store) that its DCP shard and its per-rank file are on disk.  The marker is written
-  to a temp file, fsynced and renamed, so it is either absent or complete.
+  to a temp file, fsynced and renamed, so it is either absent or complete.  It holds the step, the
+  world size, the ``tag`` of the try that committed (the engine's generation) and the time.
 
 Why the marker: a rank killed mid-save leaves a folder that looks like a checkpoint.  Loading it
 would resume from a state that no rank ever had.  :func:`latest_committed` ignores every folder
@@ -27,17 +28,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 from ..deadlines import step_wait_bound
+from ..threadname import EngineThread
 
 __all__ = [
+    "Abandon",
     "CheckpointError",
     "CheckpointManager",
     "Restored",
+    "SaveFailed",
     "committed_steps",
     "latest_committed",
     "step_dir",
@@ -47,17 +52,73 @@ MARKER = "COMMITTED"
 #: One slice of the acknowledgement wait (seconds): how soon ``abandoned()`` is seen, and how many
 #: store requests a long wait costs (one ``wait`` and one ``abandoned()`` per slice per rank).
 ACK_SLICE_S = 1.0
+#: What a rank that gives up the acknowledgement wait adds to the count (``_withdraw``): more than any
+#: world, so the count says both how many acknowledged and whether a withdrawal came first.
+WITHDRAWN = 1 << 32
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
 
+@dataclass(frozen=True)
+class Abandon:
+    """Why a save is abandoned, as ``abandoned()`` says it (:meth:`CheckpointManager.save`): ``why`` in
+    words, ``dead``: the ranks whose death or deposition ended it (none for a peer's failed save)."""
+
+    why: str
+    dead: tuple[int, ...] = ()
+
+
 class SaveFailed(RuntimeError):
-    """A save met a failed collective (its own, or a peer's: the save was abandoned): a group over all
-    of W failed under it (spec/protocol.md P18.4).  Nothing is committed; the engine repairs the groups
-    and the caller saves the same step again."""
+    """A save that cannot complete: it met a failed collective (its own, or a peer's: the save was
+    abandoned: a group over all of W failed under it, spec/protocol.md P18.4), or a rank of W died or
+    was deposed during it (``dead``: those ranks, from the death notices).  Nothing is committed; the
+    engine repairs the groups (or swaps the dead ranks) and the caller saves the same step again."""
+
+    def __init__(self, message: str, dead: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.dead = tuple(dead)
+
+
+def _abandon(why: Any) -> Abandon:
+    """What ``abandoned()`` returned, as an :class:`Abandon` (any other truthy value: a peer's save failed)."""
+    return why if isinstance(why, Abandon) else Abandon("a peer's save failed")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be saved, committed or loaded (the message says which and why)."""
+
+
+class _SaveGuard:
+    """While the save's collectives run (they have no slice to look between): a thread that asks
+    ``abandoned()`` once per :data:`ACK_SLICE_S` and, the first time it answers, records the answer
+    (:attr:`fired`) and calls ``interrupt()``, so that a collective blocked on a dead or stopped peer
+    fails now instead of at its group's timeout.  :meth:`stop` ends the thread (within a slice) and
+    returns what fired, if anything."""
+
+    def __init__(self, abandoned: Callable[[], Any], interrupt: Callable[[], Any], slice_s: float = ACK_SLICE_S) -> None:
+        self.abandoned, self.interrupt, self.slice_s = abandoned, interrupt, slice_s
+        self.fired: Any = None
+        self._stop = threading.Event()
+        self._thread = EngineThread(target=self._run, name="accelpact-save-guard", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> Any:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.slice_s * 10)
+        return self.fired
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.slice_s):
+            try:
+                why = self.abandoned()
+            except Exception:  # noqa: BLE001 - store lost: the watchdog ends the rank (RankLoseStore)
+                continue
+            if why:
+                self.fired = why
+                self.interrupt()
+                return
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -194,14 +255,19 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, module, optimizer, cursor: Any = None, *, tag: int = 0,
-             abandoned: Any = None) -> float:
+             abandoned: Callable[[], Any] | None = None, interrupt: Callable[[], Any] | None = None) -> float:
         """Save step ``step`` on this rank, acknowledge it, wait until every rank acknowledged (or the
         save was abandoned), and (rank 0) commit it.  Returns seconds taken.
 
         ``tag``: which try of this step (the engine's generation: a save abandoned in generation g is
-        taken again in g+1, and counts its acknowledgements apart).  ``abandoned()``: polled while the
-        acknowledgements come in; True means a peer's save failed (the engine's wide revoke, P18.4).
-        A failed collective of the save, or an abandoned save, raises :class:`SaveFailed`."""
+        taken again in g+1, and counts its acknowledgements apart).  ``abandoned()``: falsy while the
+        save may go on; else why it cannot (an :class:`Abandon`; any other truthy value reads as a
+        peer's failed save): a peer's save failed (the engine's wide revoke, P18.4), or a rank of W died
+        or was deposed (a keeper's death notice).  It is polled once per :data:`ACK_SLICE_S`, by a guard
+        thread while the save's collectives run and by the acknowledgement wait after them; once it
+        answers, ``interrupt()`` (given: shut down the sockets of the groups the save runs on) makes a
+        collective blocked on the dead or stopped peer fail at once.  A failed collective of the save,
+        or an abandoned save, raises :class:`SaveFailed` (with the dead ranks, if any)."""
         import torch
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
@@ -210,13 +276,26 @@ class CheckpointManager:
         t0 = time.perf_counter()
         folder = step_dir(self.root, step)
         folder.mkdir(parents=True, exist_ok=True)
+        guard = _SaveGuard(abandoned, interrupt) if self.world > 1 and abandoned is not None and interrupt is not None \
+            else None
         try:
+            if guard is not None:
+                guard.start()
             # FSDP1's optim_state_dict runs collectives of its own (broadcast_object_list on the default
             # group): a failure there is the save's failure too (see bench/README.md, K1)
             model_sd, optim_sd = get_state_dict(module, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
         except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException
+            if guard is not None and guard.stop() is not None:
+                why = _abandon(guard.fired)
+                raise SaveFailed(f"checkpoint step {step}: abandoned in its collectives: {why.why} ({exc!r})"[:600],
+                                 why.dead) from None
             raise SaveFailed(f"checkpoint step {step}: a collective of the save failed: {exc!r}"[:600]) from None
+        finally:
+            if guard is not None:
+                guard.stop()
+        # the guard may have interrupted the groups just as the collectives completed: the save goes on,
+        # and the acknowledgements decide (one outcome on every rank, _acknowledge_and_commit)
         t_dcp = time.perf_counter()
         local = {"step": step, "rank": self.rank, "world": self.world, "rng": torch.get_rng_state(), "cursor": cursor,
                  "optim_key_order": _optim_key_order(optimizer)}
@@ -244,36 +323,52 @@ class CheckpointManager:
         slices of :data:`ACK_SLICE_S`, so one acknowledgement costs one ``add`` and, while the wait
         lasts, one ``wait`` and one ``abandoned()`` call per slice.
 
+        One outcome on every rank.  A rank that gives the wait up (abandoned, or past the bound)
+        withdraws the save by adding :data:`WITHDRAWN` to the same count (:meth:`_withdraw`): the save
+        stands if and only if the last acknowledgement came before the first withdrawal, which both the
+        last acknowledger's ``add`` and every withdrawer's ``add`` read from the count.  A withdrawn
+        save is withdrawn on every rank (a later last acknowledger finds the count past ``world``,
+        sets ``.../gone`` and fails too); a save every rank acknowledged stands on every rank, also on
+        one whose own wait gave up a moment too late (a rank that died just after its acknowledgement).
+
         Bounds.  A slow peer is waited for: the save of a fault-free step is bounded by
         ``commit_timeout_s`` (default: the training groups' collective timeout,
         :func:`accelpact.impl.deadlines.step_wait_bound`, never the recovery's phase deadline), past
         which :class:`CheckpointError` is raised and nothing is committed.  A failed peer ends the wait
-        sooner, through what this code can see of it: ``abandoned()`` (polled once per slice: the
-        engine passes "the wide revoke of this generation stands", published by a rank whose save met
-        a failed collective) raises :class:`SaveFailed`; a peer the failure detector declares dead or
-        hung (in about a second for a crash or a stop) ends this process itself, for the watchdog exits
-        every survivor (``RankSuspect``), so the wait ends with it.  Only with spares, where a
-        declared peer is excused for a hot swap, is the verdict not seen here unless ``abandoned()``
-        includes it."""
+        within a slice through ``abandoned()``: the engine passes "the wide revoke of this generation
+        stands" (a rank whose save met a failed collective published it) and, with spares, "a keeper
+        posted a death notice" (a crash, or a stopped or hung rank that the failure detector declared
+        and its keeper deposed): :class:`SaveFailed`, naming the dead ranks.  Without spares a peer
+        the failure detector declares dead or hung ends this process itself (the watchdog exits every
+        survivor, ``RankSuspect``), so the wait ends with it."""
         if self.world > 1:
             key = f"ckpt/step-{step}/g{tag}/done"
             everyone = f"ckpt/step-{step}/g{tag}/all"
+            gone = f"ckpt/step-{step}/g{tag}/gone"
             count = int(self.store.add(key, 1))
-            if count >= self.world:
+            if count == self.world:
                 self.store.set(everyone, str(count))
+            elif count > self.world:  # a peer withdrew the save before this acknowledgement
+                acks = count % WITHDRAWN
+                if acks == self.world:  # the last acknowledgement: the peers still deciding read it here
+                    self.store.set(gone, "1")
+                why = _abandon(abandoned() if abandoned is not None else None)
+                raise SaveFailed(f"checkpoint step {step}: abandoned at {acks}/{self.world} acknowledgements: a peer "
+                                 f"withdrew it ({why.why})", why.dead)
             else:
-                self._await_everyone(step, key, everyone, abandoned)
+                self._await_everyone(step, key, everyone, gone, abandoned)
         if self.rank != 0:
             return
         missing = [r for r in range(self.world) if not (folder / f"rank{r}.pt").exists()]
         if missing:
             raise CheckpointError(f"checkpoint step {step}: ranks {missing} acknowledged but their rank files are missing in {folder}")
-        marker = {"step": step, "world": self.world, "time": time.time()}
+        marker = {"step": step, "world": self.world, "tag": tag, "time": time.time()}
         _atomic_write(folder / MARKER, json.dumps(marker).encode())
 
-    def _await_everyone(self, step: int, key: str, everyone: str, abandoned: Any) -> None:
+    def _await_everyone(self, step: int, key: str, everyone: str, gone: str, abandoned: Any) -> None:
         """Block until ``everyone`` is set (the last acknowledger's), in slices: each slice one
-        ``store.wait``; between slices ``abandoned()`` and the bound (see :meth:`_acknowledge_and_commit`)."""
+        ``store.wait``; between slices ``abandoned()`` and the bound, either of which withdraws the save
+        (see :meth:`_acknowledge_and_commit`)."""
         import datetime
 
         deadline = time.monotonic() + self.commit_timeout_s
@@ -286,18 +381,39 @@ class CheckpointManager:
                 except Exception as exc:  # noqa: BLE001 - a wait's timeout (DistStoreError/RuntimeError); a lost store is re-raised below
                     if not _is_timeout(exc):
                         raise
-            if abandoned is not None and abandoned():
-                raise SaveFailed(f"checkpoint step {step}: a peer's save failed (abandoned at {self._count(key)}/{self.world} "
-                                 "acknowledgements)")
-            if time.monotonic() >= deadline:
-                if self.store.check([everyone]):
-                    return
-                raise CheckpointError(
-                    f"checkpoint step {step}: only {self._count(key)}/{self.world} ranks acknowledged within "
-                    f"{self.commit_timeout_s}s; not committing it (resume uses the previous committed checkpoint)")
+            why = abandoned() if abandoned is not None else None
+            if not why and time.monotonic() < deadline:
+                continue
+            acks = self._withdraw(key, everyone, gone, deadline)
+            if acks is None:  # every rank acknowledged before the first withdrawal: the save stands
+                return
+            if why:
+                reason = _abandon(why)
+                raise SaveFailed(f"checkpoint step {step}: abandoned at {acks}/{self.world} acknowledgements: {reason.why}",
+                                 reason.dead)
+            raise CheckpointError(
+                f"checkpoint step {step}: only {acks}/{self.world} ranks acknowledged within "
+                f"{self.commit_timeout_s}s; not committing it (resume uses the previous committed checkpoint)")
 
-    def _count(self, key: str) -> int:
-        return int(self.store.add(key, 0))
+    def _withdraw(self, key: str, everyone: str, gone: str, deadline: float) -> int | None:
+        """Withdraw the save (add :data:`WITHDRAWN` to the count): the acknowledgements counted before
+        it, or None when the save stands (every rank acknowledged before the first withdrawal).  Read
+        from this ``add``: fewer than ``world`` acknowledgements: withdrawn (this rank sets ``gone`` for
+        the peers that withdraw after the last acknowledgement); all of them and this the first
+        withdrawal: the save stands; all of them after an earlier withdrawal: the last acknowledger's
+        key says which came first (``everyone`` or ``gone``), awaited until ``deadline``."""
+        withdrawals, acks = divmod(int(self.store.add(key, WITHDRAWN)), WITHDRAWN)
+        if acks < self.world:
+            self.store.set(gone, "1")
+            return acks
+        if withdrawals == 1:
+            return None
+        while True:
+            if self.store.check([everyone]):
+                return None
+            if self.store.check([gone]) or time.monotonic() >= deadline:
+                return acks
+            time.sleep(0.01)
 
     # ------------------------------------------------------------------ load
     def load(self, step: int, module, optimizer) -> Restored:
