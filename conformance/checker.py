@@ -38,12 +38,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..model.batches import share as batch_share
 from ..model.contract import EnvelopeError, IN_FLIGHT_PHASES, envelope_from_mapping, without_discard
-from ..model.protocol import Action, all_actions, link_arg, true_lookup
+from ..model.protocol import Action, _replicas_in, all_actions, link_arg, true_lookup
 from ..model.transitions import actions_for, enabled, successors
 from ..model.state import (
     PC_CRASHED,
     PC_EXITED,
+    PC_LEFT,
+    PC_OBSERVED,
     PC_TRAIN,
     Config,
     Rank,
@@ -137,7 +140,53 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
         cfg = cfg.with_(envelope=without_discard(cfg.envelope, "the job was attached without rebuild="))
     else:  # it discards in place, behind the commit fence (P17.2)
         cfg = cfg.with_(fence=True)
+    cfg = with_elastic(cfg, traces)  # shrink, grow, refill (issue 41): without the fence, see there
     return cfg.with_(profile=profile or h["profile"]) if profile or h.get("profile") else cfg
+
+
+def elastic_from_headers(traces: Mapping[int, RankTrace]) -> dict[str, Any]:
+    """Issue 41 (spec/protocol.md P19) as the trace headers say, as :class:`Config` fields.
+
+    ``shrink`` and ``micro_batches``: the job opted in (``attach(micro_batches=M)``: the engine's header
+    says ``"shrink": true, "micro_batches": M``).  ``refill``: a keeper may have started a fresh spare for
+    a dead worker, which no trace records (keepers are not traced; ``KeeperRefill`` is an unlogged model
+    step, :meth:`TraceChecker._refills`).  A header's ``"refill"`` (true/false) says it; a header
+    without one: whenever the job had spares or opted in to shrink (a keeper refills by default,
+    ``ACCELPACT_REFILL=1``) and the records need it: the job opted in to shrink (its grows take spares
+    from the pool), or more spares joined (``SpareJoin`` records) than the job had.  A refill is
+    optional in the model (it allows every run without one too), so assuming it loses no honest run;
+    it is not assumed otherwise because the model has no refill beside the commit fence
+    (:func:`with_elastic`), which every job with spares has.  :class:`TraceError` when the ranks' first headers disagree or a field is malformed."""
+    firsts = [tr.header for tr in traces.values()]
+    said = {(bool(h.get("shrink")), h.get("micro_batches"), h.get("refill")) for h in firsts}
+    if len(said) > 1:
+        raise TraceError(f"the ranks' trace headers disagree on shrink/micro_batches/refill {sorted(map(str, said))}: "
+                         "one job opts in or not; were traces of different runs mixed in one folder?")
+    shrink, m, refill = next(iter(said)) if said else (False, None, None)
+    out: dict[str, Any] = {}
+    if shrink:
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise TraceError(f"trace header field 'micro_batches' must be an integer >= 1 with 'shrink', got {m!r}")
+        out.update(shrink=True, micro_batches=m)
+    if refill is not None and not isinstance(refill, bool):
+        raise TraceError(f"trace header field 'refill' must be true or false, got {refill!r}")
+    spares = max([int(h.get("spares") or 0) for h in firsts] or [0])
+    joins = sum(1 for tr in traces.values() for rec in tr.records if rec.action == "SpareJoin")
+    if refill if refill is not None else (shrink or (joins > spares)):
+        out["refill"] = True
+    return out
+
+
+def with_elastic(cfg: Config, traces: Mapping[int, RankTrace]) -> Config:
+    """``cfg`` with issue 41 as the headers say (:func:`elastic_from_headers`).  The model does not yet
+    have shrink or refill beside the commit fence (``Config`` refuses both, P17.2 x P19), and a job that
+    opted in attaches with ``rebuild=`` (so it discards behind the fence): such a job is modelled
+    without the fence (a failure in forward or backward is then not stopped before its commit in the
+    model; the deaths a shrink or a refill follows are judged exactly)."""
+    elastic = elastic_from_headers(traces)
+    if not elastic:
+        return cfg
+    return cfg.with_(fence=False, **elastic)
 
 
 def abstraction_from_records(traces: Mapping[int, RankTrace]) -> Abstraction:
@@ -150,7 +199,7 @@ def abstraction_from_records(traces: Mapping[int, RankTrace]) -> Abstraction:
     for tr in traces.values():
         for rec in tr.records:
             f = rec.state.get("frontier")
-            if rec.action == "RankObserve" and isinstance(f, int):
+            if rec.action in ("RankObserve", "RankStartGrow") and isinstance(f, int):  # a grow's record is its observation
                 bases[rec.gen] = min(bases.get(rec.gen, f), f)
     return Abstraction(bases)
 
@@ -173,7 +222,8 @@ def count_unlogged_faults(traces: Mapping[int, RankTrace]) -> int:
     signal from outside, or by torchrun for a restart).  With the logged ones, the checker's budget
     for silent faults (:class:`TraceChecker` ``silent_faults``)."""
     logged = {rec.gen for tr in traces.values() for rec in tr.records if rec.action.startswith("Fault")}
-    episodes = {rec.gen for tr in traces.values() for rec in tr.records if rec.action == "RankObserve"} - logged
+    grows = {rec.gen for tr in traces.values() for rec in tr.records if rec.action == "RankStartGrow"}  # no fault started it
+    episodes = {rec.gen for tr in traces.values() for rec in tr.records if rec.action == "RankObserve"} - logged - grows
     killed = sum(1 for tr in traces.values() if tr.end is None and not any(rec.action == "FaultCrash" for rec in tr.records))
     return len(episodes) + killed
 
@@ -271,11 +321,12 @@ def resume_alone(cfg: Config, s: State, r: int) -> bool:
 
 def _held(pre: State, post: State, r: int) -> Rank:
     """Rank r as a record of step pre -> post describes it: as the model has it after the step, but
-    an exit record reports what the process held as it exited, which the model's exited rank no
+    an exit (or a leave) record reports what the process held as it exited, which the model's exited rank no
     longer holds (an exit keeps only pc, gen, reason and delayed: ``protocol._EXIT_FORGETS``)."""
     rk = post.ranks[r]
-    if rk.pc != PC_EXITED or pre.ranks[r].pc == PC_EXITED:
+    if rk.pc not in (PC_EXITED, PC_LEFT) or pre.ranks[r].pc == rk.pc:
         return rk
+    # a RankLeave (P19.3) forgets as an exit does (but the incarnation): its record reports what it held
     return replace(pre.ranks[r], pc=rk.pc, gen=rk.gen, reason=rk.reason, hung=False, raised=False)
 
 
@@ -321,8 +372,16 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
         elif k == "wide":
             if v is not None and int(v) != rk.wide:
                 return f"wide={v} (the generation of the groups over W it holds) but the model has {rk.wide}"
+        elif k in ("share", "active") and a.name == "RankResume":
+            why = _batch_disagreement(cfg, post, pre.ranks[r].gen, r, k, v)
+            if why:
+                return why
     g = pre.ranks[r].gen
     d = rec.detail
+    if rec.action in ("RankShrink", "RankLeave", "RankStartGrow"):
+        why = _elastic_disagreement(cfg, pre, post, g, rec)
+        if why:
+            return why
     if a.name == "RankDecideAgreement" and "decision" in d:
         if d["decision"] != true_lookup(post.store.agree, g):
             return f"decision {d['decision']!r} but the model decided {true_lookup(post.store.agree, g)!r}"
@@ -348,8 +407,82 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
     return None
 
 
+def _batch_disagreement(cfg: Config, post: State, g: int, r: int, k: str, v: Any) -> str | None:
+    """A ``RankResume`` record's ``share`` (the micro-batches of every step its replica processes from
+    F on) or ``active`` (the replicas in the data-parallel dimension) against the model's (P19.2:
+    ``State.shares``, decided by generation g's release, ``model/batches.share``)."""
+    if not cfg.shrink:
+        return (f"{k}={v!r}, but the model counts no micro-batches: the job's trace headers do not say it opted in "
+                "('shrink', 'micro_batches')")
+    if k == "active":
+        want = list(_replicas_in(cfg, post, g))
+        return None if isinstance(v, list) and sorted(v) == want else \
+            f"active={v!r} but the model has replicas {want} in the data-parallel dimension of generation {g}"
+    got = [sh for gg, rr, sh in post.shares if gg == g and rr == r]
+    want_share = list(got[0]) if got else list(batch_share(cfg.replica_of(r), _replicas_in(cfg, post, g), cfg.total_micro_batches))
+    if not isinstance(v, list) or v != want_share:
+        return (f"share={v!r} but the model has replica {cfg.replica_of(r)} process micro-batches {want_share} of "
+                f"{cfg.total_micro_batches} (replicas {list(_replicas_in(cfg, post, g))} in generation {g})")
+    return None
+
+
+def _ranks_of(cfg: Config, replicas) -> list[int]:
+    return sorted(q for i in replicas for q in cfg.replica_ranks(i))
+
+
+def _elastic_disagreement(cfg: Config, pre: State, post: State, g: int, rec: Record) -> str | None:
+    """What a shrink's, a leave's or a grow's record says of the replicas against the model (P19):
+    ``RankShrink``: ``replicas`` (those it wrote out) and ``leaving`` (their ranks); ``RankLeave``:
+    ``leaving`` (the ranks of the replicas out in its generation); ``RankStartGrow``: ``vacant`` (the
+    identities the grow stands dead, to be claimed)."""
+    d = rec.detail
+    if rec.action == "RankShrink":
+        out = sorted(i for gg, i in post.store.shrunk - pre.store.shrunk if gg == g)
+        if "replicas" in d and sorted(d["replicas"] or ()) != out:
+            return f"replicas={d['replicas']!r} but the model writes replica(s) {out} out"
+        if "leaving" in d and sorted(d["leaving"] or ()) != _ranks_of(cfg, out):
+            return f"leaving={d['leaving']!r} but the model's replica(s) {out} out are ranks {_ranks_of(cfg, out)}"
+    elif rec.action == "RankLeave" and "leaving" in d:
+        want = _ranks_of(cfg, {i for gg, i in post.store.shrunk if gg == g})
+        if sorted(d["leaving"] or ()) != want:
+            return f"leaving={d['leaving']!r} but the replicas out in generation {g} are ranks {want}"
+    elif rec.action == "RankStartGrow" and "vacant" in d:
+        grown = {i for gg, i in post.store.grown if gg == g}
+        want = sorted(q for gg, q in post.store.dead if gg == g and cfg.replica_of(q) in grown)
+        if sorted(d["vacant"] or ()) != want:
+            return f"vacant={d['vacant']!r} but the model's grow in generation {g} stands ranks {want} dead (replica(s) {sorted(grown)})"
+    return None
+
+
 # --------------------------------------------------------------------------------------
 # The search
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """Model steps that one record stands for, in order (the last is the record's own action): unlogged
+    ``KeeperRefill`` steps the record needed before it (:meth:`TraceChecker._refills`), and the engine's
+    ``RankStartGrow`` record, which is the model's ``RankStartGrow`` (by the rank that opened the grow)
+    and that rank's ``RankObserve`` at the boundary, or the observation alone (a rank that found the
+    grow open: every rank records ``RankStartGrow``, the grow's single assignment, impl/shrink.py
+    ``grow_decision``)."""
+
+    steps: tuple[Action, ...]
+
+    @property
+    def name(self) -> str:
+        return self.steps[-1].name
+
+    @property
+    def rank(self) -> int | None:
+        return self.steps[-1].rank
+
+    @property
+    def arg(self) -> str | None:
+        return self.steps[-1].arg
+
+    def __str__(self) -> str:
+        return " -> ".join(map(str, self.steps))
+
 
 @dataclass(frozen=True, slots=True)
 class Node:
@@ -411,6 +544,8 @@ class TraceChecker:
         if silent_faults is None:
             silent_faults = script is not None
         self.silent = tuple(a for a in self.actions if (silent_faults and a.name.startswith("Fault")) or a.name == "SupervisorRestart")
+        #: a keeper's refill (P19.4): unlogged, inserted before a record's match where the model enables it (_refills)
+        self.refill_actions = tuple(a for a in self.actions if a.name == "KeeperRefill")
         self.silent_faults = any(a.name.startswith("Fault") for a in self.silent)
         self.prechecks = prechecks and cfg.mutant is None
         # (RankArrive | RankReady, generation) whose records are ordered by the store's counter: each
@@ -539,19 +674,63 @@ class TraceChecker:
         else:
             cands = self.by_rank.get((rec.action, r), [])
         table = actions_for(self.cfg)
-        for a in cands:
-            spec = table[a.name]
-            if not spec.enabled(self.cfg, s, a.rank, a.arg):
+        plans: list[tuple[Action, ...]] = [(a,) for a in cands]
+        if rec.action == "RankStartGrow" and self.cfg.shrink:
+            # the engine's record of a grow: the opener's RankStartGrow and its observation, or the
+            # observation alone of a rank that found the grow open in its generation (Steps)
+            observe = Action("RankObserve", r, "boundary")
+            plans.append((Action("RankStartGrow", r), observe))
+            if any(gg == s.ranks[r].gen for gg, _i in s.store.grown):
+                plans.append((observe,))
+        for pre_steps, s0 in self._refills(s):
+            for plan in plans:
+                t, ok, fired = s0, True, node.fired
+                for a in plan:
+                    spec = table[a.name]
+                    if not spec.enabled(self.cfg, t, a.rank, a.arg):
+                        ok = False
+                        break
+                    if self.script is not None and a.name.startswith("Fault"):
+                        i = self.script.allowed(t, a, fired)
+                        if i is None:
+                            ok = False
+                            break
+                        fired = fired | {i}
+                    t = spec.step(self.cfg, t, a.rank, a.arg)
+                if not ok:
+                    continue
+                a = plan[-1]
+                if a.name == "FaultGroupFail":
+                    why = None if rec.gen == s.ranks[r].gen else f"record gen {rec.gen} but the rank was in {s.ranks[r].gen}"
+                else:
+                    why = disagreement(self.cfg, self.abst, s, a, t, rec)
+                label = a if len(plan) == 1 and not pre_steps else Steps(pre_steps + plan)
+                yield label, Node(t, cursors, fired, 0, done=done, left=left), why
+
+    def _refills(self, s: State) -> list[tuple[tuple[Action, ...], State]]:
+        """The states a record may be matched from: ``s`` itself, and ``s`` after 1..n of the n
+        ``KeeperRefill`` steps the model enables there (P19.4: a keeper starts a fresh spare for its dead
+        worker, once per dead process; keepers write no trace).  A refill only adds a spare to the pool
+        (``Store.spares``, history ``pooled``), commutes with every other step and is never disabled but
+        by the job's end (its abort, the store's loss), after which nothing reads the pool: every
+        accepting path can be reordered to take each refill just before the next step it enables or
+        changes, i.e. as a prefix of a record's match.  Refills of different dead processes differ only
+        in which one's refill is spent, so the first k (in the model's action order) stand for any k:
+        n + 1 variants, not 2^n."""
+        out = [((), s)]
+        if not self.refill_actions:
+            return out
+        table = actions_for(self.cfg)
+        spec = table["KeeperRefill"]
+        pending = [a for a in self.refill_actions if spec.enabled(self.cfg, s, a.rank, a.arg)]
+        t, taken = s, ()
+        for a in pending:
+            if not spec.enabled(self.cfg, t, a.rank, a.arg):
                 continue
-            ok, fired = self._script_ok(node, a)
-            if not ok:
-                continue
-            t = spec.step(self.cfg, s, a.rank, a.arg)
-            if a.name == "FaultGroupFail":
-                why = None if rec.gen == s.ranks[r].gen else f"record gen {rec.gen} but the rank was in {s.ranks[r].gen}"
-            else:
-                why = disagreement(self.cfg, self.abst, s, a, t, rec)
-            yield a, Node(t, cursors, fired, 0, done=done, left=left), why
+            t = spec.step(self.cfg, t, a.rank, a.arg)
+            taken = taken + (a,)
+            out.append((taken, t))
+        return out
 
     def _silent(self, node: Node):
         if node.silent >= self.silent_bound:
@@ -573,6 +752,10 @@ class TraceChecker:
                 return False  # the guard ends the window of the rank's own silent FaultCorrupt
             return name != "RankResume" or resume_alone(self.cfg, node.state, r)
         unless = _ALONE_UNLESS.get(name)
+        if name == "RankArrive" and self.cfg.shrink:
+            # P19.1: with a shrink a death joins its episode only before anyone arrived: an arrival
+            # disables a logged FaultCrash still to come (an ``other`` record)
+            unless = (_OTHER,)
         if not quiet or unless is None or any(node.left[k] for k in unless):
             return False
         return name not in _COUNTED or (name, rec.gen, rec.detail.get("count")) in self.ordered
@@ -611,6 +794,10 @@ class TraceChecker:
                             "(only a rank killed by a signal may lack one: truncated?)")
                 continue
             out = end.get("outcome")
+            if out == "left":  # its replica left (P19.3): it idled as a spare until the job ended
+                if rk.pc != PC_LEFT:
+                    return f"rank {r} ends 'left' but the model has it {rk.pc} (only a rank whose replica left idles as a spare)"
+                continue
             if out == "released" and not (rk.pc == PC_TRAIN and not rk.hung):
                 return f"rank {r} ends 'released' but the model has it {rk.pc}"
             if out == "exited" and rk.pc not in (PC_EXITED,) and not s.supervisor:
@@ -816,6 +1003,8 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
     recs: dict[int, list[Record]] = {r: [] for r in cfg.world}
     logger = cfg.affected[0]  # failing="one": FaultGroupFail has no actor; "any": its representative logs it
     for i, (a, pre, post) in enumerate(path):
+        if a.name in ("KeeperRefill", "RankStartGrow"):
+            continue  # keepers write no trace; a grow is recorded by each rank's observation of it (below)
         r = a.rank if a.rank is not None else (logger if a.name == "FaultGroupFail" else None)
         if a.name == "FaultGroupFail" and post.store.failed is not None:
             # the rank that meets the failure logs it: one already training in the failure's
@@ -842,6 +1031,23 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
             state["wide"] = rk.wide
         g = pre.ranks[r].gen
         detail: dict[str, Any] = {}
+        name = a.name
+        if cfg.shrink:
+            # issue 41, as the engine records it (impl/effects.py, impl/recovery.py): a resume says the
+            # share and the replicas of the generation it resumes from; a shrink and a leave name the
+            # replicas out; every rank records its observation of a grow as RankStartGrow
+            if name == "RankResume":
+                (sh,) = [x for gg, rr, x in post.shares if gg == g and rr == r]
+                state.update(share=list(sh), active=list(_replicas_in(cfg, post, g)))
+            elif name == "RankShrink":
+                out = sorted(i for gg, i in post.store.shrunk - pre.store.shrunk if gg == g)
+                detail.update(leaving=_ranks_of(cfg, out), replicas=out)
+            elif name == "RankLeave":
+                detail["leaving"] = _ranks_of(cfg, {i for gg, i in post.store.shrunk if gg == g})
+            elif name == "RankObserve" and any(gg == g for gg, _i in post.store.grown):  # the episode of g is a grow
+                grown = {i for gg, i in post.store.grown if gg == g}
+                name = "RankStartGrow"
+                detail["vacant"] = sorted(q for gg, q in post.store.dead if gg == g and cfg.replica_of(q) in grown)
         if a.name == "FaultGroupFail":
             detail["point"] = a.arg
             state = {}
@@ -857,15 +1063,23 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
             detail["last"] = (g, r) in (post.store.last_arriver if a.name == "RankArrive" else post.store.last_ready)
             rows = post.store.arrivals if a.name == "RankArrive" else post.store.ready
             detail["count"] = sum(1 for x in rows if x[0] == g)
-        recs[r].append(Record(r, len(recs[r]), a.name, g, "ok", t0 + i, state, detail))
+        recs[r].append(Record(r, len(recs[r]), name, g, "ok", t0 + i, state, detail))
     final = path[-1][2] if path else initial_state(cfg)
     out = {}
     for r in cfg.world:
         rk = final.ranks[r]
         header = {"type": "header", "format": TRACE_FORMAT, "rank": r, "world": len(cfg.world), "nodes": cfg.nodes,
                   "ranks_per_node": cfg.ranks_per_node, "group": cfg.group, "affected": list(cfg.affected), "attempt": 0}
+        if cfg.spares:
+            header["spares"] = cfg.spares
+        if cfg.shrink:  # as the engine's header says a job that opted in (impl/launch/api.py)
+            header.update(shrink=True, micro_batches=cfg.total_micro_batches)
+        if cfg.refill and not cfg.shrink:  # the headers' inference (elastic_from_headers) may not need it
+            header["refill"] = True
         end = None
-        if rk.pc == PC_TRAIN and not rk.hung:
+        if rk.pc == PC_LEFT:
+            end = {"type": "end", "outcome": "left"}
+        elif rk.pc == PC_TRAIN and not rk.hung:
             end = {"type": "end", "outcome": "released"}
         elif rk.pc == PC_EXITED or (final.supervisor and rk.reason):
             end = {"type": "end", "outcome": "exited", "reason": rk.reason}

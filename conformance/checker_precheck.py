@@ -41,6 +41,7 @@ from ..model.state import (
     PC_EXITED,
     PC_GUARDED,
     PC_JOINED,
+    PC_LEFT,
     PC_OBSERVED,
     PC_READY,
     PC_REBOUND,
@@ -112,6 +113,13 @@ _STEPS: dict[str, tuple[frozenset[str] | str | None, str | None]] = {
     "SpareJoin": (_MODEL, PC_JOINED),
     "RankTransferState": (_MODEL, None),  # changes the spare's rank, not its own
     "RankFenced": (None, None),                            # a deposed process, outside the seats
+    # shrink, grow, refill (spec/protocol.md P19; impl/effects.py, impl/recovery.py write the rank records)
+    "RankShrink": (_MODEL, None),     # writes the dead ranks' replicas out; the decider's pc stays
+    "RankLeave": (_MODEL, PC_LEFT),
+    # the model's leaves the opener training; the engine's record is the opener's (or a peer's)
+    # observation of the grow too (pc observed, checker.Steps): _walk reads which from the record
+    "RankStartGrow": (_MODEL, None),
+    "KeeperRefill": (None, None),     # a keeper's step, never logged: it changes the pool, no rank
 }
 
 
@@ -206,6 +214,12 @@ def _walk(cfg: Config, r: int, recs: list[Record], silent_crash: bool = False) -
         def bad(why: str, rec: Record = rec, i: int = i) -> tuple[_Rank, Finding]:
             return rk, Finding(r, i, rec, why)
 
+        if a == "SpareJoin" and cfg.shrink and rec.gen > rk.gen and (rk.pc in (PC_CRASHED, PC_LEFT) or silent_crash):
+            # a grow (P19.3) stands the vacant identity dead in its own generation: a spare (or the
+            # identity's own idle process, which left) joins there, generations after the seat emptied
+            rk.gen, rk.pc = rec.gen, PC_CRASHED
+        if a == "SpareJoin" and cfg.shrink and rk.pc == PC_LEFT:
+            rk.pc = PC_CRASHED  # the grow's vacant seat: its own idle process may take it back
         if rec.gen != rk.gen:
             return bad(f"record gen {rec.gen} but the rank is in generation {rk.gen} "
                        f"({rk.gen} RankResume record(s) before it)")
@@ -223,6 +237,8 @@ def _walk(cfg: Config, r: int, recs: list[Record], silent_crash: bool = False) -
             rk.point = ""
         elif a in ("RankObserve", "RankDiscardStep"):
             rk.point = None  # a discard moves the rank back to the committed boundary
+        elif a == "RankStartGrow" and rec.state.get("pc") == PC_OBSERVED:
+            rk.pc, rk.point = PC_OBSERVED, None  # the engine's record is also the rank's observation of the grow
         elif a == "SpareJoin":
             rk.point = _ANY_POINT  # a peer's RankTransferState sets it: not this trace's to tell
         elif a == "RankReplace" and "comm" in rec.state:  # R's (or every group's); else only the groups over W
@@ -294,7 +310,8 @@ def _detail(cfg: Config, action: str, d: Mapping[str, Any]) -> str | None:
         n, w = _int(d["count"]), len(cfg.world)
         if n is None or not 0 <= n <= w:
             return f"count={d['count']!r}: the store's counter of a {w}-rank world counts 0..{w}"
-        if "last" in d and bool(d["last"]) != (n == w):
+        # with a shrink (P19.1) the barriers count the data-parallel dimension, not W: the search judges
+        if "last" in d and not cfg.shrink and bool(d["last"]) != (n == w):
             return (f"last={d['last']} with count={n}: the add that brings the counter to |W| = {w} is the last "
                     "(and only that one)")
     return None
@@ -371,7 +388,7 @@ def _across(cfg: Config, traces: Mapping[int, RankTrace], silent_possible: Calla
                     out.append(Finding(r, i, rec, f"{decide} by rank {r}, whose {mine[0][2]} says last=false: only the "
                                                   "last to add decides"))
                 missing = sorted(set(world) - {x[0] for x in adds})
-                if missing:
+                if missing and not cfg.shrink:  # a shrink's barrier counts the data-parallel dimension only
                     out.append(Finding(r, i, rec, f"{decide} needs the {what}s of all {w} ranks in generation {g}, "
                                                   f"but rank(s) {_few(missing)} record no {add} there"))
             reads = by.get((read, g), [])
@@ -409,6 +426,9 @@ def _ends(cfg: Config, traces: Mapping[int, RankTrace], final: Mapping[int, _Ran
                 out.append(Finding(r, None, None, f"the trace stops with the rank {rk.pc}; only a rank killed by a signal "
                                                   f"lacks an end record: neither crashed (no FaultCrash) nor killed for a "
                                                   f"restart (rank {released[0]} was released) (truncated?)"))
+        elif out_ == "left" and rk.pc != PC_LEFT:
+            out.append(Finding(r, None, None, f"left, but its last record leaves the rank {rk.pc} (only a RankLeave "
+                                              "leaves a rank idle as a spare)"))
         elif out_ == "released" and rk.pc != PC_TRAIN:
             out.append(Finding(r, None, None, f"released, but its last record leaves the rank {rk.pc} (the model "
                                               "releases a rank by its RankResume)"))

@@ -28,7 +28,7 @@ from ..model.faults import KINDS
 from ..impl.launch.snapshots import compare_runs
 from ..impl.rundir import RunDir
 from ..impl.trace import TraceError, load_traces
-from .checker import Abstraction, TraceChecker, engine_contract
+from .checker import Abstraction, TraceChecker, engine_contract, with_elastic
 from .mapping import model_config, script_for
 from .outcomes import model_outcomes
 from .scenario import CONFORMANCE_COLLECTIVE_TIMEOUT_S, Scenario
@@ -101,6 +101,8 @@ def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
     :class:`TraceError` when the files are unusable (missing, torn, a rank without a trace)."""
     runs = sorted(load_traces(out).items())
     cfg = model_config(sc, **(engine_contract(runs[0][1]) if runs else {}))
+    if runs:  # a job that opted in to shrink, or whose keepers refilled the pool (issue 41): as its headers say
+        cfg = with_elastic(cfg, runs[0][1])
     msgs = []
     ok = True
     for attempt, traces in runs:

@@ -1363,8 +1363,8 @@ def _st_leave(cfg, s, r, arg) -> State:
 
 
 def _en_start_grow(cfg, s, r, arg) -> bool:
-    """At a committed boundary with no episode under way, a rank finds a replica out and the pool
-    holding a spare for each of its ranks: it opens a grow in its generation (P19.3)."""
+    """At a committed boundary with no episode under way, a rank finds replicas out and the pool
+    holding a spare for every vacant identity: it opens a grow in its generation (P19.3)."""
     if not s.store.out or s.store.abort or s.store.down:
         return False
     rk = s.ranks[r]
@@ -1374,19 +1374,19 @@ def _en_start_grow(cfg, s, r, arg) -> bool:
     f = s.store.failed
     if (f is not None and f[0] >= gen) or not _between_episodes(cfg, s, gen):
         return False
-    return s.store.spares >= len(cfg.replica_ranks(min(s.store.out)))
+    return s.store.spares >= sum(len(cfg.replica_ranks(i)) for i in s.store.out)
 
 
 def _st_start_grow(cfg, s, r, arg) -> State:
-    """The lowest replica out comes back: its vacant identities stand dead in generation g (``Store.dead``),
-    so that the swap's actions hand each to a spare with the state of a live replica (RankClaimSpare,
-    SpareJoin, RankTransferState); every group is rebuilt with them (a crash episode).  The survivors
-    observe it at the boundary (its flag)."""
+    """Every replica out comes back at once: its vacant identities stand dead in generation g
+    (``Store.dead``), so that the swap's actions hand each to a spare with the state of a live replica
+    (RankClaimSpare, SpareJoin, RankTransferState); every group is rebuilt with them (a crash episode).
+    The survivors observe it at the boundary (its flag)."""
     g = s.ranks[r].gen
-    i = min(s.store.out)
-    vac = cfg.replica_ranks(i)
-    s = s.with_store(out=s.store.out - {i}, failed=(g, "boundary", frozenset(cfg.group_of(d) for d in vac)),
-                     dead=s.store.dead | {(g, d) for d in vac}, grown=s.store.grown | {(g, i)})
+    back = s.store.out
+    vac = tuple(d for i in sorted(back) for d in cfg.replica_ranks(i))
+    s = s.with_store(out=frozenset(), failed=(g, "boundary", frozenset(cfg.group_of(d) for d in vac)),
+                     dead=s.store.dead | {(g, d) for d in vac}, grown=s.store.grown | {(g, i) for i in back})
     s = s.with_(failures=s.failures | {(g, cfg.group_of(q)) for q in cfg.world})
     for d in vac:
         s = s.with_rank(d, pc=PC_CRASHED, gen=g, hung=False, raised=False)

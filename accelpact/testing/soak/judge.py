@@ -512,6 +512,12 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
         before = sum(1 for t, a in idle_deaths if a == ep.attempt and t < ep.t_start_ns)
         left = _spares_left(trs, ep.gen, spares, before)
         ok, msg = check_episode(trs, ep.gen, left)
+        # keepers refill the pool (issue 41) and leave no trace record: the pool at g is somewhere between
+        # what the records leave and the job's size; the episode stands if the model explains it with one
+        for more in range(left + 1, spares + 1):
+            if ok:
+                break
+            ok, msg = check_episode(trs, ep.gen, more)
         kinds = [s for s in strikes if s.get("episode") == ep.name]
         if not ok and ep.outcome == "L2" and kinds and all(_out_of_model(s) for s in kinds):
             ep.note = (ep.note + "; " if ep.note else "") + "trace outside the model's scope (a failure of a group other than R)"
