@@ -46,7 +46,6 @@ from ..model.state import (
     PC_CRASHED,
     PC_EXITED,
     PC_LEFT,
-    PC_OBSERVED,
     PC_TRAIN,
     Config,
     Rank,
