@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from ..model.batches import share as batch_share
 from ..model.contract import EnvelopeError, IN_FLIGHT_PHASES, envelope_from_mapping, without_discard
@@ -716,13 +716,13 @@ class TraceChecker:
         changes, i.e. as a prefix of a record's match.  Refills of different dead processes differ only
         in which one's refill is spent, so the first k (in the model's action order) stand for any k:
         n + 1 variants, not 2^n."""
-        out = [((), s)]
+        out: list[tuple[tuple[Action, ...], State]] = [((), s)]
         if not self.refill_actions:
             return out
         table = actions_for(self.cfg)
         spec = table["KeeperRefill"]
         pending = [a for a in self.refill_actions if spec.enabled(self.cfg, s, a.rank, a.arg)]
-        t, taken = s, ()
+        t, taken = s, cast("tuple[Action, ...]", ())
         for a in pending:
             if not spec.enabled(self.cfg, t, a.rank, a.arg):
                 continue
@@ -1064,7 +1064,7 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
             detail["count"] = sum(1 for x in rows if x[0] == g)
         recs[r].append(Record(r, len(recs[r]), name, g, "ok", t0 + i, state, detail))
     final = path[-1][2] if path else initial_state(cfg)
-    out = {}
+    traces: dict[int, RankTrace] = {}
     for r in cfg.world:
         rk = final.ranks[r]
         header = {"type": "header", "format": TRACE_FORMAT, "rank": r, "world": len(cfg.world), "nodes": cfg.nodes,
@@ -1082,8 +1082,8 @@ def project(cfg: Config, path: list[tuple[Action, State, State]], *, t0: int = 0
             end = {"type": "end", "outcome": "released"}
         elif rk.pc == PC_EXITED or (final.supervisor and rk.reason):
             end = {"type": "end", "outcome": "exited", "reason": rk.reason}
-        out[r] = RankTrace(r, recs[r], header, end)
-    return out
+        traces[r] = RankTrace(r, recs[r], header, end)
+    return traces
 
 
 def scheduled_repair(cfg: Config) -> list[tuple[Action, State, State]]:

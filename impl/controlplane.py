@@ -24,7 +24,7 @@ from .exitcodes import claim_exit, release_exit
 from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_TRAIN,
                                    REASON_DEADLINE, REASON_MISMATCH)
 
-__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "NEXT_KEY", "PREFIX", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "NEXT_KEY", "PREFIX", "REFILL_IDS_KEY", "REFILLS_KEY", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
            "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "parse_assignment", "progress_key", "spare_gone_key", "state_key",
            "swap_prefix", "swap_rebuilt_key"]
 
@@ -43,6 +43,13 @@ STARTS_KEY = f"{PREFIX}starts/{{rank}}"
 DEATHS_KEY = f"{PREFIX}swap/deaths"
 #: hot swap: the count of spares taken (``add``)
 NEXT_KEY = f"{PREFIX}swap/next"
+#: hot swap, refill (spec/hotswap.md): the count of spare indices keepers allocated after launch
+#: (``add``): the n-th refill is spare ``ACCELPACT_SPARES + n - 1``
+REFILL_IDS_KEY = f"{PREFIX}swap/refill-ids"
+#: hot swap, refill: the count of those refills that entered the pool (``add``, once per refill: when
+#: the new spare is ready to take an identity, or when it died before); the pool holds spares
+#: ``0 .. ACCELPACT_SPARES + refills - 1``
+REFILLS_KEY = f"{PREFIX}swap/refills"
 
 # ---------------------------------------------------------------------------------- store values
 #: The abort key's value when the job ended normally (:meth:`accelpact.impl.watchdog.Watchdog.wake_and_join`): not an abort.

@@ -13,7 +13,11 @@ spec/protocol.md, "Differences from the model".
 
 A repair (``Episode.swap`` None) and a hot swap or discard share each action: where they differ (a
 repair rebuilds R, a swap every group; a repair rebinds R's references, a swap rebuilds the model),
-the effect branches on the episode.
+the effect branches on the episode.  A shrink and a grow (issue 41, :mod:`accelpact.impl.shrink`) are
+the swap's episode too (``SwapFacts.mode``): a shrink's decision (``RankShrink``) leaves the dead
+ranks' replicas out of g+1 and claims nothing (a live rank of a leaving replica: ``RankLeave``); a
+grow claims a spare, or the identity's own benched holder, for each vacant identity.  Every count and
+group of the episode is over the ranks of g+1 (``SwapFacts.active``; the control plane's ``members``).
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import torch
 
 from accelpact.model import hotswap as model_swap
 from accelpact.model.contract import DISCARD_PHASES, ObservationKey, decide
-from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_EXITED, PC_OBSERVED, PC_REBOUND,
-                                   PC_TRAIN, REASON_DEADLINE, REASON_EXCEPTION, REASON_MISMATCH,
+from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_AGREED, PC_EXITED, PC_LEFT, PC_OBSERVED,
+                                   PC_REBOUND, PC_TRAIN, REASON_DEADLINE, REASON_EXCEPTION, REASON_MISMATCH,
                                    REASON_REJECTED)
 
 from .controlplane import WIDE_ENTRY, ControlPlane, swap_prefix, swap_rebuilt_key
-from .episode import Done, Episode, Exited
+from . import shrink as _shrink
+from .episode import Done, Episode, Exited, Left
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .hooks import Hooks
 from .runtime import hotswap as _swap
@@ -190,12 +195,16 @@ class Effects:
                 self._reject(decision.reason, report.reasons)
             return Done({"decision": decision.level, "why": decision.reason})
         sw = ep.swap
-        if sw.dead:
+        if sw.dead and sw.mode != "shrink":
             claims = {d: _swap.claim_read(self.control.store, ep.g, d, self.deadline_s) for d in sw.dead}
             missing = [d for d, k in claims.items() if k is None]
             if missing:
-                self._reject(f"rank(s) {missing} died and no spare is left to take their identity")
+                self._reject(f"rank(s) {missing} {'vacant' if sw.mode == 'grow' else 'died'} and no spare is left to "
+                             "take their identity")
             sw.claims = {d: int(k) for d, k in claims.items() if k is not None}
+        if sw.mode:
+            return Done({"decision": sw.decision, "swap": True, sw.mode: list(sw.dead),
+                         "active": list(sw.active) if sw.active is not None else None})
         return Done({"decision": sw.decision, "swap": True})
 
     def _reject(self, why: str, guard_reasons=()) -> None:
@@ -206,6 +215,8 @@ class Effects:
     def _arrive(self, ep: Episode) -> Done:
         """Report (F, g) at the control barrier (held: a peer may decide on a count that includes us)."""
         ep.frontier = self.frontier
+        if ep.swap is not None and ep.swap.role == "spare":
+            self._adopt_active(ep)
         count, last = self.control.arrive(ep.g, ep.frontier)
         ep.last_arriver = last
         return Done({"count": count, "last": last}, {"frontier": ep.frontier, "tau": self.tau})
@@ -237,7 +248,7 @@ class Effects:
             keys = [self.groups.name if self.groups.count == 1 else f"{self.groups.name}{i}" for i in range(self.groups.count)]
             # R over all of W (DDP) is one of the groups over W that failed: a link cut breaks it whether or
             # not a collective on it crossed the link yet (P18.3)
-            over_w = len(self.groups.members) == self.control.world_size
+            over_w = len(self.groups.members) == len(getattr(self.control, "members", range(self.control.world_size)))
             ep.failed = tuple(i for i, k in enumerate(keys) if over_w or self.control.revoked(ep.g, k))
             ep.member = self.groups.index in ep.failed
         # which groups over W failed is learned, never assumed (P18.3): every rank whose flag, save or
@@ -262,7 +273,7 @@ class Effects:
             now = time.monotonic()
             if now >= limit:
                 return now
-            absent = set(range(self.control.world_size)) - self.control.arrived(ep.g)
+            absent = set(getattr(self.control, "members", range(self.control.world_size))) - self.control.arrived(ep.g)
             if not absent and noted:
                 # the straggler arrived just now: its decision (it is the last arriver) is due at once
                 return time.monotonic() + self.deadline_s
@@ -285,7 +296,7 @@ class Effects:
         t = time.monotonic_ns()
         g_next = ep.g + 1
         if ep.swap is not None:
-            ep.swap.job.groups.rebuild_all(ep.swap.job.rank, g_next, ep.swap.held)
+            ep.swap.job.groups.rebuild_all(ep.swap.job.rank, g_next, ep.swap.held, active=ep.swap.active)
             ep.swap.held = ()
             return Done({"groups": sorted(ep.swap.job.groups.training) + ["default", "control", "checkpoint"], "swap": True,
                          "duration_ns": time.monotonic_ns() - t}, {"comm": swap_prefix(g_next), "wide": g_next})
@@ -358,8 +369,9 @@ class Effects:
         t = time.monotonic_ns()
         if ep.swap is not None:
             sw = ep.swap
-            digest = _swap.validate(sw.job.groups.training[sw.kind], sw.job.topology.group(sw.kind, self.rank), self.rank,
-                                    sw.module, sw.optimizer, self.deadline_s)
+            members = tuple(sw.job.groups.members(sw.job.topology.group(sw.kind, self.rank)))
+            digest = _swap.validate(sw.job.groups.training[sw.kind], members, self.rank, sw.module, sw.optimizer,
+                                    self.deadline_s)
             return Done({"digest": digest, "duration_ns": time.monotonic_ns() - t})
         n = len(self.groups.members)
         device = backend_of(ep.new_pg).device_for(ep.new_pg)
@@ -400,13 +412,30 @@ class Effects:
         t = time.monotonic_ns()
         self.gen = ep.g + 1
         self._episode = None
+        facts = self._batch_facts(ep)
         if ep.swap is not None:
-            return Done({"from_gen": ep.g, "swap": True}, {"gen": self.gen, "point": ""}, gen=ep.g)
+            return Done({"from_gen": ep.g, "swap": True}, {"gen": self.gen, "point": "", **facts}, gen=ep.g)
         ep.new_pg = None
         self.watchdog.watch(self.gen, self.groups.key, self._r_record)
         self.control.retire_revoke(ep.g, self.groups.key)
         ep.durations["resume"] = time.monotonic_ns() - t
-        return Done({"from_gen": ep.g}, {"gen": self.gen, "point": ""}, gen=ep.g)
+        return Done({"from_gen": ep.g}, {"gen": self.gen, "point": "", **facts}, gen=ep.g)
+
+    def _batch_facts(self, ep: Episode) -> dict[str, Any]:
+        """Issue 41: in a job that opted in (micro-batches), what the RankResume record says of the
+        generation it resumes in: this rank's micro-batch share and the active replicas."""
+        rebuild = getattr(self, "rebuild", None)  # a survivor's repair: the job is its Rebuild's
+        job = ep.swap.job if ep.swap is not None else getattr(rebuild, "job", None)
+        total = getattr(job, "_micro_batches", None) if job is not None else None
+        if not total or job is None:
+            return {}
+        from accelpact.model.batches import share
+
+        kind = ep.swap.kind if ep.swap is not None and ep.swap.kind else self.groups.name
+        topo = job.topology
+        active = _shrink.active_replicas(topo, kind, job.groups.active)
+        mine = _shrink.replica_of(topo, kind, job.rank)
+        return {"share": list(share(mine, active, total)) if mine in active else [], "active": list(active)}
 
     # ---- the exits: RankTimeout, RankFail (and RankReject's, _reject) ---------------------------------
     def _exit(self, reason: str, detail: dict) -> None:
@@ -476,6 +505,57 @@ class Effects:
         except Exception:  # noqa: BLE001 - store lost: nobody else can write the abort; it is ours
             return True
 
+    def _adopt_active(self, ep: Episode) -> None:
+        """A spare joining a job whose episode leaves some ranks out of g+1 (a swap in a shrunk job):
+        it counts and builds over the ranks the decision published (``{PREFIX}g{g}/active``)."""
+        sw = ep.swap
+        assert sw is not None
+        active = _shrink.read_active(self.control.store, ep.g)
+        if active is None:
+            return
+        sw.active = active
+        c = self.control
+        self.control = _shrink.ActiveControlPlane(c.store, c.rank, c.world_size, c.prefix, members=active,
+                                                  claims_exit=c.claims_exit)
+
+    def _leave(self, ep: Episode) -> None:
+        """RankLeave: this rank's replica leaves the data-parallel dimension (a shrink): it records the
+        action and leaves the episode (:class:`~accelpact.impl.episode.Left`); the engine stops
+        (``Pact._rebuild``) and the training loop ends on this rank (``Training.left``)."""
+        sw = ep.swap
+        assert sw is not None
+        self._record("RankLeave", PC_LEFT, Done({"leaving": list(sw.dead), "active": list(sw.active or ())},
+                                                {"frontier": self.frontier}))
+        raise Left(sw.dead)
+
+    def _decide_shrink_or_swap(self, ep: Episode) -> Any:
+        """The contract on a death (or a requested shrink, ``mode`` "shrink": the same decision with no
+        spare): ``model.hotswap.decide`` with the facts, ``shrink`` where the job opted in
+        (micro-batches).  A shrink fixes the ranks that leave (single assignment, every survivor the
+        same) and the ranks of g+1."""
+        sw = ep.swap
+        assert sw is not None
+        job = sw.job
+        topo, kind = job.topology, self.groups.name
+        active = tuple(job.groups.members(range(topo.world)))
+        replica = all(any(m not in sw.dead and m in active for m in topo.group(kind, d)) for d in sw.dead)
+        opted = bool(getattr(job, "_micro_batches", None))
+        spare = False if sw.mode == "shrink" else _swap.pool_covers(self.control.store, ep.g, sw.dead, job.spares)
+        dec = model_swap.decide(self.envelope, self._key(sw.point), True, died=True, spare=spare, replica=replica,
+                                shrink=opted)
+        if dec.preserve and getattr(dec, "shrink", False):
+            leaving = sorted({r for d in sw.dead for r in _shrink.replica_ranks(topo, kind, _shrink.replica_of(topo, kind, d))})
+            sw.dead, wrote = _shrink.shrink_decision(self.control.store, ep.g, leaving, self.deadline_s)
+            sw.mode = "shrink"
+            sw.active = tuple(r for r in active if r not in sw.dead)
+            if wrote:  # RankShrink (the model's one write of the replicas out), by the survivor that decided
+                self._record("RankShrink", None, Done({"leaving": list(sw.dead), "active": list(sw.active),
+                                                       "replicas": sorted({_shrink.replica_of(topo, kind, d) for d in sw.dead})},
+                                                      {"frontier": self.frontier}))
+        elif sw.mode == "shrink":  # a requested shrink the contract does not allow: nothing leaves
+            sw.mode = ""
+        return dec
+
     # ---- RankClaimSpare --------------------------------------------------------------------------
     def _claim_spares(self, ep: Episode) -> Done | None:
         """The contract first (:func:`accelpact.model.hotswap.decide` on the dead-rank key: died, a spare
@@ -485,22 +565,45 @@ class Effects:
         (the model's one claim for each dead identity).  Held: the claim and its record are one action."""
         sw = ep.swap
         assert sw is not None
-        if not sw.dead:  # a communicator failure in flight with every rank alive (P17): the plain key
+        store = self.control.store
+        if sw.mode == "grow":  # decided at the boundary (``shrink.grow_decision``): every vacant identity is claimed
+            sw.decision, sw.active = "L1", None
+        elif not sw.dead:  # a communicator failure in flight with every rank alive (P17): the plain key
             dec = decide(self.envelope, self._key(sw.point), True)
+            if not dec.preserve:
+                self._reject(dec.reason)
+            sw.decision, sw.active = dec.level, sw.job.groups.active
         else:
-            topo = sw.job.topology
-            replica = all(any(m not in sw.dead for m in topo.group(self.groups.name, d)) for d in sw.dead)
-            spare = _swap.pool_covers(self.control.store, ep.g, sw.dead, sw.job.spares)
-            dec = model_swap.decide(self.envelope, self._key(sw.point), True, died=True, spare=spare, replica=replica)
-        if not dec.preserve:
-            self._reject(dec.reason)
-        sw.decision = dec.level
+            dec = self._decide_shrink_or_swap(ep)
+            if not dec.preserve:
+                self._reject(dec.reason)
+            sw.decision = dec.level
+            if sw.mode != "shrink":
+                sw.active = sw.job.groups.active
+        ranks = sw.active if sw.active is not None else tuple(range(sw.job.topology.world))
+        if hasattr(self.control, "members"):
+            self.control.members = tuple(ranks)
+        if sw.active is not None:  # a spare told to join this episode builds over the same ranks
+            _shrink.publish_active(store, ep.g, sw.active)
+        if sw.mode == "shrink":
+            if self.rank in sw.dead:
+                self._leave(ep)
+            return None  # nothing is claimed: the episode goes on without the leaving replicas
         mine = {}
         for d in sw.dead:
-            first, k = _swap.claim_write(self.control.store, ep.g, d, sw.job.spares, sw.point)
+            publish: Callable[[], None] | None = None
+            if sw.mode == "grow":  # the vacant identity's state at F: what the spare arrives with (F, RNG, extra)
+                def publish(d: int = d) -> None:
+                    _swap.publish_state(store, d, self.frontier, sw.extra)
+            if sw.mode == "grow" and _shrink.benched_idle(store, d):  # its own benched holder comes back
+                if _shrink.claim_bench(store, ep.g, d, sw.point, on_claim=publish):
+                    mine[d] = -1
+                continue
+            first, k = _swap.claim_write(store, ep.g, d, sw.job.spares, sw.point, on_claim=publish)
             if first and k is not None:
                 mine[d] = k
-        return Done({"claims": mine, "decision": sw.decision}) if mine else None
+        return Done({"claims": mine, "decision": sw.decision, **({"grow": True} if sw.mode == "grow" else {})}) \
+            if mine else None
 
     # ---- RankTransferState -----------------------------------------------------------------------
     def _transfer_state(self, ep: Episode) -> Done | None:
@@ -512,8 +615,9 @@ class Effects:
         sw = ep.swap
         assert sw is not None
         job, topo = sw.job, sw.job.topology
-        _swap.store_barrier(job.attempt_store, swap_rebuilt_key(ep.g), job.world, self.deadline_s, "rebuilt its model")
-        members = topo.group(sw.kind, self.rank)
+        _swap.store_barrier(job.attempt_store, swap_rebuilt_key(ep.g), len(job.groups.members(range(topo.world))),
+                            self.deadline_s, "rebuilt its model")
+        members = tuple(job.groups.members(topo.group(sw.kind, self.rank)))
         dead = [x for x in members if x in sw.dead]
         if not dead:
             return None

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from accelpact.model.state import (PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_JOINED, PC_OBSERVED, PC_READY, PC_REBOUND,
                                    PC_REPLACED, PC_TRAIN, PC_VALIDATED)
 
-__all__ = ["Done", "Episode", "Rebuild", "RecoveryReport", "REPAIR", "SPARE_SWAP", "Step", "SWAP", "SwapFacts", "drive"]
+__all__ = ["Done", "Episode", "Left", "Rebuild", "RecoveryReport", "REPAIR", "SPARE_SWAP", "Step", "SWAP", "SwapFacts", "drive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +127,10 @@ class Rebuild:
     build: Callable[[Any, Any], tuple[Any, Any]]
     begin: Callable[[], dict]
     then: Callable[[Any, Any, Any], None]
+    #: issue 41: called once this rank's replica left the data-parallel dimension (``RankLeave``) and the
+    #: engine stopped, with the ranks that left and whether this rank idles on the bench (a death's
+    #: shrink: a grow may recall it) rather than ending (a requested shrink)
+    left: Callable[[Any, bool], None] | None = None
 
 
 @dataclass(slots=True)
@@ -151,6 +155,11 @@ class SwapFacts:
     optimizer: Any = None
     kind: str = ""
     sources: dict[int, int] = field(default_factory=dict)
+    #: issue 41: "" (a swap, or a discard with nobody dead), "shrink" (``dead`` leave the data-parallel
+    #: dimension: no spare, a live replica of each), "grow" (``dead`` are vacant identities that spares take)
+    mode: str = ""
+    #: the ranks in training in g+1 (None: every rank of the topology); set by the decision
+    active: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -196,6 +205,16 @@ class RecoveryReport:
     total_ns: int              # observed -> resumed
     refs_rebound: int
     revoke_to_observe_ns: int  # this rank's revoke hard-close -> observed (-1: observed directly, before the revoke)
+
+
+class Left(BaseException):
+    """This rank's replica left the data-parallel dimension (a shrink's ``RankLeave``): the episode
+    ends here for it; the engine stops and the training loop ends on this rank (``Pact._rebuild``).
+    A BaseException: the driver's fail-stop path (``except Exception``) must not take it for a failure."""
+
+    def __init__(self, leaving: tuple[int, ...]) -> None:
+        super().__init__(f"ranks {list(leaving)} left the data-parallel dimension")
+        self.leaving = leaving
 
 
 class Exited(BaseException):

@@ -18,6 +18,9 @@ Ordering requirements (the step loop, spec/implementation.md):
   Every rank of W enters recovery together.
 * Any exception or expired deadline in an episode writes the abort (the phase's decision key and
   the job key) and exits at once with the reason's code (RankFail / RankTimeout).
+* In a job that opted in to micro-batches (issue 41): a death with no spare idle shrinks the job (the
+  swap's episode, :mod:`accelpact.impl.shrink`); after each committed boundary a requested shrink, or
+  a grow when a replica is out and the pool and the bench cover it (:meth:`Pact._change_membership`).
 
 The failure flag has one element per group of R's kind (``PactGroups.count``; one for DDP), so that
 every rank learns *which* replicate group failed: its members rebuild it, everybody else only votes.
@@ -49,7 +52,8 @@ from .controlplane import ControlPlane
 from .deadlines import DEFAULT_DEADLINE_S, default_step_deadline
 from .detector import Detector
 from .effects import Effects, RebindError, ValidationError
-from .episode import REPAIR, SWAP, Episode, Exited, Rebuild, RecoveryReport, SwapFacts, drive
+from . import shrink as _shrink
+from .episode import REPAIR, SWAP, Episode, Exited, Left, Rebuild, RecoveryReport, SwapFacts, drive
 from .exitcodes import claim_exit
 from .flag import or_allreduce
 from .guard import BoundaryGuard
@@ -212,6 +216,8 @@ class Pact(Effects):
                                  on_suspect=self._on_suspect, dead_after_s=dead_after_s,
                                  hang_threshold_s=hang_threshold_s, backend=backend.name, epoch=generation,
                                  hang_floor_s=hang_floor_s,  # None: the backend's, raised to the collective timeout
+                                 # a shrunk job (issue 41) watches its active ranks only: a rank out of training never beats
+                                 peers=_active_peers(control, self.rank),
                                  collective_timeout_s=None if hang_floor_s is not None else self.collective_timeout_s,
                                  ) if detect else None
         self.watchdog.start(succeed=predecessor)  # a retired engine's abort thread is taken over
@@ -277,12 +283,60 @@ class Pact(Effects):
     def boundary(self, loss) -> RecoveryReport | None:
         """After the commit: the post-commit collective on R, the failure flag on W, and on a
         failure anywhere in R the repair.  Returns the report of a repair, else None (also after a hot
-        swap of a rank whose death the boundary met: ``Rebuild.then`` handed the model on)."""
+        swap of a rank whose death the boundary met: ``Rebuild.then`` handed the model on).  Then, in a
+        job that opted in to micro-batches (issue 41), a requested shrink due at this F, or a grow when
+        the job is shrunk and the spare pool covers every vacant identity (:meth:`_change_membership`)."""
         try:
-            return self._boundary(loss)
+            report = self._boundary(loss)
         except _swap.SwapNeeded as need:
             self._rebuild(need)
             return None
+        try:
+            self._change_membership()
+        except _swap.SwapNeeded as need:
+            self._rebuild(need)
+        return report
+
+    def _change_membership(self) -> None:
+        """At a committed boundary of a job that opted in (``micro_batches``): a requested shrink
+        (``shrink_at`` = (F, replica), a fault-free run's stand-in for a death: the replica leaves at F,
+        tests compare a real death with it), else, when replicas are out and the spare pool covers
+        every vacant identity, a grow (``RankStartGrow``; every rank opens it at the same boundary or
+        none does: :func:`accelpact.impl.shrink.grow_decision`).  Either raises
+        :class:`~accelpact.impl.runtime.hotswap.SwapNeeded` for :meth:`_rebuild`."""
+        rb = self.rebuild
+        job = rb.job if rb is not None else None
+        if job is None or not getattr(job, "_micro_batches", None):
+            return
+        topo, kind, f = job.topology, self.groups.name, self.frontier
+        active = tuple(job.groups.members(range(topo.world)))
+        at = getattr(job, "_shrink_at", None)
+        if at is not None and at[0] == f and at[1] in _shrink.active_replicas(topo, kind, active):
+            leaving = _shrink.replica_ranks(topo, kind, at[1])
+            self._observe("boundary", None, cause="shrink-request", leaving=list(leaving))
+            raise _swap.SwapNeeded("boundary", leaving, None, mode="shrink")
+        vacant = tuple(r for r in range(topo.world) if r not in active)
+        if not vacant:
+            return
+        store = self.control.store
+        if self.notices is not None:  # a benched rank that died meanwhile (its keeper's notice) is no longer idle
+            for d in set(self.notices.read(self.notices.count())) - set(active):
+                _shrink.bench_gone(store, d)
+        # a vacant identity is covered by its own benched holder (RankLeave: alive, idle) or by a spare
+        # of the pool (launched, or refilled by a keeper since)
+        need = [d for d in vacant if not _shrink.benched_idle(store, d)]
+        mine = not need or _swap.pool_covers(store, self.gen, need, job.spares)
+        if not _shrink.grow_decision(self.control.store, self.gen, f, mine):
+            return
+        self.watchdog.disarm()
+        with self._hold():
+            from .episode import Done
+            from accelpact.model.state import PC_OBSERVED
+
+            self._record("RankStartGrow", PC_OBSERVED, Done({"vacant": list(vacant)},
+                                                          {"point": "boundary", "frontier": f, "tau": self.tau}))
+            self._observed_gen = self.gen
+        raise _swap.SwapNeeded("boundary", vacant, None, mode="grow")
 
     def _boundary(self, loss) -> RecoveryReport | None:
         t0 = time.monotonic_ns()
@@ -479,6 +533,9 @@ class Pact(Effects):
             dead = self.notices.wait_new()
         except Exception:  # noqa: BLE001 - store lost: the usual path (RankLoseStore)
             return
+        members = getattr(self.control, "members", None)
+        if members is not None:  # a shrunk job: a rank out of training (it left) dies outside the job
+            dead = tuple(d for d in dead if d in members)
         if not dead:
             return
         self.watchdog.disarm()
@@ -577,10 +634,22 @@ class Pact(Effects):
         self.suspend()
         t = time.monotonic_ns()
         sw = SwapFacts(role="survivor", point=need.point, dead=tuple(sorted(need.dead)), job=rb.job, rebuild=rb.build,
-                       extra=state.get("extra"), rng=state.get("rng"), old=(self.module, self.optimizer), held=(self._pg,))
+                       extra=state.get("extra"), rng=state.get("rng"), old=(self.module, self.optimizer), held=(self._pg,),
+                       mode=getattr(need, "mode", ""))
         ep = Episode(self.gen, True, tuple(range(self.groups.count)), t, t, need.error, swap=sw)
         self._episode = ep
-        drive(self, ep, self.SWAP_STEPS)
+        try:
+            drive(self, ep, self.SWAP_STEPS)
+        except Left:
+            # RankLeave (a shrink): this rank's replica left; its engine stops here and training ends on it
+            sw.old = None
+            self.retire()
+            if self.notices is not None:
+                self.notices.handled(seen)
+            if rb.left is not None:
+                # a death's shrink benches this live rank (it idles, a grow may recall it); a requested one ends it
+                rb.left(sw.dead, getattr(need, "mode", "") != "shrink")
+            return
         record = swap_record(ep)
         module, optimizer = sw.module, sw.optimizer
         sw.module = sw.optimizer = None
@@ -667,7 +736,10 @@ class Pact(Effects):
         boundary that found nothing.  The observation (:meth:`_observe_wide`), then the repair as at
         the boundary (:meth:`_recover`): every group that failed is rebuilt, the checkpoint group with
         the other groups over W.  Returns the repair's report; the caller saves again on the new
-        checkpoint group.  A rank that died in the save is swapped instead (None)."""
+        checkpoint group.  A rank that died in the save, or was deposed during it (a keeper's death
+        notice, which ended the save's waits: ``SaveFailed.dead``), is taken as a death at the boundary:
+        the swap (or the shrink) that the episode decides, and None; the caller saves again after the
+        release."""
         t0 = time.monotonic_ns()
         self.watchdog.arm(self.step_deadline_s)
         try:
@@ -758,6 +830,13 @@ class Pact(Effects):
         self.watchdog.stop()
         self.guard.remove()
         self.trace.end("released", gen=self.gen, frontier=self.guard.frontier)
+
+
+def _active_peers(control: Any, rank: int) -> list[int] | None:
+    """The detector's peers in a shrunk job (issue 41): the other active ranks (a rank out of training
+    never beats); None (the detector's default) while every rank is in training."""
+    members = tuple(getattr(control, "members", range(control.world_size)))
+    return [m for m in members if m != rank] if len(members) < control.world_size else None
 
 
 def swap_record(ep: Episode) -> _swap.SwapRecord:

@@ -522,7 +522,7 @@ def batch_conserved(cfg: Config, s: State) -> str | None:
         if peers:
             return f"ranks {r} and {peers[0]} of replica {i} resumed from generation {g} to process different micro-batches"
         seen[i] = share
-    for (g, pos), seen in sorted(by.items()):
+    for (g, _pos), seen in sorted(by.items()):
         want = {cfg.replica_of(q) for q in _dp(cfg, s, g)}
         if set(seen) == want:
             got = sorted(b for share in seen.values() for b in share)

@@ -36,6 +36,8 @@ def _env(tmp_path: Path, spares: str | None, rank: int = 0, world: int = 2, port
     env = worker_env({"RANK": rank, "WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1"})
     for k in (keeper.SPARES_ENV, keeper.WAIT_ENV, "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT"):
         env.pop(k, None)
+    # these children die again when started again: refill is tested on its own (below, tests/test_refill.py)
+    env[keeper.REFILL_ENV] = "0"
     env.update(extra)
     if spares is not None:
         env[keeper.SPARES_ENV] = spares
@@ -335,6 +337,111 @@ def test_malformed_environment_exits_2_naming_the_variable(tmp_path: Path, var: 
     assert not ran.exists(), "the child ran despite the malformed environment"
 
 
+# ------------------------------------------------------------------------------------ refill
+
+def test_refill_allocates_unique_indices_and_names_the_attempt() -> None:
+    """``refill``: the n-th refill of the attempt is spare ``S + n - 1`` with launcher RANK ``W + k``;
+    the start it will count on that RANK names the keeper's attempt (here 2, a RANK never started
+    before); nothing is refilled once the job ended."""
+    import torch.distributed as dist
+
+    from accelpact.impl.controlplane import STARTS_KEY
+    from accelpact.impl.launch import attempts
+
+    job = dist.HashStore()
+    job.add(STARTS_KEY.format(rank=1), 3)  # the keeper's own RANK started 3 times: attempt 2
+    env = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "X": "y"}
+    store = dist.PrefixStore("attempt2", job)
+    got = [keeper.refill(store, job, env, spares=2) for _ in range(2)]
+    assert [k for k, _ in got] == [2, 3]
+    assert [e["RANK"] for _, e in got] == ["4", "5"] and all(e["LOCAL_RANK"] == "1" and e["X"] == "y" for _, e in got)
+    assert [attempts.start(job, e) for _, e in got] == [2, 2]
+    store.set(keeper.ABORT_KEY, keeper.CLOSED)
+    assert keeper.refill(store, job, env, spares=2) is None
+
+
+def test_a_refill_enters_the_pool_once_and_claims_take_it() -> None:
+    """``PoolEntry``: a refill is counted into the pool (``swap/refills``) once, ready or gone; a claim
+    with the launch-time spare taken then takes it, and passes over one posted gone."""
+    import torch.distributed as dist
+
+    from accelpact.impl.controlplane import REFILLS_KEY
+    from accelpact.impl.runtime import hotswap
+
+    store = dist.HashStore()
+    env = {"RANK": "0", "WORLD_SIZE": "3"}
+    assert hotswap.claim_write(store, 0, 1, spares=1) == (True, 0)
+    assert not hotswap.pool_covers(store, 1, (0,), spares=1)
+    k, _ = keeper.refill(store, dist.HashStore(), env, spares=1)
+    assert k == 1 and not hotswap.pool_covers(store, 1, (0,), spares=1)  # allocated, not ready: not in the pool
+    entry = keeper.PoolEntry(k)
+    assert entry.enter(store) and not entry.enter(store)
+    assert int(store.add(REFILLS_KEY, 0)) == 1 and hotswap.pool_size(store, 1) == 2
+    assert hotswap.pool_covers(store, 1, (0,), spares=1)
+    assert hotswap.claim_write(store, 1, 0, spares=1) == (True, 1)
+    assert store.get(hotswap.assign_key(1)).decode() == "0:1:"
+    # a refill that died before it was ready: posted gone, then counted, so no claim takes it
+    k2, _ = keeper.refill(store, dist.HashStore(), env, spares=1)
+    assert keeper.spare_died(store, k2) == f"spare {k2} died idle: posted gone"
+    assert keeper.PoolEntry(k2).enter(store)
+    assert not hotswap.pool_covers(store, 2, (1,), spares=1)
+    assert hotswap.claim_write(store, 2, 1, spares=1) == (True, None)
+
+
+def test_spare_ready_writes_once_on_its_pipe() -> None:
+    r, w = os.pipe()
+    env = {keeper.READY_FD_ENV: str(w)}
+    assert keeper.spare_ready(env) and keeper.READY_FD_ENV not in env
+    assert os.read(r, 8) == b"1" and os.read(r, 8) == b""  # one byte, then the end: the write end is closed
+    os.close(r)
+    assert not keeper.spare_ready(env) and not keeper.spare_ready({})
+
+
+_REFILL_CHILD = """
+import os, pathlib, signal, sys, time
+if not os.environ.get("ACCELPACT_SPARE_READY_FD"):  # the keeper's first worker: it crashes
+    os.kill(os.getpid(), signal.SIGKILL)
+from accelpact.impl.launch.keeper import spare_ready
+pathlib.Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
+spare_ready()
+time.sleep(120)
+"""
+
+
+@pytest.mark.multiproc
+def test_keeper_refills_a_dead_worker_and_a_dead_idle_spare(tmp_path: Path) -> None:
+    """A training rank's worker crashes: its keeper posts the notice and starts spare 1 (RANK 3) in
+    its place, which enters the pool once it says it is ready.  That idle spare SIGKILLed from here:
+    posted gone, and spare 2 (RANK 4) replaces it.  The job's end (``closed``) before any claim ends
+    the idle spare and the keeper exits 0."""
+    from accelpact.impl.controlplane import REFILLS_KEY, spare_gone_key
+
+    store = _master()
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    err = tmp_path / "err.txt"
+    env = _env(tmp_path, "1", rank=1, world=3, port=store.port, **{keeper.REFILL_ENV: "1"})
+    with open(err, "wb") as f, ProcessSet() as ps:
+        p = ps.start(KEEPER + _child(_REFILL_CHILD) + [str(pids)], env=env, stdout=f)
+        store.wait([_key(0, keeper.death_key(1))], datetime.timedelta(seconds=NOTICE_S))
+        first = int(_wait_file(pids / "3", NOTICE_S, p))
+        deadline = time.monotonic() + NOTICE_S
+        while int(store.add(_key(0, REFILLS_KEY), 0)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert int(store.add(_key(0, REFILLS_KEY), 0)) == 1
+        os.kill(first, signal.SIGKILL)
+        store.wait([_key(0, spare_gone_key(1))], datetime.timedelta(seconds=NOTICE_S))
+        _wait_file(pids / "4", NOTICE_S, p)
+        while int(store.add(_key(0, REFILLS_KEY), 0)) < 2 and time.monotonic() < deadline + NOTICE_S:
+            time.sleep(0.05)
+        assert int(store.add(_key(0, REFILLS_KEY), 0)) == 2
+        assert int(store.add(_key(0, keeper.DEATHS_KEY), 0)) == 1  # the idle spare's death is no rank's
+        store.set(_key(0, keeper.ABORT_KEY), keeper.CLOSED)
+        assert _wait_exit(p, 15) == 0
+    text = err.read_text()
+    assert "starting spare 1 in its place (RANK=3)" in text and "starting spare 2 in its place (RANK=4)" in text, text
+
+
 def test_keeper_constants_match_the_engine() -> None:
     """The keys and the ``closed`` value the keeper uses are those the engine writes."""
     from accelpact.impl.controlplane import ControlPlane
@@ -440,8 +547,8 @@ def test_run_local_starts_spares_and_keepers(tmp_path: Path, fake_worker: Path, 
         assert (i["RANK"], i["LOCAL_RANK"], i["WORLD_SIZE"], i["LOCAL_WORLD_SIZE"]) == (str(r), str(r), str(total),
                                                                                        str(total))
         assert i["ACCELPACT_SPARES"] == (str(spares) if spares else None)
-        kept = spares > 0 and r < 2
-        # a kept rank's worker is the keeper's child (pids[r] is the keeper); otherwise the launcher started it
+        kept = spares > 0
+        # with spares every worker is its keeper's child (pids[r] is the keeper); otherwise the launcher started it
         assert (i["ppid"] == pids[r]) == kept and ("accelpact.impl.launch.keeper" in i["parent"]) == kept, (r, i)
         if not kept:
             assert i["ppid"] == os.getpid()

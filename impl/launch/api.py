@@ -80,6 +80,7 @@ from ..runtime.retire import settle_threads
 from ..runtime.wrappers import wrapper, wrapper_of
 from ..trace import NullTrace, Trace
 from . import attempts, workload
+from .keeper import spare_ready  # torch-free
 from .errors import ApiError
 from .job import Topology
 from .training import Training, pact_groups
@@ -206,6 +207,10 @@ class Session:
     #: spare processes in the job, and which one this process is (None: a training rank)
     spares: int = 0
     spare: int | None = None
+    #: issue 41: the step's micro-batch count given at attach (None: the job did not opt in: a death
+    #: with no spare left is L2 as before), and a requested shrink (step, replica) of a fault-free run
+    _micro_batches: int | None = None
+    _shrink_at: tuple[int, int] | None = None
 
     @property
     def backend(self) -> str:
@@ -263,8 +268,11 @@ class Session:
         """The 2-D ``DeviceMesh`` ("replicate", "shard") over the same groups, for FSDP2 (built on first
         use; no collective).  A repair rebinds it through the FSDP2 adapter when the model uses it."""
         if self.groups.mesh is None:
+            # a shrunk job (issue 41) lays its mesh over the replicas still in training (whole rows leave)
+            rows = [row for row in ([r for r in row if r in self.groups.members(row)] for row in self.topology.mesh_ranks())
+                    if row]
             self.groups.mesh = DeviceMesh.from_group([self.replicate_group, self.shard_group], self.device.type,
-                                                     mesh=self.topology.mesh_ranks(), mesh_dim_names=("replicate", "shard"))
+                                                     mesh=rows, mesh_dim_names=("replicate", "shard"))
         return self.groups.mesh
 
     def rebuild_wide(self, g_next: int) -> tuple[list[str], Any, dict]:
@@ -282,7 +290,8 @@ class Session:
                checkpoint_every: int = 0, extra_state: Callable[[], Any] | None = None,
                trace_header: Mapping[str, Any] | None = None, hooks: Any = None,
                rebuild: Callable[["Session", Any], tuple[Any, Any]] | None = None,
-               warmup: Callable[[], Any] | None = None) -> "Training | None":
+               warmup: Callable[[], Any] | None = None, micro_batches: int | None = None,
+               shrink_at: Any = None) -> "Training | None":
         """Attach the recovery engine to a wrapped ``model`` and its ``optimizer``.
 
         Restores the latest committed checkpoint under ``checkpoint_dir`` first (model, optimizer,
@@ -302,9 +311,18 @@ class Session:
         dead rank's identity and returns the training at that rank's frontier, or returns None when
         the job ended without needing it.  ``warmup()``: what a spare runs while it idles, before
         any claim (load your data, import your model's code) so that a swap does not wait for it.
+
+        ``micro_batches=M`` (issue 41, needs ``rebuild``): opt in to shrink and grow.  A step is then
+        ``M`` micro-batches shared among the replicas (``run.micro_batches(step)``, ``run.loss_weight``,
+        ``run.no_sync(last)``); a rank that dies with no spare idle, while every shard keeps a live
+        replica, takes its replica out of the data-parallel dimension at F (no restart), and a spare idle
+        later brings it back at a committed boundary.  ``shrink_at=(step, replica)`` (or
+        ``ACCELPACT_SHRINK_AT=step:replica``): a fault-free run's requested shrink at the boundary where
+        F == step (tests and references compare a real death with it).
         """
         if self.training is not None:
             raise ApiError("attach: this job already has an attached model; one model per job")
+        self._opt_in(micro_batches, shrink_at, rebuild)
         if self.spares and rebuild is None:
             raise ApiError(f"attach: this job has {self.spares} spare(s): pass rebuild=fn, where fn(job, extra) builds the "
                            "wrapped model and optimizer on job's current groups (a hot swap rebuilds them on every rank)")
@@ -332,6 +350,29 @@ class Session:
         training._engage(model, optimizer, generation=self.generation, frontier=start, trace=trace)
         _warn_if_single_replica(self.topology, training.wrapper, self.rank)
         return training
+
+    def _opt_in(self, micro_batches: int | None, shrink_at: Any, rebuild: Any) -> None:
+        """Issue 41's opt-in, checked: ``micro_batches`` at least the replicas (each needs a share),
+        ``rebuild`` given (a shrink rebuilds the model on the groups that remain)."""
+        from .. import shrink as _shrink
+
+        if micro_batches is None:
+            if shrink_at is not None:
+                raise ApiError("attach: shrink_at needs micro_batches=M (a shrink keeps the global batch of M micro-batches)")
+            return
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ApiError(f"attach: micro_batches={micro_batches!r}: must be an integer >= 1 (the step's micro-batch count)")
+        if rebuild is None:
+            raise ApiError("attach: micro_batches needs rebuild=fn: a shrink or a grow rebuilds the model on the groups "
+                           "that remain (fn(job, extra) -> (model, optimizer))")
+        if micro_batches < self.replicas:
+            raise ApiError(f"attach: micro_batches={micro_batches} is fewer than the job's {self.replicas} replicas: "
+                           "every replica needs at least one micro-batch")
+        try:
+            at = _shrink.parse_shrink_at(shrink_at, "shrink_at") if shrink_at is not None else _shrink.shrink_at_from_env()
+        except _shrink.ShrinkError as exc:
+            raise ApiError(str(exc)) from None
+        self._micro_batches, self._shrink_at = micro_batches, at
 
     def _checkpoints(self, checkpoint_dir: Any, checkpoint_every: int) -> Any:
         if checkpoint_dir is None and not checkpoint_every:
@@ -365,6 +406,8 @@ class Session:
                       group=kind, own_group=list(self.topology.group(kind, self.rank)), attempt=self.attempt,
                       scenario="job", seed=0, backend=self.backend, frontier_at_start=start, wrapper=wrap.name,
                       generation_at_start=self.generation, spares=self.spares, **self._contract_header())
+        if self._micro_batches:  # issue 41: the job can shrink and grow (the model's Config.shrink, micro_batches)
+            header.update(shrink=True, micro_batches=self._micro_batches)
         header.update(trace_header or {})
         return Trace(path or RunDir(self.settings.trace_dir).trace(self.attempt, self.rank), self.rank, header)
 
@@ -375,12 +418,18 @@ class Session:
         (``SpareJoin``), then the swap's episode as that rank (:class:`accelpact.impl.spare.SpareEngine`:
         agreement, every group built in g+1, the model built by ``rebuild``, the state received from a
         live replica, validation, release); returns the training at the dead rank's frontier.  None:
-        the job ended without needing this spare.  An abort of the job ends the spare with its code."""
+        the job ended without needing this spare.  An abort of the job ends the spare with its code.
+
+        While it idles, before any claim, it runs ``warmup()`` and builds the model once on stand-in
+        groups (:meth:`_prebuild`), so that a swap's critical path is the state transfer, not a first
+        build; then it tells the keeper that started it, if one did (refill), that it is ready."""
         k = self.spare
         assert k is not None
         hotswap.warm_up()
         if warmup is not None:
             warmup()
+        self._prebuild(rebuild)
+        spare_ready()  # a spare its keeper started in a dead worker's place enters the pool now (refill)
         got = hotswap.wait_for_claim(self.attempt_store, k, ABORT_KEY, self.settings.spare_wait_s)
         if isinstance(got, str):
             if got == "closed":
@@ -427,6 +476,45 @@ class Session:
             training._save(frontier, extra_state() if extra_state is not None else None)
         return training
 
+    def _prebuild(self, rebuild: Callable[["Session", Any], tuple[Any, Any]]) -> bool:
+        """A spare, while it idles: call ``rebuild(job, None)`` once on stand-in groups and drop what it
+        returns, so that the swap's build finds its code imported and run once (the wrapper's lazy
+        imports: DDP's first construction imports ``torch._dynamo``, most of a first build here; the
+        model's code; the device's first allocations).  The stand-in is c10d's ``fake`` backend: this
+        process as rank 0 of the job's topology, in groups of the job's shapes (the shard sizes of a real
+        rank, so its memory, freed again), whose collectives move no data.  During the call
+        ``job.rank`` is 0 and ``job.shard_group`` ... ``job.mesh`` are the stand-ins; afterwards every
+        stand-in group is destroyed and the spare holds no group, as before.  ``rebuild`` must tolerate
+        this call (it builds; what it returns is dropped).  Skipped where a default process group exists
+        (the user's own) or the backend is not available; a failure is said on stderr and the spare idles
+        on (the swap builds anyway).  True when the model was built."""
+        if dist.is_initialized():
+            return False
+        try:
+            importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers c10d's "fake" backend
+        except Exception as exc:  # noqa: BLE001 - any import failure: no stand-in, the swap builds from cold
+            print(f"accelpact: spare {self.spare}: no stand-in groups to build the model on while idle ({exc!r})",
+                  file=sys.stderr, flush=True)
+            return False
+        saved = (self.rank, self.groups)
+        try:
+            dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=self.world)
+            topo = self.topology
+            training = {kind: dist.new_group(list(topo.group(kind, 0))) for kind in ("shard", "replicate")}
+            training["world"] = dist.new_group(list(range(self.world)))
+            self.rank, self.groups = 0, replace(self.groups, training=training, mesh=None)
+            built = rebuild(self, None)
+            del built
+            return True
+        except Exception as exc:  # noqa: BLE001 - the user's rebuild on stand-ins: any failure only costs the warm start
+            print(f"accelpact: spare {self.spare}: building the model on stand-in groups while idle failed ({exc!r}); "
+                  "a swap will build it from cold", file=sys.stderr, flush=True)
+            return False
+        finally:
+            self.rank, self.groups = saved
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
     def previous_frontier(self) -> int | None:
         """The committed frontier this rank reached in earlier attempts (what an L2 restart replays
         to), from the store's progress keys; None in attempt 0 or when the store lost them."""
@@ -445,6 +533,13 @@ class Session:
         if self.spare is not None:  # a spare the job never needed: it holds no group
             return
         run = self.training
+        if run is not None and run.left:
+            # issue 41: this rank's replica left the data-parallel dimension; its peers rebuilt every group
+            # without it, so nothing collective is left to it: it ends here (no teardown of groups whose
+            # peers moved on, and no store write that would read as the job's end)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         if run is not None and run._open is not None and not run.discarded:
             # the last step's missing boundary: no later run.step() can refuse it
             raise ApiError(f"job.close(): the last step ({run._open}) was never closed by run.boundary(loss): write "

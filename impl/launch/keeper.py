@@ -32,8 +32,8 @@ between the agent and the training process: the agent sees the keeper, the keepe
   - A spare's own death (``RANK >= WORLD_SIZE - ACCELPACT_SPARES``, spare ``k = RANK - (WORLD_SIZE -
     ACCELPACT_SPARES)``): if a claim had given it a rank's identity (``swap/assign/{k}``), that rank
     died: its death notice, as above; if it died idle, it is posted gone (``swap/spare-gone/{k}``: no
-    claim takes it) and the job goes on with one spare fewer.  Either way the keeper then waits for
-    the job's end as above, so torchrun sees nothing (:func:`spare_died`).
+    claim takes it) and the job goes on with one spare fewer until the refill below.  Either way
+    torchrun sees nothing (:func:`spare_died`).
   - A worker holding a rank's identity that a survivor's failure detector declared dead or hung (it
     may only be stopped: SIGSTOP, a held GIL) is *deposed*: the survivor sets
     ``swap/depose/{rank}/{since}`` for the identity's current holder
@@ -42,6 +42,17 @@ between the agent and the training process: the agent sees the keeper, the keepe
     watches the key of the identity a claim assigned its worker, once assigned.
   - If the keeper itself was asked to stop (SIGTERM/SIGINT, e.g. the agent stopping the group), a
     child killed by a signal is no crash: exit ``128 + signal``, no notice.
+  - *Refill* (spec/hotswap.md, "Refill"): once a death is posted (a training rank's, a swapped-in
+    spare's, an idle spare's) and the job has not ended, the keeper starts the same command again as a
+    fresh spare in the dead worker's place (:func:`refill`): spare ``k`` = ``ACCELPACT_SPARES + n - 1``
+    for the n-th refill of the job's attempt (``swap/refill-ids``, so indices stay unique), launcher
+    ``RANK`` = ``WORLD_SIZE - ACCELPACT_SPARES + k`` (how :func:`accelpact.init` tells a spare and its
+    index), ``LOCAL_RANK`` the dead worker's (its device).  The spare enters the pool claims read
+    (``swap/refills``) when it says it is ready (a byte on the pipe named by :data:`READY_FD_ENV`,
+    :func:`spare_ready`, once it built its model; an incoming claim before then would wait for its
+    start), or, gone, when it died before.  The keeper then keeps that spare as it kept its first worker,
+    and its exit code is that spare's.  ``ACCELPACT_REFILL=0`` turns refill off.  A keeper that is gone
+    (its node lost) refills nothing.
 
 Every non-zero exit the keeper decides on its own prints one line on stderr saying why.  A malformed
 ``ACCELPACT_SPARES``, ``RANK``, ``WORLD_SIZE`` or ``ACCELPACT_KEEPER_WAIT_S`` exits 2 naming the variable.
@@ -52,19 +63,21 @@ With spares, every keeper imports torch's store client in a background thread wh
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
-from ..controlplane import ABORT_KEY, CLOSED, DEATHS_KEY, assign_key, death_key, depose_key, parse_assignment, spare_gone_key
+from ..controlplane import (ABORT_KEY, CLOSED, DEATHS_KEY, REFILL_IDS_KEY, REFILLS_KEY, STARTS_KEY, assign_key, death_key,
+                            depose_key, parse_assignment, spare_gone_key)
 from . import attempts
 
-__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "SPARES_ENV", "WAIT_ENV", "death_key", "main", "post_death", "spare_died",
-           "wait_for_end"]
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "READY_FD_ENV", "REFILL_ENV", "SPARES_ENV", "WAIT_ENV", "PoolEntry", "death_key",
+           "main", "post_death", "refill", "spare_died", "spare_ready", "wait_for_end"]
 
 #: Environment variable: how many spare processes the job has (0: no keeper process at all).
 SPARES_ENV = "ACCELPACT_SPARES"
@@ -72,6 +85,12 @@ SPARES_ENV = "ACCELPACT_SPARES"
 #: job's end at most.
 WAIT_ENV = "ACCELPACT_KEEPER_WAIT_S"
 DEFAULT_WAIT_S = 86400.0
+#: Environment variable: ``0`` turns refill off (a dead worker's keeper then waits for the job's end);
+#: unset or ``1``: on.
+REFILL_ENV = "ACCELPACT_REFILL"
+#: Environment variable a keeper sets for a spare it started (refill): the file descriptor of the pipe
+#: on which the spare writes one byte once it is ready to take an identity (:func:`spare_ready`).
+READY_FD_ENV = "ACCELPACT_SPARE_READY_FD"
 
 #: Store keys, under the attempt's namespace (``attempt{n}/``): their one
 #: home is :mod:`accelpact.impl.controlplane` (``DEATHS_KEY``: the count of death notices posted,
@@ -193,12 +212,12 @@ def _attempt_store(env: Mapping[str, str], store: Any = None) -> Any:
     return dist.PrefixStore(f"attempt{attempts.current(store, env)}", store)
 
 
-def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callable[[Any], str],
-                   connected: Sequence[Any] = ()) -> int:
-    """A worker died by ``sig``: ``post(store)`` says so on the store (returns what it posted, for
-    stderr), then wait for the job's end: ``closed`` -> 0, an abort reason, a lost store or no end
-    within ``wait_s`` -> ``128 + sig``.  ``connected``: a store client already made (the depose
-    watcher's), so the notice needs no new connection: survivors wait for it only so long."""
+def _post(env: Mapping[str, str], sig: int, post: Callable[[Any], str],
+          connected: Sequence[Any] = ()) -> tuple[Any, str] | int:
+    """A worker died by ``sig``: ``post(store)`` says so on the store (under the attempt's namespace;
+    returns what it posted, for stderr).  Returns ``(that store, what)``, or the exit code ``128 +
+    sig`` when nothing could be posted (said on stderr).  ``connected``: a store client already made
+    (the depose watcher's), so the notice needs no new connection: survivors wait for it only so long."""
     code = 128 + sig
     try:
         s = _attempt_store(env, connected[0] if connected else None)
@@ -214,6 +233,13 @@ def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callab
     except Exception as exc:  # noqa: BLE001 - any store failure (reset, timeout) means nothing posted
         _say(f"worker killed by {_signame(sig)}; could not post on the store ({exc}); exiting {code}")
         return code
+    return s, what
+
+
+def _wait_end(s: Any, sig: int, what: str, wait_s: float) -> int:
+    """After a posted death with no worker to keep: wait for the job's end on ``s``: ``closed`` -> 0,
+    an abort reason, a lost store or no end within ``wait_s`` -> ``128 + sig``."""
+    code = 128 + sig
     _say(f"worker killed by {_signame(sig)}: {what}; waiting for the job's end")
     try:
         value = wait_for_end(s, wait_s)
@@ -229,11 +255,6 @@ def _post_and_wait(env: Mapping[str, str], sig: int, wait_s: float, post: Callab
         return code
     _say(f"worker killed by {_signame(sig)} ({what}); the job aborted ({value!r}); exiting {code}")
     return code
-
-
-def _notify_and_wait(env: Mapping[str, str], rank: int, sig: int, wait_s: float, connected: Sequence[Any] = ()) -> int:
-    """A training rank's worker crashed: post the notice, then wait for the job's end (exit code)."""
-    return _post_and_wait(env, sig, wait_s, lambda s: f"death notice {post_death(s, rank)} posted", connected)
 
 
 def spare_died(store: Any, k: int) -> str:
@@ -299,12 +320,138 @@ def _warm_import() -> None:
         pass
 
 
+# ------------------------------------------------------------------------------------------ refill
+def spare_ready(env: MutableMapping[str, str] | None = None) -> bool:
+    """In a spare that a keeper started (refill): tell the keeper that this spare is ready to take an
+    identity (it did what it does while idle), so that it enters the pool.  The variable
+    :data:`READY_FD_ENV` leaves the environment and its pipe is closed, so nothing this process starts
+    inherits them.  False where there is no such pipe: a spare the launcher started is in the pool
+    from the job's start."""
+    env = os.environ if env is None else env
+    raw = env.pop(READY_FD_ENV, None)
+    if not raw:
+        return False
+    try:
+        fd = int(raw)
+    except ValueError:
+        return False
+    try:
+        os.write(fd, b"1")
+        return True
+    except OSError:  # the keeper is gone: nobody reads it, and no claim will come
+        return False
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class PoolEntry:
+    """Refill: spare ``k``'s entry in the pool that claims read (``swap/refills``,
+    :func:`~accelpact.impl.runtime.hotswap.pool_size`), made exactly once: when the spare says it is
+    ready (:func:`spare_ready`), or, if it died before, as a spare already posted gone
+    (:func:`spare_died` first), so that the pool's count still reaches the indices allocated after
+    it."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.entered = False
+        #: the spare said it was ready (its byte came on the pipe)
+        self.ready = False
+        #: set once the pipe was read: the byte, or the end of file of a spare that died first
+        self.heard = threading.Event()
+        #: the job's end (the abort key's value) when it came before any claim took this spare
+        self.ended = ""
+        self._lock = threading.Lock()
+
+    def enter(self, store: Any) -> bool:
+        """Count the spare into the pool on ``store`` (the attempt's) unless that was done; True when
+        this call did it."""
+        with self._lock:
+            if self.entered:
+                return False
+            store.add(REFILLS_KEY, 1)
+            self.entered = True
+            return True
+
+
+def refill(store: Any, job_store: Any, env: Mapping[str, str], spares: int) -> tuple[int, dict[str, str]] | None:
+    """The next spare a keeper starts in a dead worker's place: ``(k, environment)``, or None when the
+    job has ended (its abort key holds a value: nothing to refill for).  ``store``: the job's store
+    under the attempt's namespace; ``job_store``: without it; ``env``: the keeper's own environment.
+
+    ``k`` = ``spares + n - 1`` for the n-th refill of the attempt (``add`` on ``swap/refill-ids``:
+    unique however many keepers refill at once).  The spare's launcher ``RANK`` is ``WORLD_SIZE -
+    spares + k``, so :func:`accelpact.init` makes it spare ``k``; its start count (``starts/{RANK}``,
+    :mod:`accelpact.impl.launch.attempts`) is brought to the attempt's number first, so that the start
+    it counts names this attempt however many attempts passed without that ``RANK``."""
+    if store.check([ABORT_KEY]) and _s(store.get(ABORT_KEY)):
+        return None
+    k = spares + int(store.add(REFILL_IDS_KEY, 1)) - 1
+    launcher = _env_int(env, "WORLD_SIZE", 1) - spares + k
+    attempt = attempts.current(job_store, env)
+    key = STARTS_KEY.format(rank=launcher)
+    have = int(job_store.add(key, 0))
+    if have < attempt:
+        job_store.add(key, attempt - have)
+    return k, {**env, "RANK": str(launcher)}
+
+
+#: After a refilled spare's exit, how long the keeper waits for its ready pipe to be read (the byte or
+#: the end of file is there already: the spare held the only write end).
+READY_READ_S = 2.0
+
+
+def _watch_ready(env: Mapping[str, str], fd: int, entry: PoolEntry) -> None:
+    """Read the refilled spare's one byte (ready) and enter it into the pool; an end of file (the
+    spare died first) enters nothing: the keeper settles it after posting it gone."""
+    try:
+        with os.fdopen(fd, "rb", buffering=0) as r:
+            got = r.read(1)
+    except OSError:
+        got = b""
+    entry.ready = bool(got)
+    entry.heard.set()
+    if not got:
+        return
+    try:
+        if entry.enter(_attempt_store(env)):
+            _say(f"spare {entry.k} is ready: in the pool")
+    except Exception as exc:  # noqa: BLE001 - the store lost: the job cannot claim it anyway
+        _say(f"spare {entry.k} is ready but could not enter the pool ({exc})")
+
+
+def _watch_end(env: Mapping[str, str], proc: subprocess.Popen, entry: PoolEntry, done: threading.Event,
+               poll_s: float = DEPOSE_POLL_S) -> None:
+    """A spare this keeper started (refill) still starting or idle when the job ends (its abort key
+    holds a value) and no claim took it: kill it (it would only start up to read that end), noting the
+    end in ``entry.ended``.  Polls until ``done``."""
+    store = None
+    while not done.wait(poll_s):
+        try:
+            if store is None:
+                store = _attempt_store(env)
+            if not store.check([ABORT_KEY]) or store.check([assign_key(entry.k)]):
+                continue
+            value = _s(store.get(ABORT_KEY))
+        except Exception:  # noqa: BLE001 - the store is not up yet, or was lost: the next poll retries
+            store = None
+            continue
+        if value:
+            entry.ended = value
+            proc.kill()
+            return
+
+
 def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """The keeper's logic; returns its exit code (never returns when it ``exec``\\ s)."""
     env = os.environ if env is None else env
     cmd = _command(argv)
     spares = _env_int(env, SPARES_ENV, 0, default=0)
-    if spares == 0:
+    # ACCELPACT_KEEP=1 (issue 41): keep the worker without spares too, so that its death is posted and a
+    # job that opted in to micro-batches shrinks instead of torchrun restarting every rank
+    if spares == 0 and env.get("ACCELPACT_KEEP", "") in ("", "0"):
         try:
             os.execvp(cmd[0], cmd)
         except OSError as exc:
@@ -315,8 +462,76 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     if spares >= world:
         raise UsageError(f"{SPARES_ENV}={spares} leaves no training rank in WORLD_SIZE={world}")
     wait_s = _env_seconds(env, WAIT_ENV, DEFAULT_WAIT_S)
-    training = rank < world - spares
+    refilling = _env_int(env, REFILL_ENV, 0, default=1) > 0
+    # the worker kept now: this rank's own (a training rank's, or a spare the launcher started), then
+    # each spare this keeper started in a dead worker's place
+    spare: int | None = None if rank < world - spares else rank - (world - spares)
+    child_env: Mapping[str, str] = env
+    entry: PoolEntry | None = None  # the kept worker's pool entry, when this keeper started it
+    first_sig = 0  # the signal that killed the first worker that died here
+    # every keeper, a spare's too (a spare holding a rank's identity dies as that rank): import torch's
+    # store client while the worker runs (about a second on a loaded node), so that a death is posted
+    # within milliseconds of it: survivors wait for the notice before they act
+    threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
+    while True:
+        rc, stopping, connected = _keep(cmd, env, child_env, rank, spare, entry)
+        started = rc is not None
+        if entry is not None and entry.ended:  # the job ended before any claim took the spare started here
+            return 0 if entry.ended == CLOSED else 128 + first_sig
+        if rc is None:
+            if entry is None:
+                return EXIT_NOT_FOUND
+            rc = -signal.SIGKILL  # a refill that could not start: posted gone below, as a spare dead idle
+        if rc >= 0:
+            return rc  # 0, or a fail-stop exit: torchrun sees it unchanged
+        sig = -rc
+        first_sig = first_sig or sig
+        if stopping:
+            _say(f"worker ended by {_signame(sig)} after the keeper was asked to stop ({_signame(stopping[0])}); "
+                 f"exiting {128 + sig}")
+            return 128 + sig
+        posted = _post(env, sig, functools.partial(_posted_death, rank, spare, entry), connected)
+        if isinstance(posted, int):
+            return posted
+        s, what = posted
+        nxt = None
+        if entry is not None:
+            entry.heard.wait(READY_READ_S)  # the pipe's writer is gone with the spare: its byte or its end is there
+        if entry is not None and not (started and entry.ready):
+            # a spare that could not start, or died before it was ready: started again it could fail
+            # again, forever; the pool stays one short
+            what += f"; spare {entry.k} died before it was ready: not replaced"
+        elif refilling:
+            try:
+                nxt = refill(s, s.underlying_store if hasattr(s, "underlying_store") else _job_store(env), env, spares)
+            except Exception as exc:  # noqa: BLE001 - the store lost: the job cannot go on through it
+                _say(f"worker killed by {_signame(sig)} ({what}); could not start a spare in its place ({exc})")
+        if nxt is None:
+            return _wait_end(s, sig, what, wait_s)
+        spare, child_env = nxt
+        entry = PoolEntry(spare)
+        _say(f"worker killed by {_signame(sig)} ({what}); starting spare {spare} in its place "
+             f"(RANK={child_env['RANK']})")
 
+
+def _posted_death(rank: int, spare: int | None, entry: PoolEntry | None, store: Any) -> str:
+    """Post the death of the kept worker on ``store``: rank ``rank``'s notice (a training rank's
+    worker), or what :func:`spare_died` posts for spare ``spare``; a refill that died before it was
+    ready (``entry`` not counted yet) is then counted into the pool as gone.  Returns what was posted."""
+    if spare is None:
+        return f"death notice {post_death(store, rank)} posted"
+    what = spare_died(store, spare)
+    if entry is not None:
+        entry.enter(store)
+    return what
+
+
+def _keep(cmd: Sequence[str], env: Mapping[str, str], child_env: Mapping[str, str], rank: int, spare: int | None,
+          entry: PoolEntry | None) -> tuple[int | None, list[int], list]:
+    """Run one worker and wait for it: ``(its return code or None when it could not start, the stop
+    signals the keeper received meanwhile, the depose watcher's store client)``.  SIGTERM and SIGINT
+    are forwarded to the worker while it lives; a worker this keeper started as a refill (``entry``)
+    gets the ready pipe."""
     stopping: list[int] = []
     proc: subprocess.Popen | None = None
 
@@ -327,38 +542,41 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    read_fd = write_fd = -1
+    launch_env = dict(child_env)
+    if entry is not None:
+        read_fd, write_fd = os.pipe()
+        launch_env[READY_FD_ENV] = str(write_fd)
     try:
-        proc = subprocess.Popen(cmd, env=dict(env))
+        proc = subprocess.Popen(list(cmd), env=launch_env, pass_fds=(write_fd,) if write_fd >= 0 else ())
     except OSError as exc:
         _say(f"cannot run {cmd[0]!r}: {exc.strerror}")
-        return EXIT_NOT_FOUND
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+        return None, stopping, []
+    if write_fd >= 0:
+        os.close(write_fd)  # the spare holds the write end: its exit is the reader's end of file
+        assert entry is not None
+        threading.Thread(target=_watch_ready, args=(env, read_fd, entry), name="accelpact-keeper-ready",
+                         daemon=True).start()
     if stopping:  # asked to stop before the child existed
         proc.send_signal(stopping[0])
-    # every keeper, a spare's too (a spare holding a rank's identity dies as that rank): import torch's
-    # store client while the worker runs (about a second on a loaded node), so that a death is posted
-    # within milliseconds of it: survivors wait for the notice before they act
-    threading.Thread(target=_warm_import, name="accelpact-keeper-warm", daemon=True).start()
     done = threading.Event()
     connected: list = []
-    threading.Thread(target=_watch_depose, args=(env, rank, proc, done, connected),
-                     kwargs={"spare": None if training else rank - (world - spares)}, name="accelpact-keeper-depose",
-                     daemon=True).start()
+    threading.Thread(target=_watch_depose, args=(env, rank, proc, done, connected), kwargs={"spare": spare},
+                     name="accelpact-keeper-depose", daemon=True).start()
+    if entry is not None:
+        threading.Thread(target=_watch_end, args=(env, proc, entry, done), name="accelpact-keeper-end",
+                         daemon=True).start()
     rc = proc.wait()
     done.set()
     # The child is gone: a stop request from now on ends the keeper as it would a plain worker.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if rc >= 0:
-        return rc  # 0, or a fail-stop exit: torchrun sees it unchanged
-    sig = -rc
-    if stopping:
-        _say(f"worker ended by {_signame(sig)} after the keeper was asked to stop ({_signame(stopping[0])}); "
-             f"exiting {128 + sig}")
-        return 128 + sig
-    if not training:
-        k = rank - (world - spares)
-        return _post_and_wait(env, sig, wait_s, lambda s: spare_died(s, k))
-    return _notify_and_wait(env, rank, sig, wait_s, tuple(connected))
+    return rc, stopping, connected
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,8 +17,9 @@
 
 Spares (hot swap, ``topology.spares`` = S > 0): :func:`run_torchrun` and :func:`run_local` start
 W + S processes (``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = W + S, ``ACCELPACT_SPARES`` = S; ranks W..W+S-1
-are the spares), and each training rank runs under a keeper (:mod:`accelpact.impl.launch.keeper`), so that a
-crashed rank's death is not taken for the job's by torchrun.  With S = 0 nothing differs.
+are the spares), and each of them, spares too, runs under a keeper (:mod:`accelpact.impl.launch.keeper`), so
+that a crashed rank's death is not taken for the job's by torchrun, and a dead worker's keeper starts a
+fresh spare in its place (refill: the pool holds S spares again within seconds).  With S = 0 nothing differs.
 
 Every child process is started, waited on and reaped by one :class:`ProcessSet` (also the core of
 the multi-process test harness, :mod:`accelpact.testing`).  Every file name of a run folder comes
@@ -400,11 +401,11 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
     torchrun's environment variables.
 
     ``spares`` (default ``job.topology.spares``) = S > 0: S more processes, ranks ``nproc ..
-    nproc + S - 1``, run the worker directly as spares; every process gets ``WORLD_SIZE`` =
-    ``LOCAL_WORLD_SIZE`` = ``nproc + S`` and ``ACCELPACT_SPARES`` = S, and each training rank runs
-    under a keeper (``python -m accelpact.impl.launch.keeper -- python -m accelpact.testing.worker ...``, its
-    worker a child in the keeper's process group), so ``on_start`` gets the keepers' processes for
-    ranks < ``nproc``.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares.
+    nproc + S - 1``, the spares; every process gets ``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = ``nproc +
+    S`` and ``ACCELPACT_SPARES`` = S, and each runs under a keeper (``python -m
+    accelpact.impl.launch.keeper -- python -m accelpact.testing.worker ...``, its worker a child in the
+    keeper's process group), as under torchrun, so ``on_start`` gets the keepers' processes and a dead
+    worker is refilled.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares.
 
     The launcher hosts the TCPStore, so the store outlives any worker.  ``attempt`` sets
     ``TORCHELASTIC_RESTART_COUNT`` (to emulate a restart by calling again with attempt + 1).
@@ -440,7 +441,7 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
                 "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                 "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True", **served, **with_spares,
             })
-            kept = s > 0 and rank < n  # a training rank of a job with spares: under its keeper
+            kept = s > 0  # every process of a job with spares: under its keeper
             cmd = [sys.executable, "-m", KEEPER_MODULE, "--", *worker] if kept else worker
             ps.start(cmd, env=env, stdout=logf)
         if on_start is not None:

@@ -26,6 +26,7 @@ from ..runtime import hotswap
 from ..runtime.checkpoint import CheckpointError, SaveFailed
 from ..runtime.retire import collect_off_path
 from ..runtime.wrappers import wrapper, wrapper_of
+from .. import shrink as _shrink
 from .errors import ApiError
 
 __all__ = ["SAVE_TRIES", "Training", "pact_groups"]
@@ -73,6 +74,12 @@ class Training:
     #: the step just run was discarded by a hot swap: :meth:`boundary` does nothing and
     #: :meth:`steps` yields the same step again
     discarded: bool = False
+    #: issue 41: this rank's replica left the data-parallel dimension (a shrink): :meth:`steps` ends,
+    #: :meth:`boundary` does nothing, and ``job.close()`` ends the process (exit 0) without a collective
+    left: bool = False
+    #: a death's shrink benched this live rank: :meth:`steps` idles until a grow recalls it (then it
+    #: trains again in the generation the grow built) or the job ends
+    benched: bool = False
     _notices: Any = None
     _watcher: Any = None
     _published: Any = None
@@ -90,14 +97,26 @@ class Training:
         job, s = self.job, self.job.settings
         wrap = wrapper_of(model)
         self.wrapper = wrap.name
-        pg = pact_groups(job.topology, job.rank, wrap.name, job.groups.control, job.groups.training, job.groups.records)
-        control = ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX)
+        pg = pact_groups(job.topology, job.rank, wrap.name, job.groups.control, job.groups.training, job.groups.records,
+                         active=job.groups.active)
+        # the control plane counts the ranks in training (all of W unless the job shrank, issue 41)
+        control = _shrink.ActiveControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX,
+                                             members=job.groups.members(range(job.world)))
         platform, envelope = job.contract
         key = ObservationKey(platform, wrap.name, "boundary", DEFAULT_OBJECTIVE)
-        if job.spares and self._notices is None:
+        total = getattr(job, "_micro_batches", None)
+        if total and total < _shrink.replicas_of(job.topology, wrap.recovers):
+            raise ApiError(f"attach: micro_batches={total} is fewer than the job's "
+                           f"{_shrink.replicas_of(job.topology, wrap.recovers)} replicas ({wrap.name}: "
+                           f"{'one per rank' if wrap.recovers == 'world' else 'one per shard group'}): every replica "
+                           "needs at least one micro-batch")
+        # a job that can shrink (micro_batches) needs the keepers' death notices as one with spares does
+        watches = bool(job.spares or getattr(job, "_micro_batches", None))
+        if watches and self._notices is None:
             self._notices = hotswap.Notices(job.attempt_store)
             self._notices.handled(self._notices.count())
-        rebuild = Rebuild(job, self.rebuild, begin=self._begin, then=self._continue) if self.rebuild is not None else None
+        rebuild = Rebuild(job, self.rebuild, begin=self._begin, then=self._continue, left=self._left) \
+            if self.rebuild is not None else None
         self.pact = attach(model, optimizer, groups=pg, control=control, trace=trace, deadline_s=s.deadline_s,
                            step_deadline_s=s.step_deadline_s, frontier=frontier, key=key, envelope=envelope,
                            hooks=self.hooks, detect=s.detect, dead_after_s=s.dead_after_s,
@@ -119,11 +138,12 @@ class Training:
             self._publish()
         elif self.rebuild is not None:
             self._keep_for_discard()
-        if job.spares:
+        if watches:
             pact = self.pact
+            active = set(job.groups.members(range(job.world)))
             self._watcher = hotswap.SwapWatcher(
                 job.attempt_store, lambda: [*{id(r): r for r in pact.group_records().values()}.values(), job.groups.control_record],
-                seen=self._notices.seen).start()
+                seen=self._notices.seen, relevant=active.__contains__).start()
 
     @property
     def module(self) -> Any:
@@ -141,7 +161,13 @@ class Training:
         if not self.job.spares and self.rebuild is None:
             yield from range(self.start_step, total)
             return
-        while self.pact.frontier < total:
+        while True:
+            if self.left:
+                if not self.benched or not self._recall():
+                    return
+                continue
+            if self.pact.frontier >= total:
+                return
             yield self.pact.frontier
 
     @contextlib.contextmanager
@@ -172,7 +198,7 @@ class Training:
         :class:`~accelpact.impl.recovery.RecoveryReport` is returned), then the checkpoint when due.
         After a discarded step: nothing (None)."""
         self._open = None
-        if self.discarded:
+        if self.discarded or self.left:
             return None
         if self._collect_due:  # the second commit after a rebuild: the old generation is unreachable by then
             self._collect_due -= 1
@@ -183,31 +209,77 @@ class Training:
         elif self.rebuild is not None:
             self._keep_for_discard()
         report = self.pact.boundary(loss)  # None after a hot swap here (a death noticed at the boundary)
+        if self.left:  # a requested shrink took this rank's replica out at this boundary
+            return None
         frontier = self.pact.frontier
-        if self.checkpoints is not None and self.checkpoints.due(frontier):
+        # a shrunk job saves no checkpoint (issue 41): the last one, of the whole job, stays the one an L2
+        # restart resumes from (every rank's state is in it); saving resumes once the job grew back
+        if self.checkpoints is not None and self.checkpoints.due(frontier) and self.job.groups.active is None:
             cursor = self.extra_state() if self.extra_state is not None else None
             report = self._save(frontier, cursor) or report
         return report
 
     def _save(self, frontier: int, cursor: Any):
-        """The checkpoint of ``frontier``; a save that meets a failed group over all of W is the
-        engine's observation at the boundary (spec/protocol.md P18.4): every rank repairs (the
-        checkpoint group is rebuilt with the other groups over W) and saves again.  Returns the
-        repair's report, if there was one (a rank that died in the save is swapped instead)."""
+        """The checkpoint of ``frontier``.  A fault during the save is an episode like any other.  A save
+        that meets a failed group over all of W is the engine's observation at the boundary
+        (spec/protocol.md P18.4): every rank repairs (the checkpoint group is rebuilt with the other
+        groups over W) and saves again.  A rank of W that dies during the save (a crash; a stopped or
+        hung rank, once the failure detector declared it and its keeper deposed it) ends every wait of
+        the save within a slice of the keeper's death notice (:meth:`_save_abandoned`,
+        :meth:`_save_interrupt`); then, with a spare idle, it is swapped as a death at the boundary
+        is (:meth:`~accelpact.impl.recovery.Pact.repair_after_save`), and every rank, the spare in the dead
+        rank's identity included, takes the save again after the release, in the next generation.
+        Without a spare, in a job that can shrink, the replica shrinks instead, and a shrunk job saves
+        nothing (as at any boundary).  Returns the repair's report, if there was one (None after a swap
+        or a shrink)."""
         report = None
         for _try in range(SAVE_TRIES):
             pact = self.pact
             try:
                 took = self.checkpoints.save(frontier, pact.module, pact.optimizer, cursor=cursor, tag=pact.gen,
-                                             abandoned=lambda p=pact: p.control.revoked(p.gen, WIDE_ENTRY))
+                                             abandoned=self._save_abandoned(pact), interrupt=self._save_interrupt)
             except SaveFailed as exc:
                 failed = exc
                 report = pact.repair_after_save(exc) or report
+                if self.left or self.job.groups.active is not None:  # the episode shrank the job
+                    return report
                 continue
             self.saved.append((frontier, took))
             return report
         raise CheckpointError(f"checkpoint of step {frontier}: every one of {SAVE_TRIES} saves failed, each repaired in "
                               f"place; the last: {failed}") from failed
+
+    def _save_abandoned(self, pact: Any) -> Callable[[], Any]:
+        """The save's ``abandoned()`` in ``pact``'s generation (two store requests a call): a peer's save
+        failed (the wide revoke of the generation stands), or, in a job that reads the keepers' death
+        notices (spares, or one that can shrink), a notice this rank has not handled was posted: its
+        worker crashed, or was deposed (killed by its keeper) after a survivor's failure detector
+        declared it dead or hung.  Otherwise a declared rank ends every survivor through its watchdog
+        (``RankSuspect``)."""
+        from ..runtime.checkpoint import Abandon
+
+        notices = self._notices
+
+        def abandoned() -> Any:
+            if pact.control.revoked(pact.gen, WIDE_ENTRY):
+                return Abandon(f"a peer's save failed (the wide revoke of generation {pact.gen} stands)")
+            if notices is not None:
+                n = notices.count()
+                if n > notices.seen:
+                    dead = tuple(sorted(set(notices.read(n))))
+                    return Abandon(f"rank(s) {list(dead)} died or were deposed during the save (death notice)", dead)
+            return None
+
+        return abandoned
+
+    def _save_interrupt(self) -> None:
+        """The save's ``interrupt()``: the sockets of the groups over all of W shut down (the default,
+        control and checkpoint groups: DCP's collectives, FSDP1's state-dict gathers), so a collective
+        of the save blocked on a dead or stopped peer fails at once.  The episode that follows (a swap,
+        a repair) builds every one of them anew."""
+        from ..runtime import revoke
+
+        revoke.hard_close_all(self.job.groups.wide_records())
 
     # ---- an episode that rebuilds the model -----------------------------------------------------
     def _publish(self) -> None:
@@ -229,6 +301,143 @@ class Training:
         published = self._published or {}
         return {"extra": copy.deepcopy(published.get("extra")), "rng": published.get("rng")}
 
+    def _left(self, leaving: Any, bench: bool = False) -> None:
+        """``Rebuild.left``: this rank's replica left the data-parallel dimension (``RankLeave``) and its
+        engine stopped: no step runs here (``left``).  ``bench`` (a death's shrink benched this live
+        rank): it idles as a spare of its own identity (:func:`accelpact.impl.shrink.bench`), which a
+        grow may recall (:meth:`_recall`); otherwise (a requested shrink) the training ends on this rank
+        and its trace is closed."""
+        self.left, self.benched = True, bench
+        if self._watcher is not None:
+            self._watcher.stop(join=False)
+        if bench:
+            _shrink.bench(self.job.attempt_store, self.job.rank)
+            return
+        try:
+            self.pact.trace.end("left", gen=self.pact.gen, frontier=self.pact.frontier)
+        except Exception:  # noqa: BLE001 - a trace that cannot be written loses its end record only
+            pass
+
+    def _recall(self) -> bool:
+        """A benched rank idles (:func:`accelpact.impl.shrink.wait_recall`) until a grow claims its
+        identity, then takes part in the grow as a spare of its own identity would: ``SpareJoin``, the
+        swap's steps (every group built anew, the model rebuilt, its state received from a live
+        replica, validated, released: :class:`accelpact.impl.spare.SpareEngine`), and trains on in the
+        next generation (True).  False: the job ended meanwhile (``closed``); an abort ends the process
+        with its code, as it ends an idle spare."""
+        from ..controlplane import ABORT_KEY
+        from ..exitcodes import code_for, exit_now
+        from ..spare import SpareEngine
+
+        job = self.job
+        got = _shrink.wait_recall(job.attempt_store, job.rank, ABORT_KEY, job.settings.spare_wait_s)
+        if isinstance(got, str):
+            if got == "closed":
+                try:
+                    self.pact.trace.end("left", gen=self.pact.gen, frontier=self.pact.frontier)
+                except Exception:  # noqa: BLE001 - a trace that cannot be written loses its end record only
+                    pass
+                return False
+            exit_now(code_for(got if got in ("rejected", "mismatch", "deadline", "exception") else "deadline"), got, None)
+            return False  # never reached: exit_now ends the process
+        g, point = got
+        assert self.rebuild is not None  # a job that can shrink was attached with rebuild=
+        published = hotswap.read_state(job.attempt_store, job.rank)
+        if published is None:
+            raise hotswap.SwapError(f"rank {job.rank}: recalled from the bench, but nobody published its state at F")
+        trace = self.pact.trace
+        engine = SpareEngine(job, control=ControlPlane(job.attempt_store, job.rank, job.world, prefix=PREFIX), spare=-1,
+                             generation=g, published=published, trace=trace, hooks=self.hooks,
+                             deadline_s=job.settings.deadline_s)
+        engine.join()
+        n = self._notices.count() if self._notices is not None else 0
+        module, optimizer, record = engine.swap(point=point, rebuild=self.rebuild, extra=copy.deepcopy(published["extra"]))
+        if self._notices is not None:  # deaths noticed while benched were the survivors' episodes, not this one's
+            self._notices.handled(n)
+        self.left = self.benched = False
+        self.discarded = False
+        self._open = None
+        self.swaps.append(record)
+        if self.checkpoints is not None:
+            self.checkpoints = job._checkpoints(self.checkpoints.root, self.checkpoints.every)
+        self.pact = None  # the retired engine is no predecessor: the recall's own engine watched the episode
+        self._engage(module, optimizer, generation=g + 1, frontier=int(published["frontier"]), trace=trace)
+        self._collect_due = 2
+        return True
+
+    # ---- issue 41: micro-batches --------------------------------------------------------------------
+    @property
+    def total_micro_batches(self) -> int | None:
+        """The step's micro-batch count given at attach (``micro_batches=``); None: not opted in."""
+        return getattr(self.job, "_micro_batches", None)
+
+    @property
+    def active_replicas(self) -> tuple[int, ...]:
+        """The replicas in the data-parallel dimension now (ascending; all of them unless the job shrank)."""
+        kind = wrapper(self.wrapper).recovers
+        return _shrink.active_replicas(self.job.topology, kind, self.job.groups.active)
+
+    @property
+    def replica(self) -> int:
+        """This rank's replica: the rank for DDP, its shard group's index for HSDP."""
+        return _shrink.replica_of(self.job.topology, wrapper(self.wrapper).recovers, self.job.rank)
+
+    @property
+    def replica_slot(self) -> tuple[int, int]:
+        """``(position, size)`` of this rank within its replica: ``(0, 1)`` for DDP; under HSDP its place
+        in its shard group and the group's size.  A replica processes a micro-batch as one data-parallel
+        unit: under HSDP each of its ranks reads its own slice of it (slice ``position`` of ``size``; the
+        shard group's reduce-scatter averages them), never the whole micro-batch on every rank."""
+        kind = wrapper(self.wrapper).recovers
+        if kind == "world":
+            return 0, 1
+        ranks = _shrink.replica_ranks(self.job.topology, kind, self.replica)
+        return list(ranks).index(self.job.rank), len(ranks)
+
+    def micro_batches(self, step: int) -> tuple[int, ...]:
+        """The global micro-batch indices (``0 .. micro_batches - 1``) this rank processes in ``step``:
+        its replica's share among the active replicas (:func:`accelpact.model.batches.share`).  Every
+        micro-batch of a step is processed exactly once across the active replicas, whatever their
+        number; read your data by (step, micro-batch index), never by rank; under HSDP each rank of the
+        replica reads its slice of each micro-batch (:attr:`replica_slot`).  The same for every step
+        of a generation: ``step`` names the step asked about (a discarded step, rerun after a shrink,
+        gets the new share)."""
+        from accelpact.model.batches import share
+
+        total = self.total_micro_batches
+        if not total:
+            raise ApiError("run.micro_batches(step): the job did not opt in: pass micro_batches=M to job.attach")
+        del step  # the share depends on the replicas active now, not on the step's number
+        return share(self.replica, self.active_replicas, total)
+
+    @property
+    def loss_weight(self) -> float:
+        """The factor on the sum of this rank's micro-batch losses (:func:`accelpact.model.batches.loss_weight`):
+        ``active / micro_batches``, so that the gradient the wrapper averages over the active replicas is
+        the mean over the step's ``micro_batches`` micro-batches."""
+        from accelpact.model.batches import loss_weight
+
+        total = self.total_micro_batches
+        if not total:
+            raise ApiError("run.loss_weight: the job did not opt in: pass micro_batches=M to job.attach")
+        return loss_weight(self.active_replicas, total)
+
+    def no_sync(self, last: bool) -> Any:
+        """Context for one micro-batch's forward and backward: on all but the ``last`` micro-batch of a
+        step the gradients accumulate locally (DDP and FSDP1: ``module.no_sync()``; FSDP2:
+        ``set_requires_gradient_sync(False)``), and the last one reduces their sum once."""
+        module = self.module
+        if last:
+            if hasattr(module, "set_requires_gradient_sync"):
+                module.set_requires_gradient_sync(True)
+            return contextlib.nullcontext()
+        if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+            module.set_requires_gradient_sync(False)
+            return contextlib.nullcontext()
+        if hasattr(module, "no_sync"):
+            return module.no_sync()
+        return contextlib.nullcontext()
+
     def _continue(self, module: Any, optimizer: Any, record: Any) -> None:
         """``Rebuild.then``: the episode released (the engine of generation g retired): the engine of
         g+1 is attached to the model it rebuilt, at F, and the checkpoints move onto the new groups."""
@@ -247,11 +456,14 @@ class Training:
         return self.pact.reports
 
 
-def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups: Mapping[str, Any], records: dict):
+def pact_groups(topo, rank: int, wrapper_name: str, control_group, groups: Mapping[str, Any], records: dict,
+                active: Any = None):
     """The engine's :class:`~accelpact.impl.recovery.PactGroups` of this rank: R is its group of the
     wrapper's kind (``Wrapper.recovers``) in ``groups`` (kind -> group); the others' socket records
-    are kept (by name) for fault injection."""
+    are kept (by name) for fault injection.  ``active``: the ranks in training (a shrunk job's; None:
+    all): R's members are its active ones."""
     kind = wrapper(wrapper_name).recovers
-    return PactGroups(control=control_group, affected=groups[kind], members=topo.group(kind, rank),
+    members = tuple(m for m in topo.group(kind, rank) if active is None or m in active)
+    return PactGroups(control=control_group, affected=groups[kind], members=members,
                       record=records[kind], name=kind, index=topo.group_index(kind, rank),
                       count=len(topo.groups_of_kind(kind)), others={k: v for k, v in records.items() if k != kind})

@@ -59,6 +59,13 @@ class JobGroups:
     checkpoint_record: Any = None
     generation: int = 0
     mesh: Any = None
+    #: the ranks in training (issue 41: a shrunk job's groups are built over them only); None: every
+    #: rank of the topology.  Identities never change: a rank out of it holds no group of this generation
+    active: tuple[int, ...] | None = None
+
+    def members(self, ranks: Any) -> list[int]:
+        """``ranks`` less those out of training (a shrunk job's)."""
+        return [r for r in ranks if self.active is None or r in self.active]
 
     def wide_records(self) -> list:
         """The socket records of the groups over all of W that a wide revoke closes (P18.4): the
@@ -79,8 +86,19 @@ class JobGroups:
     def _replace_wide(self, rank: int, pre: str) -> list:
         """The groups over all of W built under ``pre``, in one fixed order on every rank: default (the
         training backend), control and checkpoint (gloo); the new default installed.  Returns the old
-        ones (to retire)."""
-        world = list(range(self.topology.world))
+        ones (to retire).  A shrunk job (``active``) builds control and checkpoint over its active
+        ranks and keeps its default group: c10d's global ranks are the default group's, and a rank out
+        of training cannot join a new one (nothing of AccelPact's runs on it; a grow back to every rank
+        rebuilds it)."""
+        world = self.members(range(self.topology.world))
+        if self.active is not None:
+            old = [self.control, self.checkpoint]
+            control, control_rec = self._make(rank, backend("gloo"), pre, "control", world, self.collective_timeout_s)
+            checkpoint, checkpoint_rec = self._make(rank, backend("gloo"), pre, "checkpoint", world,
+                                                    max(self.pg_timeout_s, self.collective_timeout_s))
+            self.control, self.control_record = control, control_rec
+            self.checkpoint, self.checkpoint_record = checkpoint, checkpoint_rec
+            return old
         old = [c10d._world.default_pg, self.control, self.checkpoint]
         default, default_rec = self._make(rank, backend(self.backend), pre, "default", world, self.pg_timeout_s)
         control, control_rec = self._make(rank, backend("gloo"), pre, "control", world, self.collective_timeout_s)
@@ -101,24 +119,28 @@ class JobGroups:
         link from a broken communicator of R alone.  Returns the names built."""
         pre = wide_prefix(g_next)
         old = self._replace_wide(rank, pre)
-        names = ["default", "control", "checkpoint"]
+        names = ["default", "control", "checkpoint"] if self.active is None else ["control", "checkpoint"]
         if "world" in self.training:  # HSDP: the world group is not R (DDP's is, and the engine rebuilds it)
             old.append(self.training["world"])
             self.training["world"], self.records["world"] = self._make(rank, backend(self.backend), pre, "world",
-                                                                       list(range(self.topology.world)),
+                                                                       self.members(range(self.topology.world)),
                                                                        self.collective_timeout_s)
             names.append("world")
         _retire_groups(old)
         return names
 
-    def rebuild_all(self, rank: int, g_next: int, held: tuple = ()) -> None:
+    def rebuild_all(self, rank: int, g_next: int, held: tuple = (), active: Any = "same") -> None:
         """``RankReplace`` of a hot swap or a discard: every group (default, control, checkpoint, shard,
         replicate, world) built in generation ``g_next`` by its members only, under
         ``accelpact/g{g_next}/swap/<name>`` (the generation fences every older member out), in one
         fixed order on every rank; the old ones aborted first (NCCL: their kernels end before new ones
         take the device), then unregistered and retired off the critical path.  ``rank``: the identity
         this process holds (a spare's, once it took one); ``held``: further old groups of this rank (R,
-        which the engine holds rather than this record)."""
+        which the engine holds rather than this record).  ``active``: the ranks in training in
+        ``g_next`` (issue 41: a shrink leaves some out, a grow brings them back; None: every rank;
+        ``"same"``: as in this generation); each group is built over its active members only."""
+        if active != "same":
+            self.active = None if active is None or len(set(active)) == self.topology.world else tuple(sorted(active))
         be, topo = backend(self.backend), self.topology
         pre = swap_prefix(g_next)
         training = [*self.training.values(), *held]
@@ -128,8 +150,9 @@ class JobGroups:
         records: dict[str, Any] = {}
         for kind in ("shard", "replicate", "world"):
             for i, members in enumerate(topo.groups_of_kind(kind)):
+                members = self.members(members)
                 if rank in members:
-                    groups[kind], records[kind] = self._make(rank, be, pre, f"{kind}{i}", list(members),
+                    groups[kind], records[kind] = self._make(rank, be, pre, f"{kind}{i}", members,
                                                              self.collective_timeout_s)
         self.training, self.records, self.mesh, self.generation = groups, records, None, g_next
         del training

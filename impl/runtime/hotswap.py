@@ -47,14 +47,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..controlplane import (DEATHS_KEY, NEXT_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key)
+from ..controlplane import (DEATHS_KEY, NEXT_KEY, REFILLS_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key)
 from ..threadname import EngineThread
 from . import revoke
 from .backends import backend_of, wait_bounded
 from .digest import checksum_hex, state_checksum
 
 __all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
-           "claim_write", "export_state", "holder_since", "import_state", "publish_state", "read_claims", "read_state",
+           "claim_write", "export_state", "holder_since", "import_state", "pool_size", "publish_state", "read_claims", "read_state",
            "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
@@ -76,9 +76,12 @@ class SwapNeeded(Exception):
     flight is discarded in place).  The engine's step, boundary and save repair catch it and run the
     episode there; it never reaches the caller."""
 
-    def __init__(self, point: str, dead: tuple[int, ...], error: BaseException | None) -> None:
-        super().__init__(f"rank(s) {list(dead)} died ({point}): hot swap")
-        self.point, self.dead, self.error = point, dead, error
+    def __init__(self, point: str, dead: tuple[int, ...], error: BaseException | None, mode: str = "") -> None:
+        super().__init__(f"rank(s) {list(dead)} {'vacant: grow' if mode == 'grow' else 'leave: shrink' if mode == 'shrink' else 'died'} "
+                         f"({point}): hot swap")
+        #: ``mode``: "" (a death or a discard: the contract decides swap, shrink or L2), "shrink" (a
+        #: requested shrink: ``dead`` leave alive), "grow" (``dead`` are the vacant identities)
+        self.point, self.dead, self.error, self.mode = point, dead, error, mode
 
 
 @dataclass
@@ -146,9 +149,13 @@ class SwapWatcher:
     that no survivor stays blocked in a collective with a live peer that left the step.  It revokes
     once per notice; :meth:`stop` ends it within a slice."""
 
-    def __init__(self, store: Any, records: Callable[[], list], seen: int, slice_s: float = 0.1) -> None:
+    def __init__(self, store: Any, records: Callable[[], list], seen: int, slice_s: float = 0.1,
+                 relevant: Callable[[int], bool] | None = None) -> None:
         self.store = store.clone() if hasattr(store, "clone") else store
         self.records = records
+        #: whether a notice's rank concerns this rank's groups (a shrunk job: the death of a rank out of
+        #: training, a benched one, revokes nothing); None: every notice does
+        self.relevant = relevant
         self.next = seen + 1
         self.slice_s = slice_s
         self.revoked: list[tuple[int, int]] = []  # (notice, sockets closed)
@@ -172,6 +179,14 @@ class SwapWatcher:
                     continue
             except Exception:  # noqa: BLE001 - store lost: the watchdog handles it
                 continue
+            if self.relevant is not None:
+                try:
+                    who = int(self.store.get(death_key(self.next)).decode())
+                except Exception:  # noqa: BLE001 - store lost (the watchdog handles it) or a torn write: revoke
+                    who = -1
+                if who >= 0 and not self.relevant(who):
+                    self.next += 1
+                    continue
             closed = revoke.hard_close_all(list(self.records()))  # NCCL: aborted together
             self.revoked.append((self.next, closed))
             self.next += 1
@@ -326,13 +341,20 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 # ------------------------------------------------------------------------------------- the episode
 
+def pool_size(store: Any, spares: int) -> int:
+    """How many spares the pool has held so far: the ``spares`` started at launch (indices ``0 ..
+    spares - 1``) and those keepers started since (refill, :data:`~accelpact.impl.controlplane.REFILLS_KEY`:
+    indices ``spares ..``).  Taken ones (``swap/next``) and gone ones are counted too."""
+    return spares + int(store.add(REFILLS_KEY, 0))
+
+
 def pool_covers(store: Any, g: int, dead: Sequence[int], spares: int) -> bool:
     """The decision's ``spare`` fact (model ``hotswap._facts``): the pool holds a spare for every
     dead rank of generation ``g`` whose claim has not begun.  The pool is read before the claims,
     and a claim begins (``claimers_key``) before it takes from the pool, so a claim under way is
     never counted twice: once as taken, once as still to claim."""
     taken = int(store.add(NEXT_KEY, 0))
-    left = sum(1 for k in range(taken, spares) if not store.check([spare_gone_key(k)]))
+    left = sum(1 for k in range(taken, pool_size(store, spares)) if not store.check([spare_gone_key(k)]))
     todo = [d for d in dead if int(store.add(claimers_key(g, d), 0)) == 0]
     return left >= len(todo)
 
@@ -350,20 +372,25 @@ def holder_since(store: Any, rank: int) -> int:
     return since
 
 
-def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "") -> tuple[bool, int | None]:
+def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "",
+                on_claim: Callable[[], None] | None = None) -> tuple[bool, int | None]:
     """The store writes of ``RankClaimSpare`` for ``dead`` in generation ``g``: the first survivor to
     claim (a counter) takes one spare from the pool (``swap/next``; spares whose keeper posted them
     gone, :func:`~accelpact.impl.controlplane.spare_gone_key`, are passed over), writes its index into
     ``g{g}/spare/{dead}`` (single assignment: ``none`` when the pool is empty) and tells the spare
     (``swap/assign/{k}``).  Returns (this rank was the claimer, the spare it wrote or None).  No
-    wait: the engine takes it under its write/record hold."""
+    wait: the engine takes it under its write/record hold.  ``on_claim``: what the claimer does
+    before any spare can be told (a grow publishes the vacant identity's state at F there)."""
     key = claim_key(g, dead)
     if int(store.add(claimers_key(g, dead), 1)) != 1:
         return False, None
+    if on_claim is not None:
+        on_claim()
     k = int(store.add(NEXT_KEY, 1)) - 1
-    while k < spares and store.check([spare_gone_key(k)]):  # a spare that died idle is no longer in the pool
+    size = pool_size(store, spares)
+    while k < size and store.check([spare_gone_key(k)]):  # a spare that died idle is no longer in the pool
         k = int(store.add(NEXT_KEY, 1)) - 1
-    value = str(k) if k < spares else "none"
+    value = str(k) if k < size else "none"
     stood = store.compare_set(key, "", value).decode()
     if stood == value and value != "none":
         store.set(assign_key(k), f"{dead}:{g}:{point}")
