@@ -192,6 +192,9 @@ class ControlPlane:
         self.claims_exit = claims_exit
         self.rank = rank
         self.world_size = world_size
+        #: the ranks an episode's barriers count (ascending): every rank of W, unless the job shrank
+        #: (``accelpact.impl.shrink.ActiveControlPlane``); the agreement's reference is the first one's F
+        self.members: tuple[int, ...] = tuple(range(world_size))
         self.prefix = prefix
         self.last_expired = False  # set by the last await_*: True if its deadline expired
 
@@ -338,16 +341,17 @@ class ControlPlane:
 
     # ---- phase 3 -------------------------------------------------------------------------
     def arrive(self, g: int, frontier: int, reported_gen: int | None = None) -> tuple[int, bool]:
-        """RankArrive: post ``"F,g"`` then count; the add that returns |W| is the last arriver."""
+        """RankArrive: post ``"F,g"`` then count; the add that returns the members' count (|W|) is the
+        last arriver."""
         gen = g if reported_gen is None else reported_gen
         self.store.set(self.key(g, f"frontier/{self.rank}"), f"{frontier},{gen}")
         count = int(self.store.add(self.key(g, "arrive"), 1))
-        return count, count == self.world_size
+        return count, count == len(self.members)
 
     def frontiers(self, g: int) -> dict[int, tuple[int, int]]:
-        keys = [self.key(g, f"frontier/{r}") for r in range(self.world_size)]
+        keys = [self.key(g, f"frontier/{r}") for r in self.members]
         out: dict[int, tuple[int, int]] = {}
-        for r, raw in enumerate(self.store.multi_get(keys)):
+        for r, raw in zip(self.members, self.store.multi_get(keys), strict=True):
             text = _s(raw)
             try:
                 f, gg = text.split(",")
@@ -368,14 +372,14 @@ class ControlPlane:
         the job abort (model ``_st_decide_agreement`` does both), holding its exit claim from
         before this write (``exitcodes.holding_exit``): every peer sees the decision at once."""
         rows = self.frontiers(g)
-        ref = rows.get(0)
+        ref = rows.get(self.members[0])
         ok = ref is not None and all(self.agrees(v, ref, g) for v in rows.values())
         value = DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}"
         return self._decide(self.key(g, "agree"), value)
 
     def arrived(self, g: int) -> set[int]:
         """The ranks whose (F, g) report stands in generation ``g`` (they made their RankArrive)."""
-        return {r for r in range(self.world_size) if self.store.check([self.key(g, f"frontier/{r}")])}
+        return {r for r in self.members if self.store.check([self.key(g, f"frontier/{r}")])}
 
     def decided_by(self, g: int, which: str, deadline: float) -> bool:
         """Whether generation ``g``'s ``which`` decision ("agree", "release") stands by ``deadline``
@@ -399,8 +403,8 @@ class ControlPlane:
         return count, count == self.release_quorum()
 
     def release_quorum(self) -> int:
-        """How many release votes decide: every rank of W."""
-        return self.world_size
+        """How many release votes decide: every member (every rank of W unless the job shrank)."""
+        return len(self.members)
 
     def decide_release(self, g: int) -> str:
         """RankDecideRelease (last voter): ``release`` unless an abort already stands."""

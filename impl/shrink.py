@@ -28,7 +28,7 @@ import json
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
-from .controlplane import PREFIX, ControlPlane, ControlPlaneError
+from .controlplane import PREFIX, ControlPlane
 
 __all__ = ["ActiveControlPlane", "SHRINK_AT_ENV", "ShrinkError", "active_replicas", "bench", "bench_gone", "bench_key",
            "benched_idle",
@@ -100,37 +100,8 @@ class ActiveControlPlane(ControlPlane):
     def __init__(self, store: Any, rank: int, world_size: int, prefix: str = PREFIX, *, members: Sequence[int] | None = None,
                  claims_exit: bool = False) -> None:
         super().__init__(store, rank, world_size, prefix, claims_exit=claims_exit)
-        self.members: tuple[int, ...] = tuple(sorted(members)) if members is not None else tuple(range(world_size))
-
-    def arrive(self, g: int, frontier: int, reported_gen: int | None = None) -> tuple[int, bool]:
-        count, _ = super().arrive(g, frontier, reported_gen)
-        return count, count == len(self.members)
-
-    def frontiers(self, g: int) -> dict[int, tuple[int, int]]:
-        keys = [self.key(g, f"frontier/{r}") for r in self.members]
-        out: dict[int, tuple[int, int]] = {}
-        for r, raw in zip(self.members, self.store.multi_get(keys), strict=True):
-            text = raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw)
-            try:
-                f, gg = text.split(",")
-                out[r] = (int(f), int(gg))
-            except ValueError:
-                raise ControlPlaneError(f"frontier of rank {r} in g{g} is {text!r}; expected 'F,g'") from None
-        return out
-
-    def decide_agreement(self, g: int) -> str:
-        from accelpact.model.state import DECISION_COMMIT, REASON_MISMATCH
-
-        rows = self.frontiers(g)
-        ref = rows.get(self.members[0])
-        ok = ref is not None and all(self.agrees(v, ref, g) for v in rows.values())
-        return self._decide(self.key(g, "agree"), DECISION_COMMIT if ok else f"abort:{REASON_MISMATCH}")
-
-    def arrived(self, g: int) -> set[int]:
-        return {r for r in self.members if self.store.check([self.key(g, f"frontier/{r}")])}
-
-    def release_quorum(self) -> int:
-        return len(self.members)
+        if members is not None:
+            self.members = tuple(sorted(members))
 
 
 def _single(store: Any, key: str, value: str) -> str:

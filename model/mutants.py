@@ -28,6 +28,7 @@ from .protocol import (
     _count_ready,
     _crash_episode,
     _decision_key,
+    _detector_sees_dead,
     _exit,
     _in_episode,
     _peers,
@@ -431,12 +432,7 @@ def _resume_with_fixed_share(spec: ActionSpec) -> Step:
 # shrink-last-replica: the shrink asks only whether each dead rank has a live replica, not whether one stays
 def _shrink_without_keeping_shards(spec: ActionSpec) -> Enabled:
     def enabled(cfg, s, r, arg):
-        rk = s.ranks[r]
-        if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
-            return False
-        if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen, cfg):
-            return False
-        return cfg.shrink and not s.store.spares and cfg.replica_of(r) not in s.store.out
+        return cfg.shrink and not s.store.spares and cfg.replica_of(r) not in s.store.out and _detector_sees_dead(cfg, s, r)
     return enabled
 
 

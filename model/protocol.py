@@ -1185,13 +1185,21 @@ def _st_discard(cfg, s, r, arg) -> State:
 # --------------------------------------------------------------------------------------
 # Hot swap (issue 13; spec/protocol.md "Hot swap", P16).  Instantiated only with Config.spares >= 1.
 
+def _detector_sees_dead(cfg: Config, s: State, r: int) -> bool:
+    """Rank r's failure detector can act on its episode's dead ranks: the store answers, no abort
+    stands, r is in the episode (any pc of it), and some rank died in training in it and is not
+    handled yet (no claim, its replica not out)."""
+    rk = s.ranks[r]
+    if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
+        return False
+    return _in_episode(s, r) and _crash_episode(s, rk.gen) and bool(hotswap.unclaimed(s, rk.gen, cfg))
+
+
 def _en_claim(cfg, s, r, arg) -> bool:
     """A survivor's failure detector declares the ranks that died in training dead and the decision
     (spare left, replica alive: ``hotswap.claim_decision``) is a swap: it claims a spare for each."""
     rk = s.ranks[r]
-    if not _via_store(s, r) or s.store.abort or not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
-        return False
-    if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen, cfg):
+    if not _detector_sees_dead(cfg, s, r):
         return False
     decision = hotswap.claim_decision(cfg, s, rk.gen)
     return decision.preserve and not decision.shrink
@@ -1319,14 +1327,7 @@ def _en_shrink(cfg, s, r, arg) -> bool:
     is a shrink (no spare idle, a live replica for each, a job that counts its step in micro-batches,
     every shard keeping a live replica in a replica that stays: ``hotswap.claim_decision``): it writes
     the replicas of the dead ranks out of the data-parallel dimension (``g{g}/out/{replica}``)."""
-    rk = s.ranks[r]
-    if not _via_store(s, r) or s.store.abort or not _in_dp(cfg, s, r):
-        return False
-    if not (rk.pc in RECOVERY_PCS or (rk.pc == PC_TRAIN and _in_episode(s, r))):
-        return False
-    if not _in_episode(s, r) or not _crash_episode(s, rk.gen) or not hotswap.unclaimed(s, rk.gen, cfg):
-        return False
-    return hotswap.claim_decision(cfg, s, rk.gen).shrink
+    return _in_dp(cfg, s, r) and _detector_sees_dead(cfg, s, r) and hotswap.claim_decision(cfg, s, s.ranks[r].gen).shrink
 
 
 def _st_shrink(cfg, s, r, arg) -> State:
