@@ -656,6 +656,10 @@ class Pact(Effects):
         self.retire()
         if self.notices is not None:
             self.notices.handled(seen)
+            try:  # the deaths a peer's claim absorbed in this episode (a discard here, a swap there)
+                self.notices.handled_claimed(_swap.read_claims(self.control.store, ep.g, rb.job.world))
+            except Exception:  # noqa: BLE001 - store lost after the release: the next episode's observation
+                pass
         rb.then(module, optimizer, record)
 
     def rebind(self, new_pg: Any) -> int:

@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fence", type=_yes_no, nargs="?", const=True, default=False,
                         help="the commit fence of a job that discards in place (P17.2): a failure in forward or backward is "
                              "observed before any rank commits (default off)")
+    parser.add_argument("--shrink", type=_yes_no, nargs="?", const=True, default=False,
+                        help="shrink and grow (spec/protocol.md P19): a death with no spare idle takes its replica out and "
+                             "keeps the global batch; a grow brings it back (default off)")
+    parser.add_argument("--micro-batches", type=int, default=0,
+                        help="with --shrink: the micro-batches of a step (default 0: one per replica)")
+    parser.add_argument("--refill", type=_yes_no, nargs="?", const=True, default=False,
+                        help="a keeper whose worker died starts a fresh spare (P19.4; default off)")
     parser.add_argument("--no-symmetry", action="store_true", help="explore without symmetry reduction")
     parser.add_argument("--workers", type=int, default=1,
                         help="bfs: search processes (1, default; 2: model/engine_parallel.py, the same graph on two cores)")
@@ -91,7 +98,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raise FlagError(f"--mutant: unknown mutant {args.mutant!r}; allowed: {', '.join(MUTANTS)}")
     for flag, v, lo in (("--nodes", args.nodes, 1), ("--ranks-per-node", args.ranks_per_node, 1), ("--max-faults", args.max_faults, 0),
                         ("--max-examples", args.max_examples, 1), ("--steps", args.steps, 1), ("--advance", args.advance, 0),
-                        ("--checkpoint-every", args.checkpoint_every, 0), ("--spares", args.spares, 0)):
+                        ("--checkpoint-every", args.checkpoint_every, 0), ("--spares", args.spares, 0),
+                        ("--micro-batches", args.micro_batches, 0)):
         if v < lo:
             raise FlagError(f"{flag}: must be >= {lo}, got {v}")
     faults = _csv(args.faults, FAULT_KINDS, "--faults")
@@ -108,7 +116,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         nodes=args.nodes, ranks_per_node=args.ranks_per_node, affected_local=local, group=args.group,
         max_faults=args.max_faults, faults=frozenset(faults), points=points, mutant=args.mutant, failing=args.failing,
         uses_r=uses_r, advance=args.advance, checkpoint_every=args.checkpoint_every, spares=args.spares,
-        links=args.links, fence=args.fence,
+        links=args.links, fence=args.fence, shrink=args.shrink, micro_batches=args.micro_batches, refill=args.refill,
     )
 
 
@@ -118,7 +126,8 @@ def _describe(cfg: Config) -> str:
     return (f"{cfg.nodes}x{cfg.ranks_per_node} group={cfg.group} {groups} max_faults={cfg.max_faults} "
             f"faults={faults} points={','.join(cfg.points)} uses_r={','.join(cfg.uses_r)} advance={cfg.advance} "
             f"checkpoint_every={cfg.checkpoint_every} spares={cfg.spares}" + (" links" if cfg.links else "")
-            + (" fence" if cfg.fence else "") + f" mutant={cfg.mutant or 'none'}")
+            + (" fence" if cfg.fence else "") + (f" shrink micro_batches={cfg.total_micro_batches}" if cfg.shrink else "")
+            + (" refill" if cfg.refill else "") + f" mutant={cfg.mutant or 'none'}")
 
 
 def _run_bfs(cfg: Config, args: argparse.Namespace) -> int:

@@ -523,7 +523,7 @@ def config_summary(cfg: Config) -> dict[str, Any]:
         **({"spares": cfg.spares} if cfg.spares else {}),
         **({"links": True} if cfg.links else {}),
         **({"fence": True} if cfg.fence else {}),
-        **({"shrink": True, "micro_batches": cfg.total_micro_batches} if cfg.shrink else {}),
+        **({"shrink": True, "micro_batches": cfg.micro_batches} if cfg.shrink else {}),
         **({"refill": True} if cfg.refill else {}),
     }
 

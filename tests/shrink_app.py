@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import accelpact
 from accelpact.impl.launch import workload
+from accelpact.impl.rundir import RunDir
 
 
 def main() -> None:
@@ -97,9 +98,10 @@ def main() -> None:
         for i, st in enumerate(run.optimizer.state.values()):
             for k, v in st.items():
                 state[f"optim.{i}.{k}"] = local(v)
-        tmp = out / f".final-r{job.rank}.pt"
+        final = RunDir(out).final(job.rank)
+        tmp = final.with_name("." + final.name)
         torch.save(state, tmp)
-        os.replace(tmp, out / f"final-r{job.rank}.pt")
+        os.replace(tmp, final)
     print(f"shrink_app rank {job.rank}: closing at {time.time():.2f}", file=sys.stderr, flush=True)
     job.close()
     print(f"shrink_app rank {job.rank}: closed at {time.time():.2f}", file=sys.stderr, flush=True)

@@ -109,6 +109,22 @@ def test_notices_are_read_once_in_order():
     assert notices.wait_new(grace_s=1, settle_s=0) == (2,)
 
 
+def test_a_death_a_peers_claim_absorbed_during_this_ranks_discard_is_handled_after_the_release():
+    """A rank whose episode began as a discard (no notice yet) must not start a second episode after
+    the release for a death a peer's swap absorbed meanwhile: the notices that follow, in order, of
+    ranks claimed in the episode are handled; a later death of another rank is still new (found by
+    the 3-minute soak of issue 41: a stale notice shrank a live replica)."""
+    store = _store()
+    notices = hotswap.Notices(store)
+    seen = notices.count()  # the discard began: nothing noticed
+    post_death(store, 2)  # rank 2 dies during the episode; a peer claims a spare for it
+    assert hotswap.claim_write(store, 3, 2, spares=1) == (True, 0)  # spare 0 takes identity 2
+    post_death(store, 0)  # rank 0 dies after voting ready: the next generation's failure
+    notices.handled(seen)
+    notices.handled_claimed(hotswap.read_claims(store, 3, world=4))
+    assert notices.wait_new(grace_s=0.1, settle_s=0) == (0,)
+
+
 def test_published_state_round_trips():
     store = _store()
     torch.manual_seed(5)

@@ -29,15 +29,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from accelpact.conformance.cli_check import check_dir  # noqa: E402 - after the torch skip
 from accelpact.impl import shrink  # noqa: E402 - after the torch skip
-from accelpact.impl.effects import Effects  # noqa: E402
-from accelpact.impl.episode import Done, Episode, Left, SwapFacts  # noqa: E402
-from accelpact.impl.launch.job import Topology  # noqa: E402
-from accelpact.impl.launch.launch import ProcessSet, worker_env  # noqa: E402
-from accelpact.impl.launch.training import Training  # noqa: E402
-from accelpact.impl.runtime import hotswap  # noqa: E402
-from accelpact.model.batches import loss_weight, share  # noqa: E402
-from accelpact.model.contract import DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, ObservationKey, default_envelope  # noqa: E402
+from accelpact.impl.effects import Effects  # noqa: E402 - after the torch skip
+from accelpact.impl.episode import Done, Episode, Left, SwapFacts  # noqa: E402 - after the torch skip
+from accelpact.impl.launch.job import Topology  # noqa: E402 - after the torch skip
+from accelpact.impl.launch.launch import ProcessSet, worker_env  # noqa: E402 - after the torch skip
+from accelpact.impl.launch.training import Training  # noqa: E402 - after the torch skip
+from accelpact.impl.rundir import RunDir  # noqa: E402 - after the torch skip
+from accelpact.impl.runtime import hotswap  # noqa: E402 - after the torch skip
+from accelpact.model.batches import loss_weight, share  # noqa: E402 - after the torch skip
+from accelpact.model.contract import DEFAULT_OBJECTIVE, DEFAULT_PLATFORM, ObservationKey, default_envelope  # noqa: E402 - after the torch skip
 
 APP = Path(__file__).with_name("shrink_app.py")
 TIMEOUT_S = 240.0
@@ -336,7 +338,7 @@ def _steps(out: Path, rank: int) -> list[dict]:
 
 
 def _final(out: Path, rank: int) -> dict:
-    return torch.load(out / f"final-r{rank}.pt")
+    return torch.load(RunDir(out).final(rank))
 
 
 def _relative(a: dict, b: dict) -> float:
@@ -369,9 +371,24 @@ def _reference(steps: int, total: int) -> dict:
     return {f"param.module.{n}": p.detach() for n, p in model.named_parameters()}
 
 
-def _trace_actions(out: Path, name: str) -> list[dict]:
-    f = out / name
+def _trace_actions(out: Path, rank: int, attempt: int = 0, spare: int | None = None) -> list[dict]:
+    run = RunDir(out)
+    f = run.trace(attempt, rank) if spare is None else run.spare_trace(spare, attempt, rank)
     return [r for r in map(json.loads, f.read_text().splitlines()) if r.get("type") == "action"]
+
+
+def _accepted_told_nothing(out: Path) -> None:
+    """``accelpact check-trace OUT`` (``cli_check.check_dir``, told nothing: the configuration from the
+    trace headers, the SIGKILL from outside unlogged) accepts every attempt of the run."""
+    ok, msg = check_dir(out)
+    assert ok and msg.startswith("attempt 0: accepted"), msg
+
+
+def _outside_the_model(out: Path) -> None:
+    """``accelpact check-trace OUT`` rejects a run with a requested shrink by name: the model has no
+    action for a replica asked to leave with nobody dead (spec/trace-checking.md T5)."""
+    ok, msg = check_dir(out)
+    assert not ok and "rejected: outside the model: a requested shrink" in msg, msg
 
 
 STEPS, TOTAL = 6, 6
@@ -385,16 +402,17 @@ def test_a_requested_shrink_keeps_the_global_batch(tmp_path):
     _torchrun(out, 3, "--steps", str(STEPS), "--micro-batches", str(TOTAL), "--shrink-at", "2:1")
     assert [s["active"] for s in _steps(out, 0)] == [[0, 1, 2]] * 2 + [[0, 2]] * (STEPS - 2)
     assert [s["share"] for s in _steps(out, 2)][2:] == [[1, 3, 5]] * (STEPS - 2)
-    assert not (out / "final-r1.pt").exists(), "the replica that left kept training"
-    leave = [a for a in _trace_actions(out, "trace-a0-r1.ndjson") if a["action"] == "RankLeave"]
+    assert not RunDir(out).final(1).exists(), "the replica that left kept training"
+    leave = [a for a in _trace_actions(out, 1) if a["action"] == "RankLeave"]
     assert leave and leave[0]["state"]["frontier"] == 2
-    resume = [a for a in _trace_actions(out, "trace-a0-r2.ndjson") if a["action"] == "RankResume"]
+    resume = [a for a in _trace_actions(out, 2) if a["action"] == "RankResume"]
     assert resume[-1]["state"]["share"] == [1, 3, 5] and resume[-1]["state"]["active"] == [0, 2]
     a, b = _final(out, 0), _final(out, 2)
     assert all(torch.equal(a[k], b[k]) for k in a), "the replicas differ"
     rel = _relative(a, _reference(STEPS, TOTAL))
     print(f"requested shrink vs single-process reference: relative difference {rel:.3g}")
     assert rel < TOLERANCE
+    _outside_the_model(out)
 
 
 def _kill_rank(rank: int, after: int):
@@ -441,11 +459,14 @@ def test_a_rank_killed_from_outside_with_no_spare_shrinks_without_a_restart(tmp_
     assert len(steps) == STEPS
     at = next(s["step"] for s in steps if replica not in s["active"])
     if wrapper == "fsdp2":
-        assert any(a["action"] == "RankLeave" for a in _trace_actions(out, "trace-a0-r0.ndjson"))
+        assert any(a["action"] == "RankLeave" for a in _trace_actions(out, 0))
+    _accepted_told_nothing(out)
     ref = tmp_path / "ref"
     _torchrun(ref, nproc, *common, "--shrink-at", f"{at}:{replica}")
+    _outside_the_model(ref)
     full = tmp_path / "full"
     _torchrun(full, nproc, *common)
+    _accepted_told_nothing(full)
     for r in rest:
         a, b = _final(out, r), _final(ref, r)
         assert a.keys() == b.keys()
@@ -465,15 +486,16 @@ def test_an_idle_spare_grows_the_job_back_to_its_replica_count(tmp_path):
     text = _torchrun(out, 4, "--steps", str(STEPS), "--micro-batches", str(TOTAL), "--shrink-at", "2:1", spares=1)
     assert "now acts as rank 1" in text, text[-3000:]
     assert [s["active"] for s in _steps(out, 0)] == [[0, 1, 2]] * 2 + [[0, 2]] + [[0, 1, 2]] * (STEPS - 3)
-    grow = [a for a in _trace_actions(out, "trace-a0-r0.ndjson") if a["action"] == "RankStartGrow"]
+    grow = [a for a in _trace_actions(out, 0) if a["action"] == "RankStartGrow"]
     assert grow and grow[0]["state"]["frontier"] == 3 and grow[0]["detail"]["vacant"] == [1]
-    spare = _trace_actions(out, "spare0-trace-a0-r1.ndjson")
+    spare = _trace_actions(out, 1, spare=0)
     assert spare[0]["action"] == "SpareJoin" and spare[-1]["state"]["share"] == [1, 4]
     finals = [_final(out, r) for r in range(3)]
     assert all(torch.equal(finals[0][k], f[k]) for f in finals[1:] for k in finals[0]), "the replicas differ"
     rel = _relative(finals[0], _reference(STEPS, TOTAL))
     print(f"shrink and grow vs single-process reference: relative difference {rel:.3g}")
     assert rel < TOLERANCE
+    _outside_the_model(out)
 
 
 @pytest.mark.nightly("a torchrun job of 4 ranks and 2 spares (about 30 s on 2 cores): DDP's grow runs in the "
@@ -490,6 +512,7 @@ def test_hsdp_an_idle_pair_of_spares_grows_a_replica_back(tmp_path):
     for r in (0, 1):
         a, b = _final(out, r), _final(out, r + 2)
         assert all(torch.equal(a[k], b[k]) for k in a), f"shard {r}: its replicas differ"
+    _outside_the_model(out)
 
 
 @pytest.mark.nightly("two torchrun jobs (about 80 s on 2 cores), the first paced so that a refilled spare starts "
@@ -510,8 +533,9 @@ def test_hsdp_a_death_benches_its_peer_and_a_refilled_spare_grows_the_replica_ba
     active = [s["active"] for s in _steps(out, 2)]
     assert len(active) == 40 and active[:2] == [[0, 1]] * 2 and [1] in active and active[-1] == [0, 1], active
     assert active.index([0, 1], 2) > active.index([1]), "the job never grew back"
-    acts = [a["action"] for a in _trace_actions(out, "trace-a0-r0.ndjson")]
+    acts = [a["action"] for a in _trace_actions(out, 0)]
     assert "RankLeave" in acts and acts[acts.index("RankLeave") + 1] == "SpareJoin", acts
+    _accepted_told_nothing(out)  # the death, the shrink, the keeper's refill and the grow, as the model has them
     full = tmp_path / "full"
     _torchrun(full, 4, *common)
     for r in (0, 1):

@@ -148,8 +148,10 @@ class Topology:
 @dataclass(frozen=True, slots=True)
 class Workload:
     """The training workload (``impl/launch/workload.py``): which wrapper, how deep, how long, which seed,
-    how often a durable checkpoint is committed (0: never), and (benchmarks) how long each step's
-    device time is padded to (``pad_s``, :attr:`accelpact.impl.launch.workload.WorkloadSpec.pad_s`; 0: none)."""
+    how often a durable checkpoint is committed (0: never), (benchmarks) how long each step's
+    device time is padded to (``pad_s``, :attr:`accelpact.impl.launch.workload.WorkloadSpec.pad_s`; 0: none),
+    and (issue 41) how many micro-batches a step is (``micro_batches``: the worker opts in to shrink and
+    grow, ``attach(micro_batches=M)``, and reads its data by (step, micro-batch); 0: not opted in)."""
 
     wrapper: str = "fsdp1-hybrid"
     layers: int = 4
@@ -157,10 +159,11 @@ class Workload:
     seed: int = 0
     checkpoint_every: int = 0
     pad_s: float = 0.0
+    micro_batches: int = 0
 
-    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every", "pad_s")
-    #: what a scenario file need not say (benchmarks' knobs; the conformance corpus never pads)
-    OPTIONAL_IN_SCENARIO = ("pad_s",)
+    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every", "pad_s", "micro_batches")
+    #: what a scenario file need not say (benchmarks' knobs; the conformance corpus never pads nor opts in)
+    OPTIONAL_IN_SCENARIO = ("pad_s", "micro_batches")
 
     @classmethod
     def parse(cls, raw: Any, where: str = "workload", error: type[FieldError] = FieldError,
@@ -173,10 +176,13 @@ class Workload:
         return cls(d["wrapper"], check_int(f"{where}.layers", d["layers"], 1, 256, error),
                    check_int(f"{where}.steps", d["steps"], 1, None, error), check_int(f"{where}.seed", d["seed"], 0, None, error),
                    check_int(f"{where}.checkpoint_every", d["checkpoint_every"], 0, None, error),
-                   0.0 if d["pad_s"] == 0 and not isinstance(d["pad_s"], bool) else check_seconds(f"{where}.pad_s", d["pad_s"], error))
+                   0.0 if d["pad_s"] == 0 and not isinstance(d["pad_s"], bool) else check_seconds(f"{where}.pad_s", d["pad_s"], error),
+                   check_int(f"{where}.micro_batches", d["micro_batches"], 0, None, error))
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.FIELDS if k != "pad_s" or self.pad_s}
+        # the knobs left at their default are left out: a job file (and a reference's cache key) of a
+        # workload that does not use them reads as before
+        return {k: getattr(self, k) for k in self.FIELDS if k not in ("pad_s", "micro_batches") or getattr(self, k)}
 
     @property
     def recovers(self) -> str:

@@ -69,6 +69,20 @@ __all__ = [
 
 WORKER_MODULE = "accelpact.testing.worker"  # the harness's rank program (it arms the job's faults)
 KEEPER_MODULE = "accelpact.impl.launch.keeper"
+#: the keeper's opt-in to keep a worker without spares (impl/launch/keeper.py; issue 41): set for a job
+#: whose workload opted in to micro-batches, so that a death is posted (and the job shrinks) even when no
+#: spare was launched or every spare is spent, instead of torchrun restarting every rank
+KEEP_ENV = "ACCELPACT_KEEP"
+
+
+def _kept(job: Job) -> bool:
+    """Whether every process of ``job`` runs behind a keeper: with spares, or opted in to micro-batches
+    (``Workload.micro_batches``: a death with no spare idle shrinks the job, which needs its notice)."""
+    return bool(job.topology.spares or job.workload.micro_batches)
+
+
+def _keep_env(job: Job) -> dict[str, Any]:
+    return {KEEP_ENV: 1} if job.workload.micro_batches else {}
 
 
 class LaunchError(RuntimeError):
@@ -334,7 +348,10 @@ def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, time
     ``ACCELPACT_SPARES=S`` (its workers inherit it), and each process is
     ``python -m accelpact.impl.launch.keeper -- python -m accelpact.testing.worker --job J``: the keeper turns a
     training rank's crash into a death notice instead of a failed worker (see
-    :mod:`accelpact.impl.launch.keeper`); fail-stop exits reach torchrun unchanged.
+    :mod:`accelpact.impl.launch.keeper`); fail-stop exits reach torchrun unchanged.  A job whose workload
+    opted in to micro-batches (``Workload.micro_batches``) runs every process behind a keeper too, spares
+    or not, with ``ACCELPACT_KEEP=1``: a death with no spare idle is posted, and the job shrinks instead of
+    torchrun restarting it (README, "Shrink and grow").
 
     ``fresh`` (default) first removes a previous run's outputs from ``job.out``
     (:meth:`RunDir.clear`); pass False to resume from the checkpoints already there.
@@ -349,7 +366,8 @@ def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, time
         run.clear()
     path = job.write()
     for _ in range(3):
-        res = _torchrun_once(path, run, n, max_restarts, timeout_s, monitor_interval, spares)
+        res = _torchrun_once(path, run, n, max_restarts, timeout_s, monitor_interval, spares, keep=_kept(job),
+                             env=_keep_env(job))
         # The free port can be taken between free_port() and the agent's bind (another launch,
         # or an ephemeral port of a gloo connection): the rendezvous then never forms and no
         # worker ever ran.  Only that case is retried, on a new port.
@@ -369,10 +387,11 @@ def _rendezvous_failed(log: Path, port: int) -> bool:
 
 
 def _torchrun_once(path: Path, run: RunDir, nproc: int, max_restarts: int, timeout_s: float,
-                   monitor_interval: float, spares: int = 0) -> LaunchResult:
+                   monitor_interval: float, spares: int = 0, keep: bool = False,
+                   env: Mapping[str, Any] | None = None) -> LaunchResult:
     port = free_port()
     worker = ["-m", WORKER_MODULE, "--job", str(path)]
-    if spares:  # every process runs under a keeper; the agent sees the keeper
+    if spares or keep:  # every process runs under a keeper; the agent sees the keeper
         worker = ["-m", KEEPER_MODULE, "--", sys.executable, *worker]
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
@@ -384,7 +403,7 @@ def _torchrun_once(path: Path, run: RunDir, nproc: int, max_restarts: int, timeo
     log = run.torchrun_log
     with open(log, "ab") as logf, ProcessSet() as ps:
         # the workers are in the agent's session: leaving the block kills any that outlive it
-        agent = ps.start(cmd, env=worker_env({SPARES_ENV: spares} if spares else None), stdout=logf)
+        agent = ps.start(cmd, env=worker_env({**({SPARES_ENV: spares} if spares else {}), **(env or {})}), stdout=logf)
         timed_out = ps.wait(timeout_s)
         if timed_out:
             ps.kill()
@@ -405,7 +424,8 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
     S`` and ``ACCELPACT_SPARES`` = S, and each runs under a keeper (``python -m
     accelpact.impl.launch.keeper -- python -m accelpact.testing.worker ...``, its worker a child in the
     keeper's process group), as under torchrun, so ``on_start`` gets the keepers' processes and a dead
-    worker is refilled.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares.
+    worker is refilled.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares (but a job
+    opted in to micro-batches runs behind keepers with ``ACCELPACT_KEEP=1``, as under torchrun).
 
     The launcher hosts the TCPStore, so the store outlives any worker.  ``attempt`` sets
     ``TORCHELASTIC_RESTART_COUNT`` (to emulate a restart by calling again with attempt + 1).
@@ -440,8 +460,9 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
                 "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": total, "LOCAL_WORLD_SIZE": total,
                 "GROUP_RANK": 0, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                 "TORCHELASTIC_RESTART_COUNT": attempt, "TORCHELASTIC_USE_AGENT_STORE": "True", **served, **with_spares,
+                **_keep_env(job),
             })
-            kept = s > 0  # every process of a job with spares: under its keeper
+            kept = s > 0 or _kept(job)  # every process of a job with spares (or opted in to micro-batches): under its keeper
             cmd = [sys.executable, "-m", KEEPER_MODULE, "--", *worker] if kept else worker
             ps.start(cmd, env=env, stdout=logf)
         if on_start is not None:

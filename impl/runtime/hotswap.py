@@ -45,7 +45,7 @@ import pickle
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..controlplane import (DEATHS_KEY, NEXT_KEY, REFILLS_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key)
 from ..threadname import EngineThread
@@ -141,6 +141,17 @@ class Notices:
 
     def handled(self, n: int) -> None:
         self.seen = max(self.seen, n)
+
+    def handled_claimed(self, claimed: Iterable[int]) -> None:
+        """After an episode's release: the notices that follow the handled ones, in order, of ranks
+        whose identity a spare took in it (``claimed``) are handled too.  A rank that observed its
+        episode as a discard (no death noticed when it began) learns here of the deaths a peer's swap
+        absorbed meanwhile; left unhandled, such a notice would start a second episode for a rank that
+        lives (a spare holds it).  A notice of any other rank stays: its death is the next episode's."""
+        claimed = set(claimed)
+        n = self.count()
+        while self.seen < n and int(self.store.get(death_key(self.seen + 1)).decode()) in claimed:
+            self.seen += 1
 
 
 class SwapWatcher:
