@@ -36,6 +36,8 @@ def _job(out: Path, **changes) -> Job:
     (lambda j: j["workload"].update(pad_s=-0.5), "workload.pad_s"),
     (lambda j: j["workload"].update(pad_s="1s"), "workload.pad_s"),
     (lambda j: j["workload"].update(pad_s=True), "workload.pad_s"),
+    (lambda j: j["workload"].update(micro_batches=-1), "workload.micro_batches"),
+    (lambda j: j["workload"].update(micro_batches=2.5), "workload.micro_batches"),
     (lambda j: j.update(backend="mpi"), "backend"),
     (lambda j: j.update(faults=[{"step": 9, "at": "boundary", "kind": "crash"}]), "faults[0].step"),
     (lambda j: j.update(faults=[{"step": 1, "at": "somewhere", "kind": "crash"}]), "faults[0].at"),
@@ -73,6 +75,70 @@ def test_job_parse_fills_defaults(tmp_path: Path) -> None:
     assert "pad_s" not in job.to_json()["workload"]  # unpadded jobs' files read as before
     padded = Job.parse({**job.to_json(), "workload": {"wrapper": "ddp", "steps": 3, "pad_s": 0.25}})
     assert padded.workload.pad_s == 0.25 and Job.parse(padded.to_json()) == padded
+    # issue 41's opt-in: absent (0) leaves the job file, and a reference's cache key, as before
+    assert job.workload.micro_batches == 0 and "micro_batches" not in job.to_json()["workload"]
+    opted = Job.parse({**job.to_json(), "workload": {"wrapper": "ddp", "steps": 3, "micro_batches": 4}})
+    assert opted.workload.micro_batches == 4 and Job.parse(opted.to_json()) == opted
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_micro_batches_train_the_mean_over_the_steps_micro_batches(tmp_path: Path) -> None:
+    """``Workload.micro_batches`` (issue 41's opt-in, what the soak runs): DDP over 2 ranks, 4 micro-batches
+    a step, so each rank accumulates 2 (``run.no_sync``) with the loss weighted 2/4.  Launched behind the
+    keepers with ``ACCELPACT_KEEP=1`` (a death would be posted: the job can shrink).  Every rank ends
+    ``torch.equal`` to the other, and within floating-point order of torch's own single-process training
+    on the mean loss over the same 4 micro-batches, each read by (step, micro-batch index): a micro-batch
+    read by rank, missed or counted twice moves the parameters by a whole step's update.  The first
+    step's recorded loss (the boundary's mean over the ranks of the weighted sums) is the mean over the 4
+    micro-batches: a wrong weight scales it."""
+    torch = pytest.importorskip("torch")
+    from accelpact.impl.launch import workload
+    from accelpact.impl.launch import launch
+    from accelpact.impl.launch.launch import KEEP_ENV, run_local
+
+    steps, total = 3, 4
+    job = Job(topology=Topology(1, 2), workload=Workload(wrapper="ddp", layers=1, steps=steps, seed=0,
+                                                         micro_batches=total),
+              out=str(tmp_path / "run"), scenario="test-micro-batches", trace=False, deadline_s=30.0)
+    # behind keepers that keep their worker without spares (ACCELPACT_KEEP=1); a job not opted in is not
+    assert launch._kept(job) and launch._keep_env(job) == {KEEP_ENV: 1}
+    plain = job.replace(workload=Workload(wrapper="ddp", layers=1, steps=steps, seed=0))
+    assert not launch._kept(plain) and launch._keep_env(plain) == {}
+    res = run_local(job, timeout_s=150)
+    assert res.ok(), res.log_tail(3000)
+    run = RunDir(job.out)
+    a, b = (torch.load(run.final(r), weights_only=False) for r in (0, 1))
+    assert all(torch.equal(a["params"][k], b["params"][k]) for k in a["params"]), "the replicas differ"
+    assert a["step"] == a["cursor"] == steps
+    results = {r: json.loads(run.result(0, r).read_text()) for r in (0, 1)}
+    assert [results[r]["active_replicas"] for r in (0, 1)] == [[0, 1], [0, 1]]
+
+    spec = workload.WorkloadSpec(wrapper="ddp", layers=1, seed=0)
+    data = workload.DataCursor(spec.seed, spec.batch, spec.seq, dp_index=0, dp_size=1)
+    torch.manual_seed(spec.seed)
+    model = workload.CharLM(workload.vocab_size(), spec)
+    optim = torch.optim.AdamW(model.parameters(), lr=spec.lr, foreach=False)
+    first = None
+    for step in range(steps):
+        losses = []
+        for m in range(total):
+            x, y = data.batch(step, dp_index=m)
+            logits = model(x)
+            losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
+        mean = torch.stack(losses).mean()
+        first = float(mean.detach()) if first is None else first
+        mean.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+    expect = {f"module.{n}": p.detach() for n, p in model.named_parameters()}
+    assert sorted(expect) == sorted(a["params"])
+    num = sum(float((a["params"][k].double() - v.double()).pow(2).sum()) for k, v in expect.items())
+    den = sum(float(v.double().pow(2).sum()) for v in expect.values())
+    assert (num / den) ** 0.5 < 1e-5, f"relative difference {(num / den) ** 0.5:.3g} from the single-process run"
+    rows = [json.loads(x) for x in run.steps(0, 0).read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(steps))
+    assert abs(rows[0]["loss"] - first) < 1e-5 * abs(first), (rows[0]["loss"], first)
 
 
 def test_faults_strike_only_in_their_attempt(tmp_path: Path) -> None:

@@ -17,13 +17,19 @@ variables).  One worker process is one rank.  It
 3. resumes from the latest *committed* checkpoint if there is one (the L2 path: C, then replays
    F - C steps);
 4. trains to ``workload.steps``, checkpointing every ``workload.checkpoint_every`` committed steps
-   through a dedicated healthy gloo group (never through a communicator that failed);
+   through a dedicated healthy gloo group (never through a communicator that failed); with
+   ``workload.micro_batches`` = M it opts in to shrink and grow (``attach(micro_batches=M)``, README
+   "Shrink and grow") and trains each step as M micro-batches (:func:`train_micro_batches`, as
+   ``tests/shrink_app.py`` does): its replica's share, each read by (step, micro-batch index, its slice
+   of it), accumulated without reducing but on the last, the loss weighted by ``run.loss_weight``;
 5. injects the job's faults only in the attempt they name (``"attempt"``, default 0), and installs its
    seeded bug (``seeded_bug``, validated here: a name that is not one exits 2 naming the seeded bugs);
 6. writes ``result-a{attempt}-r{rank}.json`` (rewritten atomically at every boundary, so a killed
    rank leaves its last committed frontier; bounded: repairs and checkpoints only), ``steps-a{attempt}-r{rank}.ndjson``
    (one line per committed step: loss and time, append-only), ``trace-a{attempt}-r{rank}.ndjson`` (when
-   ``"trace": true``) and ``final-r{rank}.pt`` (the per-rank snapshot at the end).
+   ``"trace": true``) and ``final-r{rank}.pt`` (the per-rank snapshot at the end; none on a rank whose
+   replica left the job and was not brought back by the end: its result says ``"outcome": "left"``, and a
+   finished rank's result names the replicas active at the end, ``active_replicas``).
 
 Every exit goes through ``os._exit`` (gloo teardown can turn exit codes into -6); the worker
 records the exit code in its result file just before (see :func:`_record_exits`).
@@ -55,7 +61,7 @@ from . import seeded
 from .faults import hooks_for
 from .inject import install_handlers
 
-__all__ = ["ResultFile", "main", "run_job"]
+__all__ = ["ResultFile", "main", "run_job", "train_micro_batches"]
 
 
 def _failing_group(job: Job, kind: str, own: tuple[int, ...]) -> list[int]:
@@ -188,6 +194,42 @@ def _record_swaps(result: "ResultFile", training: Any, seen: int, run: RunDir, a
     return len(training.swaps)
 
 
+def train_micro_batches(run: Any, app: workload.App, step: int) -> torch.Tensor:
+    """One optimizer step of a job that opted in to micro-batches (``attach(micro_batches=M)``), as
+    ``tests/shrink_app.py`` trains one: this replica's share of the step's M micro-batches
+    (``run.micro_batches``), each read by (step, micro-batch index) and, under HSDP, this rank's slice of
+    it (``run.replica_slot``: data-parallel index ``m * size + pos``, never the rank), forward and
+    backward with the gradients accumulated locally on all but the last (``run.no_sync``), each loss
+    weighted by ``run.loss_weight`` (active replicas / M: the reduced gradient is the mean over the M
+    micro-batches whatever the replicas), then ``optimizer.step()``, ``zero_grad``, the cursor's advance.
+    With M equal to the replica count every rank reads the batch :func:`workload.train_step` would
+    (``m * size + pos`` is its rank) and the weight is 1.  Returns the sum of the weighted losses."""
+    if step != app.cursor.kappa:
+        raise ValueError(f"train_micro_batches({step}) but the data cursor is at kappa={app.cursor.kappa}: steps must "
+                         "be consecutive (zero replay)")
+    if app.spec.pad_s:
+        time.sleep(app.spec.pad_s)  # the step's device time (benchmarks; WorkloadSpec.pad_s)
+    mbs, weight = run.micro_batches(step), run.loss_weight
+    pos, size = run.replica_slot
+    module, optimizer = run.module, run.optimizer
+    device = app.groups.device
+    total = torch.zeros(())
+    for i, m in enumerate(mbs):
+        x, y = app.cursor.batch(step, dp_index=m * size + pos)
+        if device is not None and device.type != "cpu":
+            x, y = x.to(device), y.to(device)
+        with run.no_sync(last=i == len(mbs) - 1):
+            logits = module(x)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)) * weight
+            loss.backward()
+        total += loss.detach().cpu()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    app.cursor.advance()
+    app.step = step + 1
+    return total
+
+
 def run_job(job: Job) -> int:
     """Run one rank of ``job`` to the end; return the exit code (0 when training finished).
 
@@ -247,9 +289,11 @@ def run_job(job: Job) -> int:
         result.update(spare=aj.spare, outcome="spare-idle")
         rank = -1
     header = dict(affected=_failing_group(job, kind, topo.group(kind, max(rank, 0))), scenario=job.scenario, seed=wl.seed)
+    # issue 41's opt-in (Workload.micro_batches): a death with no spare idle shrinks the job instead of an L2
     training = aj.attach(checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
                          extra_state=lambda: holder["app"].cursor, trace_header=header, hooks=hooks, rebuild=build,
-                         warmup=workload.vocab_size)  # a spare reads the corpus while it idles
+                         warmup=workload.vocab_size,  # a spare reads the corpus while it idles
+                         micro_batches=wl.micro_batches or None)
     if training is None:  # a spare the job never needed
         result.update(outcome="finished", exit_code=0, t_end=time.monotonic(), spare_used=False)
         return 0
@@ -285,7 +329,10 @@ def run_job(job: Job) -> int:
     for step in training.steps(wl.steps):
         loss = None
         with training.step(step):
-            loss = workload.train_step(holder["app"], step)
+            if wl.micro_batches:
+                loss = train_micro_batches(training, holder["app"], step)
+            else:
+                loss = workload.train_step(holder["app"], step)
         if training.discarded:  # a hot swap discarded the step: the model was rebuilt, the step comes again
             swaps = _record_swaps(result, training, swaps, run, attempt, job.trace)
             continue
@@ -313,6 +360,10 @@ def run_job(job: Job) -> int:
     steps_file.close()
     app = holder["app"]
     pact = training.pact
+    if training.left:  # issue 41: this rank's replica left (benched, never recalled): its state is not the job's
+        aj.close()
+        result.update(outcome="left", exit_code=0, t_end=time.monotonic(), generation=pact.gen)
+        return 0
 
     snap = workload.snapshot(app)
     final = run.final(rank)
@@ -320,7 +371,8 @@ def run_job(job: Job) -> int:
     torch.save(snap, tmp)
     os.replace(tmp, final)
     aj.close()  # nobody leaves before everyone saved: a rank exiting early closes sockets under its peers
-    result.update(outcome="finished", exit_code=0, t_end=time.monotonic(), generation=pact.gen)
+    result.update(outcome="finished", exit_code=0, t_end=time.monotonic(), generation=pact.gen,
+                  **({"active_replicas": list(training.active_replicas)} if wl.micro_batches else {}))
     return 0
 
 

@@ -70,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recovery-share", type=float, default=None, help="share of faults struck during an episode (default 0.2)")
     p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(SOAK_KINDS)})")
     p.add_argument("--deadline", type=float, default=None, help="each recovery phase's wait on peers, seconds (default 20)")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="a step's micro-batches: the worker opts in to shrink and grow (a death with no spare idle "
+                        "shrinks the job, no restart; README 'Shrink and grow'); default: the replica count; "
+                        "0: not opted in (a death with no spare idle restarts the job)")
     p.add_argument("--seeded-bug", default=None, help="run a deliberately broken engine (tests: the judge must fail)")
     p.add_argument("--replay", default=None, help="a saved schedule.json to run again (its seed, configuration and faults)")
     p.add_argument("--out", default="runs/soak", help="output folder (default runs/soak)")
@@ -106,7 +110,7 @@ def config_from_args(args: argparse.Namespace) -> SoakConfig:
 def _calibrate(cfg: SoakConfig, out: Path, timeout_s: float) -> float:
     """Median seconds per step of a short fault-free run of the soak's workload (no spares)."""
     job = Job(topology=Topology(cfg.nodes, cfg.ranks_per_node), workload=Workload(cfg.wrapper, cfg.layers, CALIBRATION_STEPS,
-              0, 0), out=str(out), scenario="soak-calibration", trace=False)
+              0, 0, micro_batches=cfg.micro_batch_count), out=str(out), scenario="soak-calibration", trace=False)
     res = run_local(job, timeout_s=timeout_s)
     if not res.ok():
         raise LaunchError(f"the calibration run failed (rc {res.returncode}); see {res.log}")
@@ -165,7 +169,8 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
     assert cfg.steps is not None
     run_dir = out / "run"
     job = Job(topology=Topology(cfg.nodes, cfg.ranks_per_node, spares=cfg.spares),
-              workload=Workload(cfg.wrapper, cfg.layers, cfg.steps, 0, cfg.checkpoint_every), out=str(run_dir),
+              workload=Workload(cfg.wrapper, cfg.layers, cfg.steps, 0, cfg.checkpoint_every,
+                                micro_batches=cfg.micro_batch_count), out=str(run_dir),
               scenario=f"soak-seed{cfg.seed}", trace=True, deadline_s=cfg.deadline_s, seeded_bug=cfg.seeded_bug)
     console.print(f"fault-free reference of {cfg.steps} steps ...", highlight=False)
     ref = run_reference(job, ref_cache or DEFAULT_CACHE, timeout_s=max(600.0, cfg.steps * 1.0))
@@ -187,8 +192,11 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
     inj = Injector(sched, live, job.topology, log=(lambda s: None) if quiet else (lambda s: console.print(s, highlight=False)),
                    stall_s=stall_s)
     th = threading.Thread(target=launch, name="accelpact-soak-launch")
+    mb = cfg.micro_batch_count
     console.print(f"job: {cfg.launcher}, {cfg.world} ranks + {cfg.spares} spare(s), up to {restarts} restarts, "
-                  f"bounded by {bound:.0f}s; output in {run_dir}", highlight=False)
+                  f"bounded by {bound:.0f}s; " + (f"{mb} micro-batches a step (shrink and grow, ACCELPACT_KEEP=1)"
+                                                    if mb else "no micro-batches (no shrink)") + f"; output in {run_dir}",
+                  highlight=False)
     th.start()
     try:
         done = lambda: not th.is_alive()  # noqa: E731 - a predicate

@@ -37,8 +37,9 @@ from ...impl.launch.launch import STORE_PID_ENV
 
 __all__ = ["Group", "Live", "TraceTail", "discover_groups", "fd_kinds", "proc_counts", "proc_env", "pid_alive"]
 
-#: the actions that close an identity's episode (it trains again, in the next generation)
-CLOSERS = frozenset({"RankResume"})
+#: the actions that close an identity's episode (it trains again, in the next generation; or, issue 41, its
+#: replica left the job in a shrink and it idles on the bench until a grow recalls it: no episode of its own)
+CLOSERS = frozenset({"RankResume", "RankLeave"})
 _SPARE_TRACE = re.compile(r"^spare(\d+)-trace-a(\d+)-r(\d+)\.ndjson$")
 _TRACE = re.compile(r"^trace-a(\d+)-r(\d+)\.ndjson$")
 

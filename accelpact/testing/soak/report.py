@@ -1,7 +1,7 @@
 """The soak's summary (rich tables) and timeline (a matplotlib PNG).
 
 The summary: the schedule (printed before the run), faults by kind and by where they struck, each
-episode's outcome (L1 / swap / discard / L2) and the training time it cost, each restart's cause,
+episode's outcome (L1 / swap / discard / shrink / grow / L2) and the training time it cost, each restart's cause,
 time lost (last commit before the fault to the first commit past it) and steps replayed with their
 totals, the outcome totals, and the judge's checks.  The timeline: committed steps against time for every attempt, every
 episode as a span coloured by its outcome, every fault as a marker on its own row.
@@ -21,9 +21,9 @@ from .schedule import Schedule
 
 __all__ = ["print_restarts", "print_schedule", "print_summary", "summary_counts", "timeline"]
 
-OUTCOMES = ("L1", "swap", "discard", "L2", "failed", "split")
-COLOURS = {"L1": "tab:green", "swap": "tab:blue", "discard": "tab:cyan", "L2": "tab:red", "failed": "black",
-           "split": "magenta"}
+OUTCOMES = ("L1", "swap", "discard", "shrink", "grow", "L2", "failed", "split")
+COLOURS = {"L1": "tab:green", "swap": "tab:blue", "discard": "tab:cyan", "shrink": "tab:orange", "grow": "tab:olive",
+           "L2": "tab:red", "failed": "black", "split": "magenta"}
 
 
 def print_schedule(console: Any, sched: Schedule) -> None:

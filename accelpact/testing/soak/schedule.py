@@ -84,6 +84,10 @@ class SoakConfig:
     kinds: tuple[str, ...] = tuple(SOAK_KINDS)
     seeded_bug: str | None = None
     deadline_s: float = 20.0
+    #: issue 41: the step's micro-batch count the worker opts in with (``Workload.micro_batches``: a death
+    #: with no spare idle shrinks the job instead of restarting it); None: the replica count (a step
+    #: computes what it did without the opt-in; a shrunk replica takes the vacant share), 0: not opted in
+    micro_batches: int | None = None
 
     def check(self) -> "SoakConfig":
         """Raise :class:`SoakError` naming the flag of the first bad value."""
@@ -125,7 +129,22 @@ class SoakConfig:
             raise SoakError(f"--seeded-bug must be one of {list(SEEDED_BUGS)}, got {self.seeded_bug!r}")
         if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) or not self.deadline_s > 0:
             raise SoakError(f"--deadline must be a number of seconds > 0, got {self.deadline_s!r}")
+        mb = self.micro_batches
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or (mb != 0 and mb < self.replicas)):
+            raise SoakError(f"--micro-batches must be 0 (not opted in) or an integer >= the job's {self.replicas} replicas "
+                            f"({'one per rank' if self.recovers == 'world' else 'one per node'}), got {mb!r}")
         return self
+
+    @property
+    def replicas(self) -> int:
+        """The job's replicas: one per rank for DDP, one per node (a shard group) for the hybrid wrappers."""
+        return self.world if self.recovers == "world" else self.nodes
+
+    @property
+    def micro_batch_count(self) -> int:
+        """The micro-batches of a step the worker trains with (0: not opted in): ``micro_batches``, or
+        the replica count when it is None."""
+        return self.replicas if self.micro_batches is None else self.micro_batches
 
     @property
     def world(self) -> int:
@@ -150,6 +169,8 @@ class SoakConfig:
         if extra:
             raise SoakError(f"{where}: unknown field(s) {extra}; allowed: {sorted(known)}")
         d = dict(raw)
+        # a schedule saved before issue 41's opt-in ran without micro-batches: replayed, it runs so again
+        d.setdefault("micro_batches", 0)
         if "kinds" in d:
             if not isinstance(d["kinds"], (list, tuple)):
                 raise SoakError(f"{where}.kinds: must be a list of fault kinds, got {d['kinds']!r}")
