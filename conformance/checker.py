@@ -40,7 +40,7 @@ from typing import Any, Mapping, cast
 
 from ..model.batches import share as batch_share
 from ..model.contract import EnvelopeError, IN_FLIGHT_PHASES, envelope_from_mapping, without_discard
-from ..model.protocol import Action, _replicas_in, all_actions, link_arg, true_lookup
+from ..model.protocol import ACTIONS, Action, _replicas_in, all_actions, link_arg, true_lookup
 from ..model.transitions import actions_for, enabled, successors
 from ..model.state import (
     PC_CRASHED,
@@ -124,10 +124,13 @@ def config_from_headers(traces: Mapping[int, RankTrace], *, frontier: int | None
         # one more: a logged death in training without spares is, to the model, the group failure it
         # causes and the crash (FaultGroupFail, FaultCrash(rank))
         max_faults = count_fault_records(traces) + count_unlogged_faults(traces) + 1
-    # the job's spares (the header's; a trace without the field: at least one per spare that took an
-    # identity, as its incarnation's header says)
-    spares = int(h.get("spares") or 0) or len({inc.get("spare") for tr in traces.values()
-                                               for inc in tr.header.get("incarnations", ())} - {None})
+    # the job's spares: the header's, which the engine always writes (the launcher's spares; a spare a
+    # keeper refilled is no launcher spare: elastic_from_headers infers the refill); a trace without the
+    # field: at least one per launcher spare that took an identity, as its incarnation's header says (a
+    # benched rank recalled by a grow joins as itself, spare -1: no spare of the pool)
+    spares = int(h["spares"] or 0) if "spares" in h else \
+        len({s for tr in traces.values() for inc in tr.header.get("incarnations", ())
+             for s in (inc.get("spare"),) if isinstance(s, int) and s >= 0})
     # a rank that observed through its failed failure flag (P18.4), or a logged link cut: the run met a
     # broken link, which the model has with Config.links (and failing groups of any index)
     links = nodes > 1 and any(rec.action in ("FaultLinkCut", "RankRevokeWide") or (rec.action == "RankObserve" and rec.detail.get("wide"))
@@ -225,6 +228,45 @@ def count_unlogged_faults(traces: Mapping[int, RankTrace]) -> int:
     episodes = {rec.gen for tr in traces.values() for rec in tr.records if rec.action == "RankObserve"} - logged - grows
     killed = sum(1 for tr in traces.values() if tr.end is None and not any(rec.action == "FaultCrash" for rec in tr.records))
     return len(episodes) + killed
+
+
+#: ``RankObserve.detail.cause`` of a requested shrink (impl/recovery.py ``_change_membership``)
+SHRINK_REQUEST = "shrink-request"
+
+
+def requested_shrinks(traces: Mapping[int, RankTrace]) -> list[Record]:
+    """The records of a requested shrink (``attach(shrink_at=(F, replica))`` or ``ACCELPACT_SHRINK_AT``:
+    a replica asked to leave at a committed boundary with nobody dead; each rank's ``RankObserve`` with
+    ``detail.cause`` ``shrink-request``), in rank order.  The model has no action for it (P19.1:
+    ``RankShrink`` writes out the replicas of ranks that died; nothing opens an episode at a boundary
+    but a fault or a grow), so no trace with one is a behaviour of the model: :meth:`TraceChecker.check`
+    says so by name (``Verdict.outside``) instead of a search's generic rejection."""
+    return [rec for r in sorted(traces) for rec in traces[r].records
+            if rec.action == "RankObserve" and rec.detail.get("cause") == SHRINK_REQUEST]
+
+
+def requested_shrink_verdict(asked: list[Record], why_not_joined: str = "") -> Verdict:
+    """The named rejection of a run with a requested shrink (:func:`requested_shrinks`, not empty):
+    outside the model, whatever else its records say; each rank's first such record is listed.
+    ``why_not_joined``: the run's traces could not even be joined into one per identity (a spare took
+    the identity of a rank whose requested leave ended its process, ``impl/trace.py`` ``load_traces``)."""
+    leaving = sorted({int(q) for rec in asked for q in (rec.detail.get("leaving") or ()) if isinstance(q, int)})
+    at = sorted({f for rec in asked for f in (rec.state.get("frontier"),) if isinstance(f, int)})
+    first: dict[int, Record] = {}
+    for rec in asked:
+        first.setdefault(rec.rank, rec)
+    lines = [f"rejected: outside the model: a requested shrink (attach(shrink_at=...) or ACCELPACT_SHRINK_AT): "
+             f"the replica(s) of rank(s) {leaving} asked to leave at F={at[0] if len(at) == 1 else at} with no rank dead. "
+             "spec/protocol.md P19 has no action for it (RankShrink writes out only the replicas of ranks that "
+             "died, P19.1), so no trace of such a run is a behaviour of the model; check a run with a real death "
+             "instead, whose shrink the model has"]
+    lines += [f"  rank {r}: r{r}#{rec.seq} RankObserve gen={rec.gen} (detail.cause={SHRINK_REQUEST!r})"
+              for r, rec in sorted(first.items())[:16]]
+    if len(first) > 16:
+        lines.append(f"  ... and {len(first) - 16} more ranks")
+    if why_not_joined:
+        lines.append(f"  (nor can the traces be joined per identity: {why_not_joined})")
+    return Verdict(False, "\n".join(lines), 0, [], {r: str(rec) for r, rec in first.items()}, outside="requested-shrink")
 
 
 def count_fault_records(traces: Mapping[int, RankTrace]) -> int:
@@ -381,6 +423,12 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
         why = _elastic_disagreement(cfg, pre, post, g, rec)
         if why:
             return why
+    if a.name == "RankClaimSpare" and isinstance(d.get("claims"), dict):
+        # the identities it won (one compare_set each, impl/effects.py): some or all of the model's claim
+        want = {q for gg, q, _inc in post.store.claims if gg == g}
+        ids = _claim_ids(d["claims"])
+        if ids is None or not ids <= want:
+            return f"claims={d['claims']!r} but the model's claim in generation {g} is of identities {sorted(want)}"
     if a.name == "RankDecideAgreement" and "decision" in d:
         if d["decision"] != true_lookup(post.store.agree, g):
             return f"decision {d['decision']!r} but the model decided {true_lookup(post.store.agree, g)!r}"
@@ -404,6 +452,16 @@ def disagreement(cfg: Config, abst: Abstraction, pre: State, a: Action, post: St
         if bool(d["last"]) != ((g, r) in post.store.last_ready):
             return f"last={d['last']} but the model says {(g, r) in post.store.last_ready}"
     return None
+
+
+def _claim_ids(claims: Mapping[Any, Any]) -> set[int] | None:
+    """The identities a ``RankClaimSpare`` record's ``detail.claims`` names (its keys: the JSON of
+    identity -> spare), None when one is not an identity."""
+    try:
+        ids = {int(k) for k in claims}
+    except (TypeError, ValueError):
+        return None
+    return ids if all(i >= 0 for i in ids) else None
 
 
 def _batch_disagreement(cfg: Config, post: State, g: int, r: int, k: str, v: Any) -> str | None:
@@ -484,6 +542,17 @@ class Steps:
 
 
 @dataclass(frozen=True, slots=True)
+class NoStep:
+    """A record that stands for no model step: another record's step did what it says (a second
+    detector's share of one episode's claims, :meth:`TraceChecker._claimed_already`)."""
+
+    why: str
+
+    def __str__(self) -> str:
+        return self.why
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     state: State
     cursors: tuple[int, ...]
@@ -505,6 +574,9 @@ class Verdict:
     nodes: int = 0
     path: list[str] = field(default_factory=list)        # a model path (action strings) to acceptance / last match
     unmatched: dict[int, str] = field(default_factory=dict)
+    #: non-empty when the traces record something the model has no action for (not a disagreement
+    #: with it): ``"requested-shrink"`` (:func:`requested_shrinks`)
+    outside: str = ""
 
     def __bool__(self) -> bool:
         return self.accepted
@@ -543,6 +615,16 @@ class TraceChecker:
         if silent_faults is None:
             silent_faults = script is not None
         self.silent = tuple(a for a in self.actions if (silent_faults and a.name.startswith("Fault")) or a.name == "SupervisorRestart")
+        # the search tries first the crash of a rank the records say died (:meth:`_silent`)
+        self.killed = frozenset(r for r in self.world if self.traces[r].end is None)
+        self.named_dead: dict[int, frozenset[int]] = {}
+        for v in self.recs.values():
+            for rec in v:
+                dead = rec.detail.get("dead") if rec.action == "RankObserve" else None
+                if rec.action == "SpareJoin":  # a spare took the identity in that generation: its holder died
+                    dead = [rec.rank]
+                if isinstance(dead, list):
+                    self.named_dead[rec.gen] = self.named_dead.get(rec.gen, frozenset()) | {d for d in dead if isinstance(d, int)}
         #: a keeper's refill (P19.4): unlogged, inserted before a record's match where the model enables it (_refills)
         self.refill_actions = tuple(a for a in self.actions if a.name == "KeeperRefill")
         self.silent_faults = any(a.name.startswith("Fault") for a in self.silent)
@@ -670,6 +752,10 @@ class TraceChecker:
         elif rec.action in JOB_WIDE:
             # a job-wide fault (FaultStoreLoss) logged by the rank that triggered it: no actor
             cands = [Action(rec.action)]
+        elif rec.action == "RankClaimSpare" and self._claimed_already(s, r, rec):
+            yield (NoStep(f"(r{r} records its share of generation {rec.gen}'s claims, all made by the model's RankClaimSpare)"),
+                   Node(s, cursors, node.fired, 0, done=done, left=left), None)
+            return
         else:
             cands = self.by_rank.get((rec.action, r), [])
         table = actions_for(self.cfg)
@@ -706,6 +792,25 @@ class TraceChecker:
                 label = a if len(plan) == 1 and not pre_steps else Steps(pre_steps + plan)
                 yield label, Node(t, cursors, fired, 0, done=done, left=left), why
 
+    def _claimed_already(self, s: State, r: int, rec: Record) -> bool:
+        """A ``RankClaimSpare`` record whose identities (``detail.claims``' keys) the model's one
+        ``RankClaimSpare`` of the rank's generation has claimed already, by a rank that could have made
+        it (alive, in that generation, at a pc the action starts from).  The engine claims each dead
+        (or vacant) identity by its own compare_set and records the claims it won (impl/effects.py
+        ``_claim_spares``), so concurrent detectors may each win some (a real 2x2 HSDP grow: rank 2 the
+        benched holder of identity 0, rank 3 a spare for identity 1); the model claims them all in one
+        step (P16).  The record then stands for no step, as a second member's record of one group
+        failure does."""
+        claims = rec.detail.get("claims")
+        ids = _claim_ids(claims) if isinstance(claims, dict) else None
+        if not ids:
+            return False
+        rk = s.ranks[r]
+        g = rk.gen
+        if rec.gen != g or rk.hung or rk.pc not in (ACTIONS["RankClaimSpare"].pcs or ()):
+            return False
+        return ids <= {d for gg, d, _inc in s.store.claims if gg == g}
+
     def _refills(self, s: State) -> list[tuple[tuple[Action, ...], State]]:
         """The states a record may be matched from: ``s`` itself, and ``s`` after 1..n of the n
         ``KeeperRefill`` steps the model enables there (P19.4: a keeper starts a fresh spare for its dead
@@ -734,7 +839,17 @@ class TraceChecker:
     def _silent(self, node: Node):
         if node.silent >= self.silent_bound:
             return
-        for a, t in successors(self.cfg, node.state, self.silent):
+        # first the crash of a rank the records say died in its generation: a peer's RankObserve names it
+        # dead (``detail.dead``), a spare joined as it, or its trace stops without an end record (a
+        # SIGKILL from outside, unlogged).  Only an order (the search is exhaustive), but without it the search tried every
+        # other silent fault first: real runs told nothing, a 2x2 HSDP shrink took 96,526 nodes (27 now),
+        # three swaps with refills 144,457
+        s = node.state
+        steps = sorted(successors(self.cfg, s, self.silent),
+                       key=lambda at: not (at[0].name == "FaultCrash" and at[0].rank is not None
+                                           and (at[0].rank in self.killed
+                                                or at[0].rank in self.named_dead.get(s.ranks[at[0].rank].gen, ()))))
+        for a, t in steps:
             ok, fired = self._script_ok(node, a)
             if ok:
                 yield a, Node(t, node.cursors, fired, node.silent + 1, done=node.done, left=node.left)
@@ -893,6 +1008,9 @@ class TraceChecker:
         return None, parent, best, done_problem, False
 
     def check(self) -> Verdict:
+        asked = requested_shrinks(self.traces)
+        if asked:
+            return requested_shrink_verdict(asked)
         if self.prechecks:
             findings = precheck(self.cfg, self.traces, silent_possible=self._silent_possible)
             if findings:

@@ -12,6 +12,7 @@ where no rank died) is rejected naming the record.  Pure Python, no torch.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
 from dataclasses import replace
@@ -209,3 +210,125 @@ def test_headers_that_disagree_or_are_malformed_are_named(runs):
     assert elastic_from_headers(plain) == {"refill": True}
     assert elastic_from_headers({r: RankTrace(r, t.records, {**t.header, "spares": 1}, t.end) for r, t in plain.items()}) == {}
     assert elastic_from_headers({r: RankTrace(r, [], t.header, t.end) for r, t in plain.items()}) == {}
+
+
+# ------------------------------------------------------------------ what real runs showed (issue 41)
+
+@pytest.mark.parametrize("prechecks", [True, False])
+@pytest.mark.parametrize("name", ["spec", "ddp"])
+def test_a_requested_shrink_is_named_outside_the_model(runs, name, prechecks):
+    """A run with a requested shrink (``attach(shrink_at=...)``: each rank's RankObserve says cause
+    ``shrink-request``, nobody dead) has no model action: the verdict says so by name, listing each
+    rank's record, not a search's generic rejection; the same records with the cause of a death are
+    not outside the model (accepted, as the projection of a model run)."""
+    cfg, tr = runs[name]
+
+    def caused(cause: str) -> dict[int, RankTrace]:
+        return {r: RankTrace(r, [replace(rec, detail={**rec.detail, "cause": cause}) if rec.action == "RankObserve" and rec.gen == 0
+                                 else rec for rec in t.records], t.header, t.end) for r, t in tr.items()}
+
+    v = TraceChecker(cfg, caused("shrink-request"), silent_faults=False, prechecks=prechecks).check()
+    assert not v.accepted and v.outside == "requested-shrink", v.message
+    assert v.message.startswith("rejected: outside the model: a requested shrink"), v.message
+    observers = sorted(r for r, t in tr.items() if any(rec.action == "RankObserve" and rec.gen == 0 for rec in t.records))
+    assert sorted(v.unmatched) == observers and all("RankObserve" in u for u in v.unmatched.values()), v.unmatched
+    v = TraceChecker(cfg, caused("death"), silent_faults=False, prechecks=prechecks).check()
+    assert v.accepted and not v.outside, v.message
+
+
+@pytest.mark.parametrize("cut", ["killed", "named"])
+def test_a_shrink_after_a_sigkill_told_nothing_is_one_walk(cut):
+    """Told nothing, the search tries first the silent crash of the rank the records say died, before
+    any other silent fault: ``killed``, the spec run up to the shrink's release (rank 1 SIGKILLed, no
+    end record; rank 0 left); ``named``, the whole spec run, rank 1's identity grown back (an end
+    record), its death named by the survivors' RankObserve (``detail.dead``, as the engine writes it).
+    Real runs took 96,526 nodes (a 2x2 HSDP shrink) and 144,457 (three swaps with refills) trying
+    every silent group failure first; a walk is at most two nodes a record."""
+    path = _spec_run()
+    if cut == "killed":
+        tr = _unlogged(project(HSDP, path[:next(i for i, (a, _p, _s) in enumerate(path) if a.name == "KeeperRefill")]))
+        assert tr[1].end is None and not tr[1].records and tr[0].end == {"type": "end", "outcome": "left"}
+    else:
+        tr = {r: _renumber(t, [replace(rec, detail={**rec.detail, "cause": "death", "dead": [1]})
+                               if rec.action == "RankObserve" and rec.gen == 0 else rec for rec in t.records])
+              for r, t in _unlogged(project(HSDP, path)).items()}
+        assert tr[1].end is not None
+    v = TraceChecker(config_from_headers(tr), tr, silent_faults=True, abstraction=abstraction_from_records(tr)).check()
+    assert v.accepted, v.message
+    assert v.path[0] == "silent FaultCrash(1, boundary)", v.path[:3]
+    assert v.nodes <= 2 * sum(len(t.records) for t in tr.values()), v.nodes
+
+
+def test_a_refilled_spare_is_no_launcher_spare(runs):
+    """The engine's header always says the launcher's spares (0 here); the refilled spare that took
+    rank 1's identity (its incarnation's header says spare 0) is the keeper's refill, not a spare idle
+    from the start, with which the model would swap instead of shrinking.  Only a header without the
+    field counts the spares that joined, a recalled benched rank (spare -1) never."""
+    _cfg, tr = runs["spec"]
+
+    def headed(extra: dict, inc: list) -> dict[int, RankTrace]:
+        return {r: RankTrace(r, t.records, {**{k: v for k, v in t.header.items() if k != "spares"}, **extra,
+                                            **({"incarnations": inc} if r == 1 else {})}, t.end) for r, t in tr.items()}
+
+    un = _unlogged(headed({"spares": 0}, [{"spare": 0}]))
+    cfg = config_from_headers(un)
+    assert (cfg.spares, cfg.refill) == (0, True)
+    v = TraceChecker(cfg, un, silent_faults=True, abstraction=abstraction_from_records(un)).check()
+    assert v.accepted, v.message
+    assert config_from_headers(headed({}, [{"spare": 0}])).spares == 1
+    assert config_from_headers(headed({}, [{"spare": -1}])).spares == 0
+
+
+@pytest.mark.parametrize("cause", ["shrink-request", "death"])
+def test_a_requested_leave_whose_identity_a_spare_took_is_named_by_check_trace(tmp_path, runs, cause):
+    """``accelpact check-trace DIR`` (``cli_check.check_dir``) on a requested shrink whose leaving rank's
+    process ended (end ``left``) and whose identity a spare then took in a grow (a real 3-rank DDP run
+    with one spare): the trace files cannot be joined per identity (``load_traces``: only a process
+    that died hands its identity on), yet the verdict is the named one, outside the model (exit 1, not
+    "unusable files"); the same files without the request stay unusable (``TraceError``, exit 2)."""
+    from accelpact.conformance import cli_check
+    from accelpact.conformance.checker import write_dir
+
+    _cfg, tr = runs["ddp"]
+    tr = {r: RankTrace(r, [replace(rec, detail={**rec.detail, "cause": cause}) if rec.action == "RankObserve" and rec.gen == 0
+                           else rec for rec in t.records], t.header, {"type": "end", "outcome": "left"} if r == 0 else t.end)
+          for r, t in tr.items()}
+    write_dir(tr, tmp_path)
+    spare = [{**tr[0].header, "spare": 0}, Record(0, 0, "SpareJoin", 1, "ok", 10**9, {"pc": "joined"}, {"spare": 0, "identity": 0}).to_json(),
+             {"type": "end", "outcome": "released"}]
+    (tmp_path / "spare0-trace-a0-r0.ndjson").write_text("".join(json.dumps(x) + "\n" for x in spare))
+    if cause == "death":
+        with pytest.raises(TraceError, match="only a process that died hands its identity on"):
+            cli_check.check_dir(tmp_path)
+        return
+    ok, msg = cli_check.check_dir(tmp_path)
+    assert not ok and msg.startswith("attempt 0: rejected: outside the model: a requested shrink"), msg
+    assert "nor can the traces be joined per identity" in msg and "rank 1: r1#" in msg, msg
+
+
+@pytest.mark.parametrize("prechecks", [True, False])
+@pytest.mark.parametrize("claimed", [[1], [0, 1], [2], [1, 3]])
+def test_a_grows_claims_split_between_two_detectors(runs, claimed, prechecks):
+    """The engine claims each vacant identity by its own compare_set and records the claims it won
+    (impl/effects.py ``_claim_spares``): in a real 2x2 HSDP grow rank 2 won identity 0 (its benched
+    holder, -1) and rank 3 identity 1 (spare 0), two RankClaimSpare records where the model has one
+    step claiming both.  The second record stands for no step when the model's claim covers what it
+    says (``[1]``, ``[0, 1]``); a claim of an identity the grow did not stand dead (``[2]``,
+    ``[1, 3]``: live ranks of the replica that stayed) is rejected at that record."""
+    cfg, tr = runs["spec"]
+    i2 = _index(tr[2], "RankClaimSpare")
+    recs2 = list(tr[2].records)
+    recs2[i2] = replace(recs2[i2], detail={"claims": {"0": -1}, "decision": "L1", "grow": True})
+    i3 = _index(tr[3], "RankStartGrow") + 1
+    grow = tr[3].records[i3 - 1]
+    recs3 = list(tr[3].records)
+    recs3.insert(i3, replace(grow, action="RankClaimSpare", state={"pc": "observed"},
+                             detail={"claims": {str(d): 0 for d in claimed}, "decision": "L1", "grow": True}))
+    split = {**tr, 2: _renumber(tr[2], recs2), 3: _renumber(tr[3], recs3)}
+    v = TraceChecker(cfg, split, silent_faults=False, prechecks=prechecks).check()
+    if set(claimed) <= {0, 1}:
+        assert v.accepted, v.message
+        assert any("records its share of generation 1's claims" in p for p in v.path), v.path
+    else:
+        assert not v.accepted
+        assert f"r3#{i3} RankClaimSpare" in v.unmatched.get(3, ""), v.message

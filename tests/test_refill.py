@@ -23,6 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from accelpact.conformance.cli_check import check_dir  # noqa: E402 - after the torch skip
 from accelpact.impl.controlplane import REFILLS_KEY  # noqa: E402 - after the torch skip
 from accelpact.impl.launch.job import Job, Topology, Workload  # noqa: E402 - after the torch skip
 from accelpact.impl.launch.launch import run_local, run_reference  # noqa: E402 - after the torch skip
@@ -105,6 +106,10 @@ def test_three_sigkills_with_one_spare_are_three_swaps(tmp_path: Path) -> None:
     swaps = {int(sw["generation"]) for v in res.results.values()
              for sw in list(v.get("swaps") or []) + ([v["swapped_in"]] if v.get("swapped_in") else [])}
     assert swaps == {0, 1, 2}, swaps
+    # `accelpact check-trace` told nothing (no faults in the job file: the configuration from the trace
+    # headers, the SIGKILLs unlogged): the three deaths, swaps and keepers' refills are the model's
+    ok, msg = check_dir(out)
+    assert ok and msg.startswith("attempt 0: accepted"), msg
     ref = run_reference(job, tmp_path / "ref", timeout_s=TIMEOUT_S)
     same, diff = compare_runs(ref, out, 3)  # torch.equal on every tensor of every rank's final state
     assert same, f"differs from the fault-free run: {diff}"
