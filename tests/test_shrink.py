@@ -292,14 +292,15 @@ def test_the_weighted_accumulated_gradient_averaged_over_replicas_is_the_full_ba
 
 
 # ------------------------------------------------------------------------------------- end to end
-def _torchrun(out: Path, nproc: int, *extra: str, spares: int = 0, strike=None, refill: bool = False) -> str:
+def _torchrun(out: Path, nproc: int, *extra: str, spares: int = 0, strike=None, refill: bool = False,
+              max_restarts: int = 0) -> str:
     """``tests/shrink_app.py`` under torchrun behind the keeper (``ACCELPACT_KEEP=1``: a death is posted
-    without spares too), no restart allowed (``--max-restarts 0``: an L2 ends the run non-zero).
+    without spares too), ``max_restarts`` restarts allowed (0: an L2 ends the run non-zero).
     ``strike(out)``: run on a thread while the job runs (a fault from outside).  ``refill``: the keepers
     start a spare in a dead worker's place (``ACCELPACT_REFILL``).  The agent's output."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "--max-restarts", "0", "--monitor-interval", "0.1", "-m", "accelpact.impl.launch.keeper", "--",
+           "--max-restarts", str(max_restarts), "--monitor-interval", "0.1", "-m", "accelpact.impl.launch.keeper", "--",
            sys.executable, str(APP), "--out", str(out), *extra]
     env = {k: v for k, v in worker_env().items() if not k.startswith("ACCELPACT_")}
     env.update(ACCELPACT_KEEP="1", ACCELPACT_SPARES=str(spares), ACCELPACT_REFILL="1" if refill else "0",
@@ -415,17 +416,19 @@ def test_a_requested_shrink_keeps_the_global_batch(tmp_path):
     _outside_the_model(out)
 
 
-def _kill_rank(rank: int, after: int):
-    """SIGKILL ``rank``'s worker (not its keeper) from outside once it committed ``after`` steps."""
+def _kill_rank(rank: int, after: int, *more: int):
+    """SIGKILL ``rank``'s worker (not its keeper), and the workers of ``more`` with it, from outside
+    once ``rank`` committed ``after`` steps."""
     from accelpact.testing.examples import worker_pid
 
     def strike(out: Path) -> bool:
         deadline = time.monotonic() + TIMEOUT_S / 2
         while time.monotonic() < deadline:
             if len(_steps(out, rank)) >= after:
-                pid = worker_pid(APP.name, rank)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+                pids = [worker_pid(APP.name, r) for r in (rank, *more)]
+                if None not in pids:
+                    for pid in pids:
+                        os.kill(pid, signal.SIGKILL)
                     return True
             time.sleep(0.01)
         return False
@@ -544,3 +547,25 @@ def test_hsdp_a_death_benches_its_peer_and_a_refilled_spare_grows_the_replica_ba
         rel = _relative(a, _final(full, r))
         print(f"refill grow: shard {r}: relative difference to the uninterrupted run {rel:.3g}")
         assert rel < TOLERANCE
+
+
+@pytest.mark.nightly("two torchrun jobs of 2x2 FSDP2 (about 60 s on 2 cores), one with an L2 restart: the shrink "
+                     "decision's L2 when a shard would lose every replica runs in the unit tests above and in the model "
+                     "(S18, 2x2-shrink-crash-f2)")
+def test_a_rank_and_its_only_replica_killed_end_in_one_restart_bit_identical(tmp_path):
+    """2x2 FSDP2 HSDP, opted in, no spare: ranks 1 and 3 (shard 1's two replicas) SIGKILLed together
+    from outside: no shrink can keep shard 1, so the survivors end the attempt with a documented code
+    and torchrun restarts the job once; the restarted job (no checkpoint: from step 0) finishes with
+    every rank's final state torch.equal to the uninterrupted run's."""
+    common = ("--steps", str(STEPS), "--micro-batches", "4", "--wrapper", "fsdp2", "--replicas", "2")
+    out = tmp_path / "kill"
+    _torchrun(out, 4, *common, strike=_kill_rank(1, 2, 3), max_restarts=1)
+    run = RunDir(out)
+    assert run.trace(1, 0).exists() and not run.trace(2, 0).exists(), "not exactly one restart"
+    assert not any(a["action"] == "RankShrink" for r in range(4) for a in _trace_actions(out, r))
+    full = tmp_path / "full"
+    _torchrun(full, 4, *common)
+    for r in range(4):
+        a, b = _final(out, r), _final(full, r)
+        differ = [k for k in b if not torch.equal(a[k], b[k])]
+        assert a.keys() == b.keys() and not differ, f"rank {r}: {differ[:3]} differ from the uninterrupted run"
