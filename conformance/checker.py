@@ -752,7 +752,7 @@ class TraceChecker:
         elif rec.action in JOB_WIDE:
             # a job-wide fault (FaultStoreLoss) logged by the rank that triggered it: no actor
             cands = [Action(rec.action)]
-        elif rec.action == "RankClaimSpare" and self._claimed_already(s, r, rec):
+        elif rec.action == "RankClaimSpare" and self._claimed_already(s, r, rec, node.cursors):
             yield (NoStep(f"(r{r} records its share of generation {rec.gen}'s claims, all made by the model's RankClaimSpare)"),
                    Node(s, cursors, node.fired, 0, done=done, left=left), None)
             return
@@ -792,7 +792,7 @@ class TraceChecker:
                 label = a if len(plan) == 1 and not pre_steps else Steps(pre_steps + plan)
                 yield label, Node(t, cursors, fired, 0, done=done, left=left), why
 
-    def _claimed_already(self, s: State, r: int, rec: Record) -> bool:
+    def _claimed_already(self, s: State, r: int, rec: Record, cursors: tuple[int, ...]) -> bool:
         """A ``RankClaimSpare`` record whose identities (``detail.claims``' keys) the model's one
         ``RankClaimSpare`` of the rank's generation has claimed already, by a rank that could have made
         it (alive, in that generation, at a pc the action starts from).  The engine claims each dead
@@ -800,7 +800,9 @@ class TraceChecker:
         ``_claim_spares``), so concurrent detectors may each win some (a real 2x2 HSDP grow: rank 2 the
         benched holder of identity 0, rank 3 a spare for identity 1); the model claims them all in one
         step (P16).  The record then stands for no step, as a second member's record of one group
-        failure does."""
+        failure does.  Each identity is won by one compare_set, so by one record: a record naming an
+        identity that a record already matched (``cursors``: every rank's records consumed so far) named
+        too is two claims of one identity (the seeded bug ``claim-per-survivor``), never a share."""
         claims = rec.detail.get("claims")
         ids = _claim_ids(claims) if isinstance(claims, dict) else None
         if not ids:
@@ -809,7 +811,14 @@ class TraceChecker:
         g = rk.gen
         if rec.gen != g or rk.hung or rk.pc not in (ACTIONS["RankClaimSpare"].pcs or ()):
             return False
-        return ids <= {d for gg, d, _inc in s.store.claims if gg == g}
+        if not ids <= {d for gg, d, _inc in s.store.claims if gg == g}:
+            return False
+        named = set()
+        for q, c in zip(self.world, cursors, strict=True):
+            for prev in self.recs[q][:c]:
+                if prev.action == "RankClaimSpare" and prev.gen == g and isinstance(prev.detail.get("claims"), dict):
+                    named |= _claim_ids(prev.detail["claims"]) or set()
+        return not ids & named
 
     def _refills(self, s: State) -> list[tuple[tuple[Action, ...], State]]:
         """The states a record may be matched from: ``s`` itself, and ``s`` after 1..n of the n

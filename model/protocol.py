@@ -88,6 +88,19 @@ class Action:
         inside = ", ".join(str(x) for x in (self.rank, self.arg) if x is not None)
         return f"{self.name}({inside})"
 
+    @classmethod
+    def parse(cls, token: str) -> "Action":
+        """The instance a spec run names, ``Name(rank)`` or ``Name(rank,arg)`` (spec/protocol.md's
+        ``*-run`` blocks: no spaces); a token of another shape is a ValueError naming it."""
+        name, sep, inside = token.partition("(")
+        if not (sep and name.isidentifier() and inside.endswith(")")):
+            raise ValueError(f"action token {token!r}: expected Name(rank) or Name(rank,arg)")
+        rank, _, rest = inside[:-1].partition(",")
+        try:
+            return cls(name, int(rank), rest or None)
+        except ValueError:
+            raise ValueError(f"action token {token!r}: the rank {rank!r} is not an integer") from None
+
 
 @dataclass(frozen=True, slots=True)
 class ActionSpec:

@@ -25,12 +25,7 @@ LINKS = Config(max_faults=1, failing="any", links=True, faults=frozenset({"link"
 LINKS2 = LINKS.with_(max_faults=2)
 
 
-def _action(token: str) -> Action:
-    m = re.fullmatch(r"([A-Za-z]+)\(([^)]*)\)", token)
-    assert m, token
-    name, arg = m.groups()
-    rank, _, rest = arg.partition(",")
-    return Action(name, int(rank), rest or None)
+_action = Action.parse
 
 
 def _runs() -> list[list[str]]:

@@ -27,12 +27,7 @@ DDP3 = Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_fa
               faults=frozenset({"crash"}), points=("boundary",), micro_batches=6)
 
 
-def _action(tok: str) -> Action:
-    m = re.fullmatch(r"(\w+)\(([^)]*)\)", tok)
-    assert m, tok
-    name, arg = m.groups()
-    rank, _, rest = arg.partition(",")
-    return Action(name, int(rank), rest or None)
+_action = Action.parse
 
 
 def _run() -> list[str]:

@@ -354,22 +354,11 @@ def _reference(steps: int, total: int) -> dict:
     """The same training in one process, no DDP: each step the mean loss over its ``total``
     micro-batches (torch's own gradient), AdamW: an independent source of the expected state."""
     from accelpact.impl.launch import workload
+    from accelpact.testing.reference import mean_over_micro_batches
 
     spec = workload.WorkloadSpec(wrapper="ddp", layers=2, dim=32, heads=2, seq=16, batch=2, lr=1e-3, seed=0)
-    data = workload.DataCursor(spec.seed, spec.batch, spec.seq, dp_index=0, dp_size=1)
-    torch.manual_seed(spec.seed)
-    model = workload.CharLM(workload.vocab_size(), spec)
-    optim = torch.optim.AdamW(model.parameters(), lr=spec.lr, foreach=False)
-    for step in range(steps):
-        losses = []
-        for m in range(total):
-            x, y = data.batch(step, dp_index=m)
-            logits = model(x)
-            losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
-        torch.stack(losses).mean().backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-    return {f"param.module.{n}": p.detach() for n, p in model.named_parameters()}
+    params, _ = mean_over_micro_batches(spec, steps, total)
+    return {f"param.module.{n}": p for n, p in params.items()}
 
 
 def _trace_actions(out: Path, rank: int, attempt: int = 0, spare: int | None = None) -> list[dict]:

@@ -19,6 +19,7 @@ import pytest
 
 from accelpact.impl.launch.job import Job, JobError, Topology, Workload
 from accelpact.impl.rundir import RunDir
+from accelpact.testing.reference import mean_over_micro_batches
 
 
 def _job(out: Path, **changes) -> Job:
@@ -115,23 +116,9 @@ def test_micro_batches_train_the_mean_over_the_steps_micro_batches(tmp_path: Pat
     assert [results[r]["active_replicas"] for r in (0, 1)] == [[0, 1], [0, 1]]
 
     spec = workload.WorkloadSpec(wrapper="ddp", layers=1, seed=0)
-    data = workload.DataCursor(spec.seed, spec.batch, spec.seq, dp_index=0, dp_size=1)
-    torch.manual_seed(spec.seed)
-    model = workload.CharLM(workload.vocab_size(), spec)
-    optim = torch.optim.AdamW(model.parameters(), lr=spec.lr, foreach=False)
-    first = None
-    for step in range(steps):
-        losses = []
-        for m in range(total):
-            x, y = data.batch(step, dp_index=m)
-            logits = model(x)
-            losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
-        mean = torch.stack(losses).mean()
-        first = float(mean.detach()) if first is None else first
-        mean.backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-    expect = {f"module.{n}": p.detach() for n, p in model.named_parameters()}
+    params, step_losses = mean_over_micro_batches(spec, steps, total)
+    first = step_losses[0]
+    expect = {f"module.{n}": p for n, p in params.items()}
     assert sorted(expect) == sorted(a["params"])
     num = sum(float((a["params"][k].double() - v.double()).pow(2).sum()) for k, v in expect.items())
     den = sum(float(v.double().pow(2).sum()) for v in expect.values())
