@@ -21,7 +21,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "qualify": ("accelpact.conformance.cli_qualify", "run conformance trials per observation key and write an envelope"),
     "soak": ("accelpact.testing.soak.cli", "a long training job under a seeded storm of external faults, judged whole"),
     "bench": ("accelpact.bench.cli", "benchmarks: exploration speed, recovery phase timings, L1 vs L2"),
+    "launch": ("accelpact.impl.launch.cli_launch", "torchrun with spares and keepers: launch [torchrun options] --spares N -- script.py"),
+    "report": ("accelpact.impl.launch.report", "what happened in a run folder: faults, episodes, time lost, steps replayed, a timeline PNG"),
 }
+#: subcommands that read their own command line (``run_argv(argv)``): ``launch`` passes torchrun's options on
+RAW_ARGV = ("launch",)
 
 
 def _load(name: str) -> ModuleType | str:
@@ -61,6 +65,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv[:1] if a in COMMANDS), None)
+    if command in RAW_ARGV:
+        raw = _load(command)
+        if isinstance(raw, str):
+            print(f"accelpact: {raw}", file=sys.stderr)
+            return 2
+        return int(raw.run_argv(argv[1:]) or 0)
     args = build_parser(command).parse_args(argv)
     if not getattr(args, "command", None):
         build_parser().print_help()

@@ -26,7 +26,7 @@ and two CPU cores are not computing for a second), measured in one run:
   step ends uncommitted), reconfigures at the next quorum and runs the step again; fault-to-frontier
   = until both replicas are ready again for the interrupted step.
 
-Each L2 restart is also reported as the soak reports one (:mod:`accelpact.testing.soak.restarts`,
+Each L2 restart is also reported as the soak reports one (:mod:`accelpact.impl.launch.restarts`,
 :func:`restart_report`): its cause (from the records and exit codes: ``in_flight`` here), the time
 lost from the last commit before the fault to the first commit past it, read off the steps files'
 own timestamps, split at the attempt's last exit (before: detection; after: respawn, reload,
@@ -56,8 +56,8 @@ from typing import Any
 
 from . import common, recovery
 from accelpact.impl.launch.launch import l1_episodes, l2_episodes, run_torchrun, swap_episodes
-from accelpact.testing.soak.restarts import restarts as read_restarts
-from accelpact.testing.soak.restarts import summary as restarts_summary
+from accelpact.impl.launch.restarts import restarts as read_restarts
+from accelpact.impl.launch.restarts import summary as restarts_summary
 
 __all__ = ["add_arguments", "run", "find_torchft", "fault_plan", "restart_report"]
 
@@ -326,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def restart_report(out: str | Path, world: int, ages: list[int]) -> dict[str, Any]:
-    """The restarts of the L2 run in ``out`` in the soak's terms (:mod:`accelpact.testing.soak.restarts`):
+    """The restarts of the L2 run in ``out`` in the soak's terms (:mod:`accelpact.impl.launch.restarts`):
     per restart (with the plan's age A of its fault) its cause, the time lost from the last commit
     before the fault to the first commit past it (split at the attempt's last exit: ``before_s``,
     the detection; ``after_s``, torchrun's respawn, the reload and the replay) and the steps

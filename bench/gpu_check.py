@@ -1,6 +1,6 @@
 """``python -m accelpact.bench.gpu_check``: the engine's NCCL paths on one GPU, as one prepared script.
 
-Six sub-checks, each a world-size-1 job of its own (a TCPStore on loopback hosted by this process,
+Seven sub-checks, each a world-size-1 job of its own (a TCPStore on loopback hosted by this process,
 one rank in a child process started, bounded and reaped by :func:`accelpact.testing.run_ranks`), so
 that one failing or hanging sub-check costs its own bound and no other's.  Every rank begins with
 ``Backend.prepare_process(0)`` (the NCCL error-handling environment of :data:`NCCL_ENV`, ``cuda:0``
@@ -16,7 +16,7 @@ current) and ``init_process_group("nccl", device_id=cuda:0)``.
     names the group; the process survives (the default group still all-reduces, a new NCCL group
     builds and all-reduces).  Also reported, not judged: ``is_completed()``/``exception()`` of the
     timed-out work and when the error became visible.
-``ddp_repair`` (bound 130 s)
+``ddp_repair`` (bound 100 s)
     DDP over R on ``cuda:0``, ``attach`` with the candidate envelope of the ``(cuda-nccl, ddp)`` cell,
     a ``collective_timeout`` fault at step 1's boundary (the injector aborts R's communicator); the
     engine observes it, guards (stream drain), agrees, replaces (a new NCCL communicator, bound,
@@ -50,6 +50,13 @@ current) and ``init_process_group("nccl", device_id=cuda:0)``.
 ``state_checksum`` (bound 50 s)
     :func:`accelpact.impl.runtime.digest.state_checksum` on CUDA (model and AdamW state): an int64 vector on
     the device, the same twice, the same as a CPU copy's, changed by one flipped bit and restored.
+``device_rng_rerun`` (bound 30 s)
+    The GPU RNG kept (issue 43 item 2): the workload's ``CharLM`` with dropout on ``cuda:0``; the state at
+    "F" (:func:`accelpact.impl.runtime.rng.capture`), one training-mode forward, then "RNG back to F"
+    (:func:`accelpact.impl.runtime.rng.restore`) and the forward again; and a checkpoint
+    (:class:`~accelpact.impl.runtime.checkpoint.CheckpointManager`, world 1) saved, drawn past and loaded.
+    Checks: dropout draws; the rerun equals the run, also after the checkpoint load; the CUDA state was
+    captured and restoring the CPU generator alone gives a different rerun (the defect the restore fixes).
 
 Prints one JSON object (the last line): ``ok`` and, per sub-check, ``ok`` (true/false; null where it
 did not run) with its observations.  Exit codes: **0** every sub-check passed; **1** any failed or
@@ -57,9 +64,11 @@ ran past its bound; **0** with ``{"ok": null, "skipped": reason}`` on a machine 
 contract tests/test_backend_paths.py and conformance/conftest.py rely on; tell a skip from a pass by
 ``ok``).  The JSON also says whether this torch binds ``get_error`` on ``ProcessGroupNCCL``
 (``get_error_bound``: the boundary's only view of a silently aborted group, spec/nccl.md row 17),
-before any sub-check runs.  The sub-checks' bounds add up to 530 s; ``--timeout`` (default 540 s) caps the total.
+before any sub-check runs.  The sub-checks' bounds add up to 530 s; ``--timeout`` (default 540 s) caps the total
+(``bench/device_check.sh`` runs it under ``--timeout 150``: the six sub-checks of then took 69.4 s on the first
+lent GPU, bench/nccl-log.md).
 ``--only a,b`` runs some sub-checks.  ``--backend gloo`` runs the backend-neutral ones
-(``fsdp2_boundary``, ``swap_blob_exchange``, ``state_checksum``) on the CPU: the CPU suite's check of
+(``fsdp2_boundary``, ``swap_blob_exchange``, ``state_checksum``, ``device_rng_rerun``) on the CPU: the CPU suite's check of
 the script itself (tests/test_gpu_check.py), never evidence about NCCL.  spec/nccl.md, "Running on one
 lent GPU".
 """
@@ -77,10 +86,11 @@ from typing import Any
 from accelpact.impl.controlplane import ControlPlane, PREFIX
 from accelpact.impl.hooks import Hooks
 from accelpact.impl.launch.job import Topology
-from accelpact.impl.launch.workload import build_groups
+from accelpact.impl.launch.workload import CharLM, DataCursor, WorkloadSpec, build_groups, vocab_size
 from accelpact.impl.recovery import PactGroups, attach
 from accelpact.impl.rundir import RunDir
-from accelpact.impl.runtime import digest, revoke
+from accelpact.impl.runtime import digest, revoke, rng
+from accelpact.impl.runtime.checkpoint import CheckpointManager
 from accelpact.impl.runtime.backends import NCCL_ENV, backend, backend_error, backend_of, recorded_errors, wait_bounded
 from accelpact.impl.runtime.digest import checksum_hex, state_checksum
 from accelpact.impl.runtime.hotswap import broadcast_in_place, transfer
@@ -90,7 +100,7 @@ from accelpact.testing import run_ranks
 from accelpact.testing.faults import Fault, FaultContext, FaultInjector, FaultPlan
 from accelpact.testing.nccl_timeout import SPIN_MARGIN_S, cycles_per_second, nccl_timeout
 
-__all__ = ["EXIT_FAILED", "SUBCHECKS", "ddp_repair", "device_checksum", "fsdp2_boundary", "get_error_binding", "main",
+__all__ = ["EXIT_FAILED", "SUBCHECKS", "ddp_repair", "device_checksum", "device_rng_rerun", "fsdp2_boundary", "get_error_binding", "main",
            "real_timeout_repair", "swap_blob_exchange", "watchdog_timeout"]
 
 #: Exit code of a run with a failed (or timed-out) sub-check; a pass and a skip (no CUDA) both exit 0.
@@ -360,6 +370,10 @@ def watchdog_timeout(ctx, short_timeout_s: float = 2.0, sleep_s: float = 8.0, wa
     res["error"] = err
     res["error_seen_after_s"] = round(time.monotonic() - t0, 3)
     res["recorded"] = recorded_errors({"short": record})
+    # the same check with no record at all: the scan of every process group of the process (c10d's
+    # pg_map), as a user's own NCCL group or the default group is checked (spec/nccl.md row 25)
+    res["unrecorded"] = recorded_errors({})
+    res["short_name"] = _registration(short)["name"]
     res["work_is_completed"] = _value(work.is_completed)
     res["work_exception"] = _value(lambda: repr(work.exception()))
     # the spin ends; whatever the aborted communicator's queued kernel does then is part of the answer,
@@ -391,6 +405,7 @@ def watchdog_timeout(ctx, short_timeout_s: float = 2.0, sleep_s: float = 8.0, wa
                                        and res["before"]["allreduce"] == 1.0,
         "get_error() says TIMEOUT": err == "TIMEOUT",
         "recorded_errors (the boundary check) names the group": res["recorded"] == {"short": "TIMEOUT"},
+        "the scan of every process group names it without a record": res["unrecorded"] == {res["short_name"]: "TIMEOUT"},
         "the process survives: device synchronizes, default group works": (res["synchronize"] == "ok"
                                                                            and res["default_allreduce"] == 1.0),
         "a new NCCL group builds and works": res["fresh_allreduce"] == 1.0 and res.get("fresh_error") is None,
@@ -561,14 +576,61 @@ def device_checksum(ctx, backend: str = "nccl") -> dict:
     })
 
 
+def device_rng_rerun(ctx, backend: str = "nccl", dropout: float = 0.2) -> dict:
+    """Sub-check ``device_rng_rerun``: see the module doc."""
+    import torch
+    import torch.distributed as dist
+
+    be, dev = _start(ctx, backend, 60.0)
+    res: dict[str, Any] = {"device": str(dev), "backend": be.name, "dropout": dropout}
+    spec = WorkloadSpec(wrapper="ddp", layers=1, dim=16, heads=2, seq=8, batch=2, dropout=dropout)
+    torch.manual_seed(0)
+    model = CharLM(vocab_size(), spec).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, _ = DataCursor(0, spec.batch, spec.seq, 0, 1).batch(0)
+    x = x.to(dev)
+
+    def forward() -> Any:  # one training-mode forward: dropout draws from the device's generator
+        model.train()
+        return model(x).detach().cpu()
+
+    at_f = rng.capture(dev)  # "F": what the training publish keeps
+    first = forward()  # the uninterrupted run's step
+    model.eval()
+    res["dropout_active"] = not torch.equal(first, model(x).detach().cpu())
+    rng.restore(at_f, dev)  # RNG back to F
+    res["rerun_equal"] = bool(torch.equal(forward(), first))
+    rng.restore({"cpu": at_f["cpu"], "cuda": None}, dev)  # the defect of issue 43: the CPU generator only
+    res["cpu_only_rerun_equal"] = bool(torch.equal(forward(), first))
+    res["cuda_state_captured"] = at_f["cuda"] is not None
+    # the L2 path: the checkpoint's rank file keeps the device generator, and a load puts it back
+    folder = f"{ctx.out}/ckpt"
+    ckpt = CheckpointManager(folder, every=1, rank=0, world=1, group=dist.group.WORLD, device=dev)
+    ckpt.save(1, model, opt)
+    after_save = forward()
+    forward()  # the run goes on drawing
+    ckpt.load(1, model, opt)
+    res["checkpoint_rerun_equal"] = bool(torch.equal(forward(), after_save))
+    on_cuda = dev.type == "cuda"
+    return _finish(res, {
+        "dropout draws (train differs from eval)": res["dropout_active"],
+        "a rerun after rng.restore equals the run": res["rerun_equal"],
+        "after a checkpoint load the rerun equals the run": res["checkpoint_rerun_equal"],
+        # on the CPU the CPU generator is the device's: a CPU-only restore is the whole restore
+        "the CUDA state is kept and a CPU-only restore differs": (not on_cuda) or (res["cuda_state_captured"]
+                                                                                   and not res["cpu_only_rerun_equal"]),
+    })
+
+
 #: name -> (rank function, bound in seconds, whether it runs on any backend or on NCCL only)
 SUBCHECKS: dict[str, tuple[Any, float, bool]] = {
     "watchdog_timeout": (watchdog_timeout, 80.0, False),
-    "ddp_repair": (ddp_repair, 130.0, False),
+    "ddp_repair": (ddp_repair, 100.0, False),
     "real_timeout_repair": (real_timeout_repair, 120.0, False),
     "fsdp2_boundary": (fsdp2_boundary, 100.0, True),
     "swap_blob_exchange": (swap_blob_exchange, 50.0, True),
     "state_checksum": (device_checksum, 50.0, True),
+    "device_rng_rerun": (device_rng_rerun, 30.0, True),
 }
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping, cast
 
 from ..model.batches import share as batch_share
+from ..model.forget import forget_past
 from ..model.contract import EnvelopeError, IN_FLIGHT_PHASES, envelope_from_mapping, without_discard
 from ..model.protocol import ACTIONS, Action, _replicas_in, all_actions, link_arg, true_lookup
 from ..model.transitions import actions_for, enabled, successors
@@ -587,8 +588,12 @@ class TraceChecker:
 
     def __init__(self, cfg: Config, traces: Mapping[int, RankTrace], *, script: Script | None = None,
                  abstraction: Abstraction | None = None, silent_bound: int = 4, max_nodes: int = 500_000,
-                 restarted: bool = False, silent_faults: bool | None = None, prechecks: bool = True) -> None:
+                 restarted: bool = False, silent_faults: bool | None = None, prechecks: bool = True,
+                 episodes: bool = False) -> None:
         self.cfg = cfg
+        #: search episode by episode (:meth:`_check_episodes`, spec/trace-checking.md "Episodes"):
+        #: for a run told nothing, whose fault budget is per episode
+        self.episodes = episodes
         self.world = cfg.world
         missing = [r for r in self.world if r not in traces]
         if missing:
@@ -934,10 +939,11 @@ class TraceChecker:
         of all records from the node's hint on (amortised O(1) a node on the honest path, not O(|W|))."""
         cur = node.cursors
         pos = node.pos
-        while pos < len(self.events) and cur[self.events[pos][1]] > self.events[pos][2]:
+        events = self._events
+        while pos < len(events) and cur[events[pos][1]] > events[pos][2]:
             pos += 1  # consumed: the next node may start after it
-        for i in range(pos, len(self.events)):
-            _ts, r, idx = self.events[i]
+        for i in range(pos, len(events)):
+            _ts, r, idx = events[i]
             if cur[r] == idx:
                 yield pos, r
 
@@ -983,38 +989,68 @@ class TraceChecker:
         for a, t in self._silent(node):
             yield replace(t, pos=node.pos), f"silent {a}"
 
-    def _guided(self, start: Node) -> tuple[Node | None, dict, list[Node], str | None, bool]:
+    @property
+    def _events(self) -> list[tuple[int, int, int]]:
+        """The records the search consumes now: every record, or the current episode's
+        (:meth:`_check_episodes`)."""
+        seg = self.__dict__.get("_segment_events")
+        return self.events if seg is None else seg
+
+    def _guided(self, starts: list[Node], target: int | None = None,
+                cuts: list[Node] | None = None) -> tuple[Node | None, dict, list[Node], str | None, bool]:
         """Depth-first search that tries records in the guide's order first.
 
         The order is only a heuristic for speed: the search is exhaustive (memoised), so the
         verdict does not depend on timestamps; with honest timestamps it walks straight to the end.
-        Returns (accepting node or None, parent links, the furthest nodes, why the furthest
-        complete node was not accepted, whether the node budget ran out)."""
-        parent: dict[Node, tuple[Node | None, str]] = {start: (None, "")}
-        best: list[Node] = [start]
+        From several start nodes (an episode's, :meth:`_check_episodes`) it searches from each in
+        turn, sharing the memo.  With ``cuts`` (an episode that is not the run's last) a node with
+        ``target`` records consumed is collected there and not expanded: the next episode's search
+        starts from every one (the search runs to its end).  Returns (accepting node or None, parent
+        links, the furthest nodes, why the furthest complete node was not accepted, whether the node
+        budget ran out)."""
+        target = self.total if target is None else target
+        parent: dict[Node, tuple[Node | None, str]] = {}
+        best: list[Node] = [starts[0]]
         done_problem = None
-        stack = [(start, self._lazy_successors(start))]
-        while stack:
-            node, succ = stack[-1]
-            if node.done == self.total:
-                problem = self._done(node)
-                if problem is None:
-                    return node, parent, best, None, False
-                done_problem = done_problem or problem
-            for t, label in succ:
-                if t not in parent:
-                    if len(parent) >= self.max_nodes:
-                        return None, parent, best, done_problem, True
-                    parent[t] = (node, label)
-                    if t.done > best[0].done:
-                        best = [t]
-                    elif t.done == best[0].done and len(best) < 8:
-                        best.append(t)
-                    stack.append((t, self._lazy_successors(t)))
-                    break
-            else:
-                stack.pop()
+        for start in starts:
+            if start in parent:
+                continue
+            parent[start] = (None, "")
+            stack = [(start, self._lazy_successors(start))]
+            while stack:
+                node, succ = stack[-1]
+                if node.done == target:
+                    if cuts is not None:
+                        cuts.append(node)
+                        stack.pop()
+                        continue
+                    problem = self._done(node)
+                    if problem is None:
+                        return node, parent, best, None, False
+                    done_problem = done_problem or problem
+                for t, label in succ:
+                    if t not in parent:
+                        if len(parent) >= self.max_nodes:
+                            return None, parent, best, done_problem, True
+                        parent[t] = (node, label)
+                        if t.done > best[0].done:
+                            best = [t]
+                        elif t.done == best[0].done and len(best) < 8:
+                            best.append(t)
+                        stack.append((t, self._lazy_successors(t)))
+                        break
+                else:
+                    stack.pop()
         return None, parent, best, done_problem, False
+
+    def _left(self, lo: tuple[int, ...], hi: tuple[int, ...]) -> tuple[int, ...]:
+        """How many records of each class of :data:`CLASSES` lie between cursors ``lo`` and ``hi``."""
+        left = [0] * len(CLASSES)
+        for r in self.world:
+            for k in self.cls[r][lo[r]:hi[r]]:
+                if k >= 0:
+                    left[k] += 1
+        return tuple(left)
 
     def check(self) -> Verdict:
         asked = requested_shrinks(self.traces)
@@ -1024,17 +1060,81 @@ class TraceChecker:
             findings = precheck(self.cfg, self.traces, silent_possible=self._silent_possible)
             if findings:
                 return self._refute(findings)
-        left = [0] * len(CLASSES)
-        for ks in self.cls.values():
-            for k in ks:
-                if k >= 0:
-                    left[k] += 1
-        start = Node(initial_state(self.cfg), tuple(0 for _ in self.world), frozenset(), 0, left=tuple(left))
-        hit, seen, best, done_problem, exhausted = self._guided(start)
+        if self.episodes:
+            cuts = episode_cuts(self.recs)
+            if cuts is not None and len(cuts) > 1:
+                return self._check_episodes(cuts)
+        zero = tuple(0 for _ in self.world)
+        start = Node(initial_state(self.cfg), zero, frozenset(), 0, left=self._left(zero, tuple(len(self.recs[r]) for r in self.world)))
+        hit, seen, best, done_problem, exhausted = self._guided([start])
         if hit is not None:
             return Verdict(True, f"accepted: {hit.done} records of {len(self.world)} ranks match the model",
                            len(seen), self._path(seen, hit))
         return self._reject(seen, best, done_problem, exhausted)
+
+    def _check_episodes(self, cuts: list["Cut"]) -> Verdict:
+        """The search of a run told nothing, episode by episode (spec/trace-checking.md, "Episodes").
+
+        Generation g's records (an episode: from its observation to every live rank's resume or
+        exit) are searched from every state the search of the records before them ended in, and
+        end in the states the next episode starts from: a run of E episodes costs E searches of one
+        episode each, not one search of their product.  Each episode has its own budget of faults
+        (:func:`episode_budget`; the model state's count starts again at 0), inferred from its own
+        records.  A path the chained searches accept is a path of the model (its episodes' paths
+        concatenated, with the sum of their budgets); that every path of the model that matches
+        the records can be so cut is the lemma in the spec (a rank's steps of generation g never
+        depend on a peer's of a later generation)."""
+        base_cfg = self.cfg
+        nodes = 0
+        starts: list[Node] = []
+        #: the model path to each start state of the current episode (for the verdict)
+        before: dict[State, list[str]] = {}
+        prev = tuple(0 for _ in self.world)
+        try:
+            for i, cut in enumerate(cuts):
+                last = i == len(cuts) - 1
+                self.__dict__["_segment_events"] = [e for e in self.events if prev[e[1]] <= e[2] < cut.cursors[e[1]]]
+                left = self._left(prev, cut.cursors)
+                if not starts:
+                    starts = [Node(initial_state(base_cfg), prev, frozenset(), 0, done=0, left=left)]
+                    before = {starts[0].state: []}
+                else:
+                    starts = [replace(n, left=left) for n in starts]
+                # the fewest faults the episode's records need first (most episodes), one more only
+                # when its records cannot be matched with those (a death without a spare: the crash
+                # and the group failure it causes; spec/trace-checking.md, "Episodes")
+                for budget in (cut.budget, cut.budget + 1):
+                    self.cfg = base_cfg.with_(max_faults=budget)
+                    found: list[Node] = []
+                    hit, seen, best, done_problem, exhausted = self._guided(starts, sum(cut.cursors), None if last else found)
+                    nodes += len(seen)
+                    if _TRACE_EPISODES:
+                        print(f"  {cut.name}: budget {budget}, {len(starts)} start(s), {len(seen)} nodes, {len(found)} cut(s)")
+                    if (hit if last else found):
+                        break
+                if last and hit is not None:
+                    return Verdict(True, f"accepted: {hit.done} records of {len(self.world)} ranks match the model "
+                                         f"(generation by generation: {len(cuts)} searches)", nodes, self._whole(seen, hit, before))
+                if last or not found:
+                    v = self._reject(seen, best, done_problem, exhausted)
+                    lines = v.message.splitlines()
+                    lines[0] += (f" (in {cut.name}, episode {i + 1} of {len(cuts)}, searched from {len(starts)} state(s) "
+                                 f"with up to {cut.budget + 1} fault(s) of its own)")
+                    return Verdict(False, "\n".join(lines), nodes, self._whole(seen, best[0], before), v.unmatched)
+                # the next episode starts from each distinct state this one ended in, its fault count at 0
+                nxt: dict[State, list[str]] = {}
+                starts = []
+                for n in found:
+                    st = forget_past(base_cfg, n.state).with_(faults=0)
+                    if st not in nxt:
+                        nxt[st] = self._whole(seen, n, before)
+                        starts.append(Node(st, n.cursors, n.fired, 0, done=n.done))
+                before = nxt
+                prev = cut.cursors
+        finally:
+            self.__dict__.pop("_segment_events", None)
+            self.cfg = base_cfg
+        raise AssertionError("unreachable: the last episode returns")
 
     def _refute(self, findings: list[Finding]) -> Verdict:
         """A rejection by :func:`~accelpact.conformance.checker_precheck.precheck` (no search)."""
@@ -1048,6 +1148,14 @@ class TraceChecker:
             if f.record is not None:
                 unmatched.setdefault(f.rank, str(f.record))
         return Verdict(False, "\n".join(lines), 0, [], unmatched)
+
+    def _whole(self, parent, node, before: Mapping[State, list[str]]) -> list[str]:
+        """The model path to ``node`` from the run's start: the path to its episode's start state
+        (``before``), then :meth:`_path`."""
+        root = node
+        while parent[root][0] is not None:
+            root = parent[root][0]
+        return list(before.get(root.state, [])) + self._path(parent, node)
 
     def _path(self, parent, node) -> list[str]:
         out = []
@@ -1112,6 +1220,55 @@ class TraceChecker:
         shown_path = path if len(path) <= 200 else path[:50] + [f"... {len(path) - 100} steps ..."] + path[-50:]
         lines.append("  model path to the furthest match: " + (" -> ".join(shown_path) or "(initial state)"))
         return Verdict(False, "\n".join(lines), len(parent), path, unmatched)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where an episode's records end (:func:`episode_cuts`): every rank's cursor past its records of
+    generation ``gen`` and before, and the episode's budget of faults (:func:`episode_budget`)."""
+
+    gen: int
+    cursors: tuple[int, ...]
+    budget: int
+
+    @property
+    def name(self) -> str:
+        return f"generation {self.gen}"
+
+
+_TRACE_EPISODES = False
+
+
+def episode_cuts(recs: Mapping[int, list[Record]]) -> list[Cut] | None:
+    """The run cut at its episodes: one :class:`Cut` per generation some record names, in order
+    (spec/trace-checking.md, "Episodes"); None when a rank's records go back to an earlier
+    generation (no such cut exists: the whole run is searched at once, and rejected there)."""
+    ranks = sorted(recs)
+    for r in ranks:
+        gens = [rec.gen for rec in recs[r]]
+        if any(b < a for a, b in zip(gens, gens[1:], strict=False)):
+            return None
+    gens = sorted({rec.gen for r in ranks for rec in recs[r]})
+    if not gens:
+        return None
+    out = []
+    for g in gens:
+        cursors = tuple(sum(1 for rec in recs[r] if rec.gen <= g) for r in ranks)
+        out.append(Cut(g, cursors, episode_budget(recs, g, gens)))
+    return out
+
+
+def episode_budget(recs: Mapping[int, list[Record]], g: int, gens: list[int] | None = None,
+                   ends: Mapping[int, Any] | None = None) -> int:
+    """The faults generation ``g``'s episode may have met, logged or not (a run told nothing): its
+    logged ``Fault*`` records; one unlogged fault that started it when none is logged and no grow
+    opened it (a SIGKILL, a SIGSTOP, a cut from outside).  The search allows one more where the
+    episode's records need it (:meth:`TraceChecker._check_episodes`: a death in training without a
+    spare is, to the model, the crash and the group failure it causes)."""
+    logged = sum(1 for v in recs.values() for rec in v if rec.gen == g and rec.action.startswith("Fault"))
+    started = any(rec.gen == g and rec.action == "RankObserve" for v in recs.values() for rec in v)
+    grow = any(rec.gen == g and rec.action == "RankStartGrow" for v in recs.values() for rec in v)
+    return logged + int(started and not logged and not grow)
 
 
 def check_traces(cfg: Config, traces: Mapping[int, RankTrace], **kw) -> Verdict:

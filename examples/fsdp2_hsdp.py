@@ -12,10 +12,10 @@ torchrun restarts them (``--max-restarts 1``) and they resume from the last comm
 With spares (hot swap), the same crash costs no restart: a spare takes rank 1's identity, its shard
 comes from rank 3 (its replica), every rank reruns step 4 (the keeper hides the death from torchrun)::
 
-    ACCELPACT_SPARES=1 torchrun --standalone --nproc-per-node 5 -m accelpact.impl.launch.keeper -- \\
-        python examples/fsdp2_hsdp.py --replicas 2 --fault crash@backward:4:1
+    accelpact launch --standalone --nproc-per-node 5 --spares 1 -- \\
+        examples/fsdp2_hsdp.py --replicas 2 --fault crash@backward:4:1
 
-(``ACCELPACT_SPARES``: the last that many of torchrun's workers are spares; the keeper reads it too.)
+(``--spares 1``: the last of torchrun's 5 workers is a spare; every worker runs behind the keeper.)
 """
 from common import batch, make_model, parse_args, save_final
 import torch

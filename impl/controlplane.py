@@ -12,6 +12,12 @@ Store facts this relies on (spec/torch-facts.md):
 * ``set`` is not acknowledged; a ``set`` followed by a round-trip op (``add``) on the same
   connection is ordered, so ``arrive`` writes the frontier with ``set`` then ``add``.
 * every wait is bounded: ``store.wait(keys, timedelta)`` raises ``DistStoreError`` on expiry.
+* a ``store.wait`` that expires makes torch's TCPStore client log two ``[c10d] ... waitForInput ...
+  likely a timeout`` warnings on stderr (``socket.cpp``; no Python switch turns them off for one call).
+  A watcher that waits for the whole job (the watchdog's abort and revoke watchers) therefore waits in
+  slices of :data:`KEY_WAIT_S` on keys that are always set when the wait must end (an abort, ``closed``
+  at the job's end, a revoke, ``retired`` at its generation's release or retire): a fault-free run's
+  log stays quiet (issue 44).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from .exitcodes import claim_exit, release_exit
 from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED, PC_GUARDED, PC_OBSERVED, PC_TRAIN,
                                    REASON_DEADLINE, REASON_MISMATCH)
 
-__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "NEXT_KEY", "PREFIX", "REFILL_IDS_KEY", "REFILLS_KEY", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "KEY_WAIT_S", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "NEXT_KEY", "PREFIX", "REFILL_IDS_KEY", "REFILLS_KEY", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
            "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "parse_assignment", "progress_key", "spare_gone_key", "state_key",
            "swap_prefix", "swap_rebuilt_key"]
 
@@ -50,6 +56,12 @@ REFILL_IDS_KEY = f"{PREFIX}swap/refill-ids"
 #: the new spare is ready to take an identity, or when it died before); the pool holds spares
 #: ``0 .. ACCELPACT_SPARES + refills - 1``
 REFILLS_KEY = f"{PREFIX}swap/refills"
+
+#: The slice of a watcher's store wait that ends by a key being set (module doc): the abort key
+#: (an abort, or :data:`CLOSED` at the job's end) and a generation's revoke log (a revoke, or
+#: :data:`RETIRED` at its release, at a retired engine's wake and at the job's end).  Bounded, and long
+#: enough that a fault-free run's waits never expire (each expiry logs torch's ``waitForInput`` warning).
+KEY_WAIT_S = 3600.0
 
 # ---------------------------------------------------------------------------------- store values
 #: The abort key's value when the job ended normally (:meth:`accelpact.impl.watchdog.Watchdog.wake_and_join`): not an abort.

@@ -40,6 +40,7 @@ from .episode import Done, Episode, Exited, Left
 from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .hooks import Hooks
 from .runtime import hotswap as _swap
+from .runtime import rng as _rng
 from .runtime.adapters import adapter_for
 from .runtime.backends import backend_of, wait_bounded
 from .runtime.digest import checksum_hex, state_checksum
@@ -332,8 +333,9 @@ class Effects:
             sw = ep.swap
             sw.module, sw.optimizer = sw.rebuild(sw.job, sw.extra)
             sw.kind = wrapper_of(sw.module).recovers
-            if sw.rng is not None:
-                torch.set_rng_state(sw.rng)
+            # RNG back to F: the CPU generator and the CUDA generator of this rank's device (rng.restore;
+            # a spare restores the dead rank's state on its own device)
+            _rng.restore(sw.rng, getattr(sw.job, "device", None))
             if sw.old is not None:
                 manifest, tensors = _swap.export_state(*sw.old)
                 _swap.import_state(sw.module, sw.optimizer, manifest, tensors)

@@ -20,6 +20,7 @@ which the model enables its action.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,7 +28,7 @@ from typing import Any, Callable
 from accelpact.model.state import (PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_JOINED, PC_OBSERVED, PC_READY, PC_REBOUND,
                                    PC_REPLACED, PC_TRAIN, PC_VALIDATED)
 
-__all__ = ["Done", "Episode", "Left", "Rebuild", "RecoveryReport", "REPAIR", "SPARE_SWAP", "Step", "SWAP", "SwapFacts", "drive"]
+__all__ = ["Done", "Episode", "episode_line", "Left", "Rebuild", "RecoveryReport", "REPAIR", "SPARE_SWAP", "Step", "SWAP", "SwapFacts", "drive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +223,31 @@ class Exited(BaseException):
     exit returns."""
 
 
+def episode_line(ep: Episode) -> str:
+    """The one line a resumed episode prints (issue 44: a quiet log, one clear line per episode)."""
+    ms = (time.monotonic_ns() - ep.t_observed) / 1e6 if ep.t_observed else 0.0
+    sw = ep.swap
+    if sw is None:
+        failed = "" if ep.failed is None else f" {list(ep.failed)}"
+        what = f"failed replicate group(s){failed} repaired in place (L1)"
+    elif sw.mode == "shrink":
+        what = f"rank(s) {list(sw.dead)} gone, their replica left training (shrink)"
+    elif sw.mode == "grow":
+        what = f"vacant rank(s) {list(sw.dead)} taken by spares (grow)"
+    elif sw.dead:
+        what = f"rank(s) {list(sw.dead)} replaced by a spare (hot swap), step {ep.frontier} discarded and rerun"
+    else:
+        what = f"step {ep.frontier} discarded in place after a failure in {sw.point or 'the step'} and rerun"
+    return f"accelpact: episode g{ep.g} at frontier F={ep.frontier}: {what}; every rank resumed after {ms:.0f} ms"
+
+
+def _say_resumed(engine: Any, ep: Episode) -> None:
+    """One line on stderr for the whole job: printed by the lowest rank the episode counted."""
+    members = getattr(getattr(engine, "control", None), "members", None) or (0,)
+    if getattr(engine, "rank", None) == min(members):
+        print(episode_line(ep), file=sys.stderr, flush=True)
+
+
 def drive(engine: Any, ep: Episode, steps: tuple[Step, ...], *, raising: bool = False) -> None:
     """Run ``steps`` for ``ep`` on ``engine``: before a phase's first step the hooks' point (a fault
     strikes between actions, as the model's ``Fault*`` actions do); each step's effect, and, when it
@@ -256,6 +282,8 @@ def drive(engine: Any, ep: Episode, steps: tuple[Step, ...], *, raising: bool = 
                     engine._record(step.action, step.enters, done)
         if phase is not None:
             ep.durations[phase] = time.monotonic_ns() - t
+        if steps and steps[-1].action == "RankResume" and not raising:
+            _say_resumed(engine, ep)
     except Exited:
         raise
     except Exception as exc:  # noqa: BLE001 - any exception in an episode's steps ends the rank (fail-stop)

@@ -412,12 +412,15 @@ class Pact(Effects):
         """With TORCH_NCCL_ASYNC_ERROR_HANDLING=2 NCCL's watchdog aborts a group whose work
         failed and raises nothing, so a step whose shard-group collective failed could stand.  Any
         training group whose backend recorded an error (:func:`backends.recorded_errors`; R left out
-        when its probe failed: that is the boundary's own, repairable failure) is an in-flight failure
-        of the step: the contract rejects it (L2, exit 70)."""
+        when its probe failed: that is the boundary's own, repairable failure), and any other group of
+        the process (c10d's ``pg_map``: the default group, the user's NCCL groups) with a recorded error or
+        whose failures cannot be read (``UNCHECKABLE``), is an in-flight failure of the step: the
+        contract rejects it (L2, exit 70)."""
         skip = (self.groups.name, self.groups.key) if observed else ()
         if bad := recorded_errors(self.group_records(), skip=skip):
             exc = RuntimeError(f"NCCL recorded an error on group(s) {bad} during the step (aborted by its watchdog, "
-                               "TORCH_NCCL_ASYNC_ERROR_HANDLING=2): the step's result is not trusted")
+                               "TORCH_NCCL_ASYNC_ERROR_HANDLING=2), or a group of the process cannot be checked "
+                               "(UNCHECKABLE: what to do is in its entry): the step's result is not trusted")
             # with spares, a peer's death (a keeper's notice) is what failed the group: the commit drained
             # the step's device work and found no error (_before_commit), so the step stands and the dead
             # rank is swapped at the boundary, as the model swaps it (a stopped rank's deposition fails the

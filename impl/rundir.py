@@ -11,6 +11,7 @@
     <out>/ckpt/                           durable DCP checkpoints (impl/runtime/checkpoint.py)
     <out>/torchrun.log, local-a{a}.log    the launchers' combined worker output
     <out>/DONE                            a finished reference run (impl/launch/launch.py)
+    <out>/report-timeline.png             ``accelpact report``'s timeline (impl/launch/report.py)
 
 Readers go through :class:`RunDir`; nobody else spells a file name or a glob.  Torch-free, and it
 imports nothing of the package: the engine (its trace writer) and the launcher both name files here.
@@ -77,6 +78,10 @@ class RunDir:
     @property
     def done(self) -> Path:
         return self.path / "DONE"
+
+    @property
+    def report_png(self) -> Path:
+        return self.path / "report-timeline.png"
 
     # ---- listing ------------------------------------------------------------------------------
     def _indexed(self, pattern: re.Pattern[str]) -> Iterator[tuple[int, int, Path]]:

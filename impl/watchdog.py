@@ -4,7 +4,9 @@ Why a thread and ``os._exit``: Python signal handlers do not run while the main 
 is blocked in a gloo collective, but ``os._exit`` from another thread ends the process
 within a millisecond (spec/torch-facts.md).  Each watcher thread has its own
 store connection (``store.clone()``), so a blocked ``wait`` never delays the main
-thread's store ops.  Every wait is a bounded slice, re-armed in a loop.
+thread's store ops.  Every wait is a bounded slice, re-armed in a loop; the store waits end by their
+key being set (``controlplane.KEY_WAIT_S``: a slice that expires makes torch log a ``waitForInput``
+warning, so a fault-free run's slices must not expire).
 
 Three daemon threads per rank:
 
@@ -33,7 +35,7 @@ from typing import Any, Callable
 
 from accelpact.model.state import PC_EXITED, PC_TRAIN, REASON_DEADLINE
 
-from .controlplane import CLOSED, RETIRED, STEP_REVOKE, WIDE_ENTRY
+from .controlplane import CLOSED, KEY_WAIT_S, RETIRED, STEP_REVOKE, WIDE_ENTRY
 from .runtime import revoke as _revoke
 from .exitcodes import claim_exit, code_for, exit_now, release_exit
 from .trace import NullTrace
@@ -131,8 +133,9 @@ class Watchdog:
     """
 
     def __init__(self, control, *, trace=None, gen_of: Callable[[], int] = lambda: 0,
-                 pc_of: Callable[[], str] = lambda: PC_TRAIN, slice_s: float = 30.0, revoke_slice_s: float = 5.0,
-                 step_records: Callable[[], list] | None = None, wide_records: Callable[[], list] | None = None) -> None:
+                 pc_of: Callable[[], str] = lambda: PC_TRAIN, slice_s: float = KEY_WAIT_S, revoke_slice_s: float = 5.0,
+                 step_records: Callable[[], list] | None = None, wide_records: Callable[[], list] | None = None,
+                 key_wait_s: float = KEY_WAIT_S) -> None:
         self.control = control
         #: the socket records of every training group of this rank (closed on a step revoke)
         self.step_records = step_records
@@ -145,7 +148,10 @@ class Watchdog:
         self._step_deadline: float | None = None
         self._step_budget = 0.0
         self.slice_s = slice_s
-        self.revoke_slice_s = revoke_slice_s
+        self.revoke_slice_s = revoke_slice_s  # the thread waits (events, condition, after a lost store)
+        #: the revoke watcher's store wait on its generation's log: ended by a revoke or ``retired``
+        #: (:meth:`wake_revoke`, :meth:`wake_and_join`, the release), so a quiet log's slice never expires
+        self.key_wait_s = key_wait_s
         self._stop = threading.Event()
         self._target_lock = threading.Lock()
         self._target: tuple[int, str, _revoke.SocketRecord] | None = None
@@ -370,8 +376,10 @@ class Watchdog:
         """Read generation g's revoke log (``ControlPlane.revlog_key``) entry by entry, g being the
         watched generation: an entry naming this rank's group closes R; a step revoke (P17) closes
         every group of the rank; ``wide`` (P18.4) closes its groups over W; ``retired`` ends g (its
-        release was decided).  Each wait is a ``store.wait`` slice of ``revoke_slice_s``: a revoke
-        wakes it within a store round trip."""
+        release was decided).  Each wait is a ``store.wait`` slice of ``key_wait_s`` (an hour): a revoke
+        wakes it within a store round trip, ``retired`` when its generation is released, when a retired
+        engine is woken (:meth:`wake_revoke`) and at the job's end (:meth:`wake_and_join`); so in a
+        fault-free run no slice expires and torch logs no ``waitForInput`` warning."""
         import torch.distributed as dist
 
         done: set[int] = set()          # generations whose log ended (released)
@@ -388,7 +396,7 @@ class Watchdog:
             n = pos.get(g, 1)
             key = self.control.revlog_key(g, n)
             try:
-                self._revoke_store.wait([key], datetime.timedelta(seconds=self.revoke_slice_s))
+                self._revoke_store.wait([key], datetime.timedelta(seconds=self.key_wait_s))
             except dist.DistStoreError:
                 continue
             except Exception:  # noqa: BLE001 - store lost: the abort watcher handles it

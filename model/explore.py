@@ -6,6 +6,8 @@ BFS order, and whose edges carry the :class:`~accelpact.model.protocol.Action` t
 * every state invariant (``INVARIANTS``) on every state and every edge invariant (``EDGE_INVARIANTS``) on every step;
 * L3: no deadlock (a non-final state without successor) and no livelock (a terminal strongly
   connected component, found with ``nx.condensation``, that is not final);
+* the properties of final states (``invariants.FINAL_INVARIANTS``: L5, L6) on every final sink (the
+  first violated one is reported, with the shortest path to the first sink, in BFS order, breaking it);
 * L2 bounded exit: the subgraph of states where ``store.abort`` is set or the store is lost
   (``store.down``) is acyclic, all its sinks
   are final, and its longest path (in model steps) is within :func:`exit_bound_limit`;
@@ -30,6 +32,7 @@ import networkx as nx
 
 from .engine import Search, acyclic_order, cycle_node, longest_path, sinks, terminal_cycles
 from .engine_parallel import ParallelSearch
+from .invariants import check_final
 from .protocol import Action
 from .state import PC_TRAIN, Config, State
 
@@ -285,6 +288,15 @@ def _liveness(search: _Search, result: ExploreResult) -> None:
             f"{len(dead)} non-final state(s) without successor; the first: ranks {rk}, abort={states[n].store.abort!r}",
             search.concrete(search.path_to(n)),
         ))
+    # issue 42: the properties of final states (model/invariants.py FINAL_INVARIANTS) on every final sink
+    for n in ends:
+        if search.is_final_node(n):
+            for inv, msg in check_final(cfg, states[n]):
+                result.violations.append(Violation(inv.id, inv.name, f"final state: {msg}", search.concrete(search.path_to(n))))
+                break
+            else:
+                continue
+            break
     # livelocks: terminal SCCs that are not a single final/sink state
     order, _indeg = acyclic_order(off, dst)
     live_bad = [] if len(order) == len(states) else [c[0] for c in terminal_cycles(off, dst)]
@@ -485,6 +497,19 @@ MANIFEST_CONFIGS: dict[str, tuple[Config, bool]] = {
                                     points=("boundary",)), False),
     "3x1-ddp-shrink-refill-f1": (Config(nodes=3, ranks_per_node=1, affected_local=0, group="world", max_faults=1,
                                         shrink=True, refill=True, micro_batches=6, faults=frozenset({"crash"})), False),
+    # issue 42: every fault point of each mechanism.  The configurations above that restrict deaths to the
+    # boundary never instantiate the partial boundary flag (P16.0: a death during the failure flag, a
+    # survivor whose copy completed observing in the next step's backward and discarding it): a swap at
+    # every point with one spare, a second spare left (S13), no replica (S12), and a shrink in HSDP, each
+    # with deaths at the boundary and in backward
+    "2x1-ddp-spare1-crash-f1": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1, spares=1,
+                                       faults=frozenset({"crash"})), True),
+    "2x1-ddp-spare2-crash-bb-f1": (Config(nodes=2, ranks_per_node=1, affected_local=0, group="world", max_faults=1, spares=2,
+                                          faults=frozenset({"crash"}), points=("boundary", "backward")), True),
+    "1x2-spare1-bb-f1": (Config(nodes=1, ranks_per_node=2, affected_local=1, max_faults=1, spares=1, faults=frozenset({"crash"}),
+                                points=("boundary", "backward")), True),
+    "2x2-shrink-crash-bb-f1": (Config(max_faults=1, shrink=True, faults=frozenset({"crash"}), points=("boundary", "backward")),
+                               False),
 }
 
 #: The nightly profile (``make nightly``, :mod:`accelpact.model.engine_nightly`): millions of states
@@ -505,7 +530,7 @@ NIGHTLY_CONFIGS: dict[str, Config] = {
 #: A job that shrinks has no rank symmetry (a replica out is one node's ranks: ``symmetry.rank_classes``), so
 #: both modes are one search: pinned once.
 SYMMETRY_ONLY = frozenset({"4x2-f1", "2x1-ddp-shrink-refill-f1", "2x2-shrink-crash-f2", "2x2-shrink-refill-f1",
-                           "3x1-ddp-shrink-refill-f1"})
+                           "3x1-ddp-shrink-refill-f1", "2x2-shrink-crash-bb-f1"})
 
 
 def manifest_modes(name: str) -> tuple[str, ...]:

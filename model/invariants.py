@@ -1,4 +1,5 @@
-"""Safety properties as predicates on one state (spec/properties.md: S1-S18, and W1-W2 for the model itself).
+"""Safety properties as predicates on one state (spec/properties.md: S1-S21, and W1-W2 for the model
+itself), and properties of final states (L4-L6).
 
 Kept apart from the actions, as in tlaplus/Examples: each invariant returns ``None``
 when it holds, or a sentence saying what is wrong.
@@ -26,8 +27,13 @@ from .state import (
     PC_CRASHED,
     PC_EXITED,
     PC_LEFT,
+    PC_READY,
+    PC_REBOUND,
     PC_RESTARTED,
     PC_TRAIN,
+    PC_VALIDATED,
+    REASON_MISMATCH,
+    SHARD_NONE,
     SHARD_OWN,
     STEP_ORDER,
     Config,
@@ -107,7 +113,7 @@ def no_split_brain(cfg: Config, s: State) -> str | None:
     exits after the release of g was decided is a failure of generation g+1, as a crash after
     the release is: the job-wide abort then ends every rank, resumed or not.)"""
     resumed: dict[int, int] = {}
-    for g, r, *_ in s.resumed:
+    for g, r, *_ in sorted(s.resumed):  # sorted: the rank named does not depend on the set's order
         resumed.setdefault(g, r)
     for g, r, reason, released in sorted(s.exits):
         if not released and g in resumed:
@@ -146,16 +152,24 @@ def decisions_stable(cfg: Config, before: State, after: State) -> str | None:
 def agreed_frontier(cfg: Config, s: State) -> str | None:
     """S2.2: every rank that passed phase 3 in generation g reported rank 0's committed F, as rank 0
     posted it in g (without rank 0's post there is nothing the agreement could have compared with);
-    the lowest rank in the data-parallel dimension where a shrink took rank 0's replica out (P19)."""
+    the lowest rank in the data-parallel dimension where a shrink took rank 0's replica out (P19).
+    Judged on every frontier rank 0 posted in g (the store's raw rows, as a set): a pass needs them all
+    to be its F, so a reference that posted two different frontiers has no F to agree on, and no
+    verdict depends on the order in which a set is read."""
     for g, r, f in sorted(s.agreed):
         ref = min(_dp(cfg, s, g), default=0)
-        posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == ref]
+        posted = _posted(s, g, ref)
         if not posted:
             return f"rank {r} passed agreement in generation {g} with F={f}, but rank {ref} never posted its F in generation {g}"
-        f0 = posted[0]
-        if f != f0:
-            return f"rank {r} passed agreement in generation {g} with F={f}, but rank {ref}'s committed frontier is F={f0}"
+        if posted != (f,):
+            what = f"F={posted[0]}" if len(posted) == 1 else f"the frontiers {list(posted)} (two rows: no one F)"
+            return f"rank {r} passed agreement in generation {g} with F={f}, but rank {ref}'s committed frontier is {what}"
     return None
+
+
+def _posted(s: State, g: int, r: int) -> tuple[int, ...]:
+    """The frontiers rank ``r`` posted in generation ``g`` (the store's raw rows), sorted and distinct."""
+    return tuple(sorted({a[2] for a in s.store.arrivals if a[0] == g and a[1] == r}))
 
 
 def agreement_quorum(cfg: Config, s: State) -> str | None:
@@ -255,29 +269,34 @@ def state_preserved(cfg: Config, s: State) -> str | None:
 
 def _agreed_frontier(cfg: Config, s: State, g: int) -> int:
     """Rank 0's committed F as it reported it in generation g (F_g if it never did); the lowest rank in
-    the data-parallel dimension where a shrink took rank 0's replica out (P19)."""
+    the data-parallel dimension where a shrink took rank 0's replica out (P19).  Should it have posted
+    two frontiers (S2.2 rejects any pass then), the lowest: never the first a set happens to yield."""
     ref = min(_dp(cfg, s, g), default=0)
-    posted = [a[2] for a in s.store.arrivals if a[0] == g and a[1] == ref]
+    posted = _posted(s, g, ref)
     return posted[0] if posted else cfg.frontier_at(g)
 
 
 def replicas_validated(cfg: Config, s: State) -> str | None:
     """S8: no release is decided in a generation in which the replicas of R disagreed: phase 6's
-    cross-replica check stands between a corrupt S_app and the release.  Judged on every state in
-    which g's release is decided and g's failure entry is still the store's (the state right after
-    RankDecideRelease is one): each failed group's validation collective completed (history
-    ``validated``: the collective's membership is the group's), and the members of g's failed groups still in g (not exited: an exited
+    cross-replica check stands between a corrupt S_app and the release.  For every generation g whose
+    release is decided (the store's raw entries), every group that history ``failures`` records as
+    failed in g (the store's record names only the groups of R's kind that broke; a step abandoned in
+    flight or a death breaks every group, and each is rebuilt) completed its validation collective
+    (history ``validated``; who took part in it is S20's, judged from the ranks).  Judged too on every
+    state in which g's release is decided and g's failure entry is still the store's (the state right
+    after RankDecideRelease is one): the members of g's failed groups still in g (not exited: an exited
     process holds nothing) are not corrupt, and the members of each group hold one shard (their
     group's, or the one a spare received) at one optimizer step.  The oracle's own digest
     comparison, from the ranks' fields: not the protocol's ``_replicas_agree``."""
+    for g, gi in sorted(s.failures):
+        if _decided(s.store.release, g) == DECISION_RELEASE and not any(gv == g and gg == gi for gv, gg, _eq in s.validated):
+            return (f"the release of generation {g} was decided but group {gi}, which failed in generation {g} (history "
+                    "failures) and was rebuilt, never completed its validation collective (history validated)")
     f = s.store.failed
     if f is None or _decided(s.store.release, f[0]) != DECISION_RELEASE:
         return None
     g = f[0]
     for gi in sorted(f[2]):
-        if not any(gv == g and gg == gi for gv, gg, _eq in s.validated):
-            return (f"the release of generation {g} was decided but failed group {gi}'s validation collective never "
-                    "completed (history validated): its members did not validate together")
         held: dict[tuple[int, int], list[int]] = {}
         out = _out_at(s, g)
         for m in cfg.members(gi):
@@ -566,6 +585,138 @@ def shards_held(cfg: Config, s: State) -> str | None:
     return None
 
 
+# Issue 42: what each mechanism guarantees (the commit fence, the validation collective, the state
+# transfer; the probe and the failure flag at the final states below), and L1 where it was due.
+
+def fence_stops_commit(cfg: Config, s: State) -> str | None:
+    """S19: the commit fence (``Config.fence``, P17.2) holds every rank before its commit: in the
+    generation g of the store's failure record, struck in forward or backward on a group of R's kind
+    (the raw ``Store.failed``: its point and its groups), no rank of g observed it at the boundary
+    (``Rank.seen``), that is past the optimizer step it would have committed.  A failure over the groups
+    of W alone (a link no group of R's kind crosses) or a death at the boundary is outside the fence's
+    promise (P18.4, P16.0).  Judged from the record and each rank's own observation point."""
+    f = s.store.failed
+    if not cfg.fence or f is None or f[1] not in _DISCARDABLE or not f[2]:
+        return None
+    g = f[0]
+    for r, rk in enumerate(s.ranks):
+        if rk.gen == g and rk.seen == "boundary":
+            return (f"rank {r} observed generation {g}'s failure at the boundary, past its commit, although it struck in "
+                    f"{f[1]} on group(s) {sorted(f[2])} of a job with the commit fence: the fence must hold every rank "
+                    "before optimizer.step()")
+    return None
+
+
+#: the program counters of phase 6 (the oracle's own list): a member taking part in its group's validation
+_PHASE6 = (PC_REBOUND, PC_VALIDATED, PC_READY)
+
+
+def validation_membership(cfg: Config, before: State, after: State) -> str | None:
+    """S20: a group's validation collective runs over the group's whole membership on the new
+    communicator.  On the step that records the collective of group gi in generation g as completed
+    (history ``validated`` gains (g, gi, _): judged from the ranks, not by trusting that record), every
+    member of gi in the data-parallel dimension in g (its replica not out: the store's ``shrunk`` and
+    ``grown`` keys) stands in phase 6 of g (rebound, validated or ready), active (not hung, no
+    exception propagating), holding state (a spare after its transfer) and generation g+1's
+    communicator: no member is missing, none is on a stale group.  (Its cached references are S5's.)"""
+    if before.validated is after.validated:
+        return None
+    for g, gi, _eq in sorted(after.validated - before.validated):
+        out = _out_at(after, g)
+        for m in cfg.members(gi):
+            if cfg.replica_of(m) in out:
+                continue
+            rk = before.ranks[m]
+            if rk.gen != g or rk.pc not in _PHASE6 or rk.hung or rk.raised or rk.shard == SHARD_NONE or rk.comm != g + 1:
+                return (f"group {gi}'s validation collective of generation {g} completed while its member {m} stood "
+                        f"outside it (pc {rk.pc}, generation {rk.gen}, communicator {rk.comm}, hung {rk.hung}, shard "
+                        f"{rk.shard}): the collective ran over the wrong membership")
+    return None
+
+
+def transfer_on_rebuilt_group(cfg: Config, before: State, after: State) -> str | None:
+    """S21: the state transfer (P16.3) moves a dead rank's S_app on the rebuilt group of R's kind, into
+    a spare that holds none: on the step that records a transfer into rank d's spare in generation g
+    (history ``transfers`` gains (g, d, _)), the spare stood rebound in g on generation g+1's
+    communicator with every reference naming it, and held no state yet (``SHARD_NONE``).  (What it
+    received is S9's: the replicas' bits at F.)"""
+    if before.transfers is after.transfers:
+        return None
+    for g, d, _ok in sorted(after.transfers - before.transfers):
+        rk = before.ranks[d]
+        if (rk.gen != g or rk.pc != PC_REBOUND or rk.comm != g + 1 or any(ref != g + 1 for ref in rk.refs)
+                or rk.shard != SHARD_NONE):
+            return (f"rank {d}'s spare received its state in generation {g} while it stood at pc {rk.pc} in generation "
+                    f"{rk.gen} with communicator {rk.comm}, references {list(rk.refs)}, shard {rk.shard}: the transfer must "
+                    f"run on the rebuilt group, once the spare rebuilt and rebound it (generation {g + 1}'s), into a spare "
+                    "holding nothing")
+    return None
+
+
+def l1_where_due(cfg: Config, s: State) -> str | None:
+    """L4: L1 where it was due.  A run that ends L2 (the supervisor restarted it: a final state) has a
+    recorded cause: the store was lost (``Store.down``), no rank wrote an abort (every process died or
+    hung), or the first abort (``Store.abort``) is a deadline (a peer stalled or gone), an exception
+    (one raised, or digests that differ) or the contract's rejection (whose L1 side S3 judges); or it is
+    the agreement's mismatch in a generation g where some rank posted (the store's raw rows of g) a
+    frontier past F_g (it committed a step the others did not: a partial collective without the fence,
+    a death inside the optimizer step, the run's mismatch fault) or a row of another generation.  A
+    mismatch whose rows differ only by a frontier below F_g (a rank, or a spare, posting a view older
+    than the step every rank committed) ended L2 where every fault allowed L1."""
+    if not s.supervisor or s.store.down or s.store.abort != REASON_MISMATCH:
+        return None
+    for g, v in s.store.agree:
+        if v != f"abort:{REASON_MISMATCH}":
+            continue
+        f = cfg.frontier_at(g)
+        rows = sorted((r, fr, gr) for gg, r, fr, gr in s.store.arrivals if gg == g)
+        if any(fr > f or gr != g for _r, fr, gr in rows):
+            return None
+        behind = [(r, fr) for r, fr, _gr in rows if fr < f]
+        if behind:
+            return (f"the job ended L2 by a frontier mismatch in generation {g} although no rank committed past F={f}: "
+                    f"rank(s) {behind} posted (rank, F) below the step every rank committed (a stale view); L1 was due")
+    return None
+
+
+# Properties of final states (sinks of the search: spec/properties.md "Final states").  Each judges a
+# state in which the protocol has nothing left to do and no abort or restart stands.
+
+def _at_rest(s: State) -> bool:
+    """The job ended L1 (or never failed): no restart, no abort, the store answers."""
+    return not (s.supervisor or s.store.abort or s.store.down)
+
+
+def probe_detects(cfg: Config, s: State) -> str | None:
+    """L5: the probe on R detects its group's failure.  In a final state without abort or restart, no
+    member of a group of R's kind that failed in generation g (history ``failures``) still trains, not
+    hung, in g: it observed the failure at the latest at its boundary probe and recovered past it."""
+    if not _at_rest(s):
+        return None
+    for g, gi in sorted(s.failures):
+        for m in cfg.members(gi):
+            rk = s.ranks[m]
+            if rk.pc == PC_TRAIN and not rk.hung and rk.gen <= g:
+                return (f"rank {m} of group {gi}, which failed in generation {g} (history failures), trains on in generation "
+                        f"{rk.gen} in a final state: its probe on R never reported the failure")
+    return None
+
+
+def failure_observed(cfg: Config, s: State) -> str | None:
+    """L6: final states hold no unobserved failure; the failure flag (an all-reduce over W, P18.4)
+    reports what no probe can, a group over W that failed.  In a final state without abort or
+    restart, no rank still trains, not hung, in the generation of the store's failure record
+    (``Store.failed``): every rank observed it and recovered past it."""
+    f = s.store.failed
+    if f is None or not _at_rest(s):
+        return None
+    for r, rk in enumerate(s.ranks):
+        if rk.pc == PC_TRAIN and not rk.hung and rk.gen <= f[0]:
+            return (f"rank {r} trains on in generation {rk.gen} in a final state that still holds generation {f[0]}'s "
+                    f"failure ({f[1]}, groups {sorted(f[2])}): nobody observed it")
+    return None
+
+
 def exit_reasons(cfg: Config, s: State) -> str | None:
     """W2 (well-formedness of the model, not a protocol property): every exit carries one of the
     documented reasons."""
@@ -602,6 +753,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("S5", "RebindComplete", rebind_complete),
     # issue 27 (P17): before S6, which judges every L1 resume's optimizer step against rank 0's F
     Invariant("S14", "NoResumePastDiscard", no_resume_past_discard),
+    # issue 42: the commit fence holds every rank before its commit (before S6 and S14, which see the commit later)
+    Invariant("S19", "FenceStopsCommit", fence_stops_commit),
     Invariant("S6", "StatePreserved", state_preserved),
     Invariant("S8", "ReplicasValidated", replicas_validated),
     Invariant("S10", "OneHolder", one_holder),
@@ -620,7 +773,19 @@ EDGE_INVARIANTS: tuple[EdgeInvariant, ...] = (
     EdgeInvariant("S2.1", "DecisionsStable", decisions_stable),
     # issue 40 (P18.3): an episode rebuilds what failed, not what exists
     EdgeInvariant("S16", "NoHealthyRebuilt", no_healthy_rebuilt),
+    # issue 42: the validation collective and the state transfer, judged from the ranks on the step itself
+    EdgeInvariant("S20", "ValidationMembership", validation_membership),
+    EdgeInvariant("S21", "TransferOnRebuiltGroup", transfer_on_rebuilt_group),
     EdgeInvariant("W1", "GenerationMonotonic", generation_monotonic),
+)
+
+#: Properties of final states (issue 42): checked on every sink of a search that the final-state rule
+#: accepts (``explore``), each with a named mutant.
+FINAL_INVARIANTS: tuple[Invariant, ...] = (
+    # an L2 ending (a restart) has a recorded cause
+    Invariant("L4", "L1WhereDue", l1_where_due),
+    Invariant("L5", "ProbeDetects", probe_detects),
+    Invariant("L6", "FailureObserved", failure_observed),
 )
 
 #: ids of the safety properties proper (each must have a mutant that breaks it)
@@ -631,6 +796,16 @@ def check_state(cfg: Config, s: State) -> list[tuple[Invariant, str]]:
     """All violated invariants of one state, with their messages."""
     out = []
     for inv in INVARIANTS:
+        msg = inv.check(cfg, s)
+        if msg is not None:
+            out.append((inv, msg))
+    return out
+
+
+def check_final(cfg: Config, s: State) -> list[tuple[Invariant, str]]:
+    """All violated final-state properties of ``s``, a state the search found final (a sink)."""
+    out = []
+    for inv in FINAL_INVARIANTS:
         msg = inv.check(cfg, s)
         if msg is not None:
             out.append((inv, msg))

@@ -30,8 +30,11 @@ from .protocol import (
     _decision_key,
     _detector_sees_dead,
     _exit,
+    _gone,
     _in_episode,
+    _member,
     _peers,
+    _rebuilds,
     _send_state,
     _shard_of,
     _spares_to_load,
@@ -39,7 +42,7 @@ from .protocol import (
     true_lookup,
 )
 from .state import (DECISION_COMMIT, DECISION_RELEASE, DEPOSED_ACTING, DEPOSED_AWAKE, PC_AGREED, PC_ARRIVED, PC_GUARDED, PC_OBSERVED,
-                    PC_READY, PC_REBOUND, PC_TRAIN, PC_VALIDATED, REASON_DEADLINE, REASON_MISMATCH, RECOVERY_PCS, SHARD_NONE, Config,
+                    PC_READY, PC_REBOUND, PC_REPLACED, PC_TRAIN, PC_VALIDATED, REASON_DEADLINE, REASON_MISMATCH, RECOVERY_PCS, SHARD_NONE, Config,
                     State, Store)
 
 __all__ = ["MUTANTS", "Mutant", "get", "table"]
@@ -444,6 +447,86 @@ def _refill_counting_twice(spec: ActionSpec) -> Step:
     return step
 
 
+# ---- issue 42: a mechanism that silently stops doing its job -------------------------------------------
+
+# fence-skips-rank: the commit fence does not guard the job's last rank: after a failure of a group of R's
+# kind in forward or backward it may finish its step, commit it, and observe the failure at the boundary
+# (as in a job without the fence); the others discard
+_UNFENCED: dict[Config, Config] = {}
+
+
+def _observe_past_the_fence(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, point):
+        if spec.enabled(cfg, s, r, point):
+            return True
+        if not cfg.fence or point != "boundary" or r != len(cfg.world) - 1:
+            return False
+        bare = _UNFENCED.get(cfg)
+        if bare is None:
+            bare = _UNFENCED[cfg] = cfg.with_(fence=False)
+        return spec.enabled(bare, s, r, point)
+    return enabled
+
+
+# spare-stale-view: a claimed spare takes its identity with the view of the commit before the last one:
+# it posts at the control barrier a frontier one episode old
+def _join_with_stale_view(spec: ActionSpec) -> Step:
+    def step(cfg, s, r, arg):
+        t = spec.step(cfg, s, r, arg)
+        stale = t.ranks[r].frontier - max(cfg.advance, 1)
+        return t.with_rank(r, frontier=stale, tau=stale)
+    return step
+
+
+# validate-r-only: phase 6 validates only the groups the store's failure record names (R's); a group
+# rebuilt because the episode rebuilds every group (a step abandoned in flight, a death) is released
+# without its validation collective
+def _ready_without_validation(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, arg):
+        if spec.enabled(cfg, s, r, arg):
+            return True
+        rk, f = s.ranks[r], s.store.failed
+        return (rk.pc == PC_REBOUND and _via_store(s, r) and f is not None and f[0] == rk.gen
+                and cfg.group_of(r) not in f[2] and _rebuilds(cfg, s, r))
+    return enabled
+
+
+# validation-wrong-membership: helper _dp_peers (whom a rank's validation collective waits for and whose
+# digests it compares) returns the ranks of the rank's own replica instead of its group's members
+def _dp_peers_of_own_replica(cfg: Config, s: State, r: int) -> tuple[int, ...]:
+    return cfg.replica_ranks(cfg.replica_of(r))
+
+
+# transfer-before-spare-rebuilt: a replica broadcasts its state as soon as it has rebuilt and rebound,
+# not waiting for the spare to rebuild the new group (the spare still stands on its old view)
+def _transfer_before_spare_rebuilt(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, arg):
+        if spec.enabled(cfg, s, r, arg):
+            return True
+        spares = _spares_to_load(cfg, s, r)
+        return (s.ranks[r].pc == PC_REBOUND and _active(s, r) and s.ranks[r].shard != SHARD_NONE and bool(spares)
+                and all(s.ranks[d].pc in (PC_ARRIVED, PC_AGREED, PC_REPLACED, PC_REBOUND) and _active(s, d) for d in spares))
+    return enabled
+
+
+# probe-swallowed: the boundary probe's failed collective on R is swallowed: a member of the failed group
+# observes a boundary failure only through a revoke some other rank published
+def _observe_without_probe(spec: ActionSpec) -> Enabled:
+    def enabled(cfg, s, r, point):
+        if not spec.enabled(cfg, s, r, point):
+            return False
+        f = s.store.failed
+        return not (point == "boundary" and f is not None and f[1] == "boundary" and not s.store.dead
+                    and _member(cfg, s, r) and s.ranks[r].gen not in s.store.revoked)
+    return enabled
+
+
+# flag-ignores-link: helper _flag_fails does not see a broken link: the failure flag over W fails only under
+# a gone or hung peer or a published wide revoke, so a link no group of R's kind crosses is never observed
+def _flag_fails_ignoring_links(cfg: Config, s: State, r: int) -> bool:
+    return s.ranks[r].gen in s.store.wide_revoked or any(_gone(cfg, s, q) or pk.hung for q, pk in enumerate(s.ranks))
+
+
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in (
@@ -468,7 +551,7 @@ MUTANTS: dict[str, Mutant] = {
                ("S2.1", "S1"), {name: _step(_overwrite) for name in ("RankTimeout", "RankSuspect", "RankExpire", "RankFail",
                                                                      "RankReject")}),
         Mutant("skip-validation", "members of R pass phase 6 alone: no validation collective, no digest comparison",
-               ("S8",), {"RankValidate": _enabled(_validate_alone)}),
+               ("S20", "S8"), {"RankValidate": _enabled(_validate_alone)}),
         Mutant("no-frontier-check", "the agreement decides commit without comparing every F with rank 0's", ("S2.2", "S6", "S14"),
                {"RankDecideAgreement": _step(_decide_without_frontiers)}),
         Mutant("stale-release", "once every vote is in, a rank resumes on a release decided in any generation", ("S4.2",),
@@ -484,7 +567,7 @@ MUTANTS: dict[str, Mutant] = {
         # hot swap (issue 13)
         Mutant("transfer-from-stale-replica",
                "a replica sends its state to the spare before it discarded its uncommitted step (RNG and cursor past F)",
-               ("S9",), {"RankTransferState": _enabled(_transfer_any_time)}),
+               ("S21", "S9"), {"RankTransferState": _enabled(_transfer_any_time)}),
         Mutant("no-identity-fence", "a deposed holder that wakes is not fenced out by its identity's incarnation: it acts as the rank again",
                ("S10",), {"RankFenced": _step(_wake_unfenced)}),
         Mutant("keep-partial-grads", "discarding the uncommitted step leaves its gradients (the wrapper is not back to idle)",
@@ -500,7 +583,7 @@ MUTANTS: dict[str, Mutant] = {
                ("S8",), _helper_everywhere("_replicas_agree", _replicas_agree_ignoring_bits)),
         Mutant("shrunk-member",
                "helper _member (who is in R) counts only the first member of each failed group: the others keep the broken communicator",
-               ("S5",), _helper_everywhere("_member", _member_first_only)),
+               ("S5", "S20"), _helper_everywhere("_member", _member_first_only)),
         Mutant("resume-skips-batch", "resuming (L1) moves the RNG and data cursor one step past F: a batch is skipped",
                ("S6",), {"RankResume": _step(_resume_past_cursor)}),
         Mutant("transfer-fact-always-replica",
@@ -542,6 +625,34 @@ MUTANTS: dict[str, Mutant] = {
                ("S18",), {"RankShrink": _enabled(_shrink_without_keeping_shards)}),
         Mutant("refill-double-count", "a keeper's fresh spare for a dead worker is counted twice in the pool",
                ("S13",), {"KeeperRefill": _step(_refill_counting_twice)}),
+        # issue 42: each mechanism's guarantee, and L1 where it was due
+        Mutant("fence-skips-rank",
+               "the commit fence does not guard the last rank: after a failure of a group of R's kind in forward or "
+               "backward it commits its step and observes at the boundary while the others discard (L2 by mismatch)",
+               ("S19",), {"RankObserve": _enabled(_observe_past_the_fence)}),
+        Mutant("spare-stale-view",
+               "a claimed spare joins with the view of the commit before its identity's last one: it posts a frontier "
+               "one episode old and the agreement aborts (L2 where the swap was L1)",
+               ("L4",), {"SpareJoin": _step(_join_with_stale_view)}),
+        Mutant("validate-r-only",
+               "phase 6 validates only the groups the store's failure record names: a group rebuilt because the "
+               "episode rebuilds every group (a step abandoned in flight, a death) is released without its validation",
+               ("S8",), {"RankReady": _enabled(_ready_without_validation)}),
+        Mutant("validation-wrong-membership",
+               "helper _dp_peers (the validation collective's membership) returns the ranks of the rank's own "
+               "replica, not its group's members: the collective completes and is recorded without the group",
+               ("S20",), _helper_everywhere("_dp_peers", _dp_peers_of_own_replica)),
+        Mutant("transfer-before-spare-rebuilt",
+               "a replica broadcasts its state to the spare as soon as it rebound, before the spare rebuilt the new group",
+               ("S21",), {"RankTransferState": _enabled(_transfer_before_spare_rebuilt)}),
+        Mutant("probe-swallowed",
+               "the boundary probe's failed collective on R is swallowed: a member observes a boundary failure of its "
+               "group only through a revoke, which no one then publishes",
+               ("L5",), {"RankObserve": _enabled(_observe_without_probe)}),
+        Mutant("flag-ignores-link",
+               "helper _flag_fails does not see a broken link: a link cut that no group of R's kind crosses is "
+               "observed by no rank, and the job trains on",
+               ("L6",), _helper_everywhere("_flag_fails", _flag_fails_ignoring_links)),
     )
 }
 

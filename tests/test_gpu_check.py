@@ -108,7 +108,7 @@ def test_gpu_conformance_command_and_outcomes():
 
 def test_gpu_check_table_is_bounded():
     assert set(gpu_check.SUBCHECKS) == {"watchdog_timeout", "ddp_repair", "real_timeout_repair", "fsdp2_boundary",
-                                        "swap_blob_exchange", "state_checksum"}
+                                        "swap_blob_exchange", "state_checksum", "device_rng_rerun"}
     assert sum(bound for _, bound, _ in gpu_check.SUBCHECKS.values()) < 540 < 600
 
 
@@ -122,7 +122,7 @@ def test_gpu_check_neutral_subchecks_on_gloo(tmp_path):
     assert proc.returncode == 0 and res["ok"] is True, json.dumps(res, indent=1)[-4000:] + proc.stderr[-2000:]
     sub = res["subchecks"]
     assert all(sub[n]["ok"] is None for n in ("watchdog_timeout", "ddp_repair", "real_timeout_repair"))
-    for name in ("fsdp2_boundary", "swap_blob_exchange", "state_checksum"):
+    for name in ("fsdp2_boundary", "swap_blob_exchange", "state_checksum", "device_rng_rerun"):
         assert sub[name]["ok"] is True and all(sub[name]["checks"].values()), name
 
 

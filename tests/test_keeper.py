@@ -26,7 +26,7 @@ from accelpact.impl.launch import keeper
 from accelpact.impl.launch.job import FieldError, Job, JobError, Topology, Workload
 from accelpact.impl.launch.launch import ProcessSet, StoreServer, job_key, run_local, run_torchrun, worker_env
 
-KEEPER = [sys.executable, "-m", "accelpact.impl.launch.keeper", "--"]
+KEEPER = [sys.executable, "-m", "accelpact.impl.launch.keeper_entry", "--"]  # the keeper as the launchers start it
 #: the keeper imports torch only to post a notice; this bounds that import and one store round trip
 NOTICE_S = 30.0
 
@@ -549,7 +549,7 @@ def test_run_local_starts_spares_and_keepers(tmp_path: Path, fake_worker: Path, 
         assert i["ACCELPACT_SPARES"] == (str(spares) if spares else None)
         kept = spares > 0
         # with spares every worker is its keeper's child (pids[r] is the keeper); otherwise the launcher started it
-        assert (i["ppid"] == pids[r]) == kept and ("accelpact.impl.launch.keeper" in i["parent"]) == kept, (r, i)
+        assert (i["ppid"] == pids[r]) == kept and ("accelpact.impl.launch.keeper_entry" in i["parent"]) == kept, (r, i)
         if not kept:
             assert i["ppid"] == os.getpid()
 
@@ -570,4 +570,4 @@ def test_run_torchrun_starts_spares_under_keepers(tmp_path: Path, fake_worker: P
     assert sorted(info) == [0, 1, 2]
     for r, i in info.items():
         assert (i["RANK"], i["WORLD_SIZE"], i["LOCAL_WORLD_SIZE"], i["ACCELPACT_SPARES"]) == (str(r), "3", "3", "1")
-        assert "accelpact.impl.launch.keeper" in i["parent"], i  # torchrun runs every process under a keeper
+        assert "accelpact.impl.launch.keeper_entry" in i["parent"], i  # torchrun runs every process under a keeper

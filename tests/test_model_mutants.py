@@ -106,6 +106,23 @@ SMALLEST.update({
     "refill-double-count": Config(**_DDP2, group="world", max_faults=1, refill=True, **_SHRINK),
 })
 
+# Issue 42: each mechanism's guarantee and L1 where it was due (tests/test_model_guarantees.py).  L1
+# where due, the probe's and the flag's are properties of final states (L4-L6), judged on the search's sinks.
+SMALLEST.update({
+    "fence-skips-rank": Config(**_DDP2, group="world", max_faults=1, fence=True, faults=frozenset({"group_fail"}),
+                               points=("backward",)),
+    "spare-stale-view": Config(**_DDP2, **_CRASH, points=_BOUNDARY),
+    "validate-r-only": Config(max_faults=1, faults=frozenset({"group_fail"}), points=("backward",)),
+    "validation-wrong-membership": Config(**_DDP2, max_faults=1),
+    "transfer-before-spare-rebuilt": Config(**_DDP2, **_CRASH, points=_BOUNDARY),
+    "probe-swallowed": Config(**_DDP2, max_faults=1),
+    "flag-ignores-link": Config(max_faults=1, failing="any", links=True, faults=frozenset({"link"}), points=_BOUNDARY),
+})
+
+#: Mutants caught only at a final state (a sink of the search, L4-L6): the hypothesis machine checks
+#: state and edge properties and, at its end, the final-state rule, not the final states' properties.
+FINAL_STATE_ONLY = ("spare-stale-view", "probe-swallowed", "flag-ignores-link")
+
 
 def _hypothesis_settings(**more) -> settings:
     # the loaded profile (ci by default), without shrinking: we only need "found", and
@@ -182,6 +199,9 @@ CAUGHT_ON_MANIFEST: dict[str, str] = {
     "replace-r-only": "2x1-ddp-links-f2", "rebuild-everything": "2x1-ddp-f1",
     "fixed-share": "2x1-ddp-shrink-refill-f1", "shrink-last-replica": "2x2-shrink-crash-f2",
     "refill-double-count": "2x1-ddp-shrink-refill-f1",
+    "fence-skips-rank": "2x2-fence-f1", "spare-stale-view": "2x1-ddp-spare2-crash-f1", "validate-r-only": "2x2-f1",
+    "validation-wrong-membership": "2x1-ddp-f1", "transfer-before-spare-rebuilt": "2x1-ddp-spare2-crash-f1",
+    "probe-swallowed": "2x1-ddp-f1", "flag-ignores-link": "2x2-links-f1",
 }
 
 
@@ -203,7 +223,7 @@ def test_bfs_catches_mutant_on_the_manifest(name):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", list(MUTANTS))
+@pytest.mark.parametrize("name", [n for n in MUTANTS if n not in FINAL_STATE_ONLY])
 def test_hypothesis_catches_mutant(name):
     cfg = SMALLEST[name].with_(mutant=name)
     with pytest.raises(AssertionError) as info:

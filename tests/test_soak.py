@@ -755,7 +755,7 @@ def _reject(why: str, t: float = 1000.2) -> list:
     ([], {0: 72, 1: 72}, {"faults": [{"index": 2, "kind": "store_loss", "met": True, "t_ns": 1, "during": "x"}]}, "store_lost"),
 ])
 def test_a_restart_is_named_by_its_recorded_cause(recs: list, codes: dict, kw: dict, cause: str) -> None:
-    from accelpact.testing.soak.restarts import CAUSES, classify
+    from accelpact.impl.launch.restarts import CAUSES, classify
 
     got, detail = classify(recs, codes, **kw)
     assert got == cause and got in CAUSES, (got, detail)
@@ -768,8 +768,8 @@ def test_a_restart_is_named_by_its_recorded_cause(recs: list, codes: dict, kw: d
     (_ending((0, "RankExit", 1000.0, EXITED_70, {"abort": "rejected"}, "fail")), {0: 70}, "no record of who decided it"),
 ])
 def test_a_restart_of_no_known_cause_says_what_was_recorded(recs: list, codes: dict, says: str) -> None:
-    from accelpact.testing.soak.restarts import CAUSES, Restart, classify
-    from accelpact.testing.soak.restarts import summary as restarts_summary
+    from accelpact.impl.launch.restarts import CAUSES, Restart, classify
+    from accelpact.impl.launch.restarts import summary as restarts_summary
 
     got, _ = classify(recs, codes)
     assert got.startswith("unknown: ") and says in got and got not in CAUSES, got
@@ -805,7 +805,7 @@ def _chain(tmp_path: Path) -> RunDir:
 
 
 def test_restarts_in_a_chain_each_count_their_span_and_the_total_counts_a_moment_once(tmp_path: Path) -> None:
-    from accelpact.testing.soak.restarts import restarts, total_lost_s
+    from accelpact.impl.launch.restarts import restarts, total_lost_s
 
     run = _chain(tmp_path)
     a0, a1 = restarts(run.path, 2)
@@ -821,7 +821,7 @@ def test_restarts_in_a_chain_each_count_their_span_and_the_total_counts_a_moment
 
 
 def test_a_restart_that_never_came_back_and_a_fault_training_outlived(tmp_path: Path) -> None:
-    from accelpact.testing.soak.restarts import restarts
+    from accelpact.impl.launch.restarts import restarts
 
     run = _chain(tmp_path)
     for r in range(2):  # the job ended in attempt 1: nothing passed step 9

@@ -31,13 +31,12 @@ def torchrun(script: str, out: Path, *extra: str, nproc: int = 4, nnodes: int = 
     else:
         rdzv = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                 "--rdzv-id", out.name, "--local-addr", "127.0.0.1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(nproc),
-           "--max-restarts", str(max_restarts), "--monitor-interval", "0.1",
-           *(["-m", "accelpact.impl.launch.keeper", "--", sys.executable] if spares else []), str(EXAMPLES / script),
-           "--out", str(out), *extra]
+    options = [*rdzv, "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), "--monitor-interval", "0.1"]
+    run = [str(EXAMPLES / script), "--out", str(out), *extra]
+    # with spares, as the README says: `accelpact launch ... --spares N -- script.py` (keepers, ACCELPACT_SPARES)
+    cmd = ([sys.executable, "-m", "accelpact.cli", "launch", *options, "--spares", str(spares), "--", *run] if spares
+           else [sys.executable, "-m", "torch.distributed.run", *options, *run])
     env = {k: v for k, v in worker_env().items() if not k.startswith("ACCELPACT_")}
-    if spares:
-        env["ACCELPACT_SPARES"] = str(spares)
     # these tests are about the repair and bit-identity, not detection: on 2 shared cores with up to 8
     # workers a rank can be descheduled past the detector's 0.8 s default (spec/detection.md)
     env["ACCELPACT_DEAD_AFTER_S"] = "5"
@@ -86,7 +85,7 @@ def worker_pid(script: str, rank: int) -> int | None:
             env = (d / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(script.encode() in c for c in cmd) and b"accelpact.impl.launch.keeper" not in cmd \
+        if any(script.encode() in c for c in cmd) and not any(c.startswith(b"accelpact.impl.launch.keeper") for c in cmd) \
                 and f"RANK={rank}".encode() in env:
             return int(d.name)
     return None

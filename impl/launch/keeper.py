@@ -1,7 +1,9 @@
 """The keeper: one rank's process as the launcher sees it, so that one rank's death is not the job's.
 
-``python -m accelpact.impl.launch.keeper -- CMD [ARGS...]`` (the ``--`` may be left out) runs ``CMD`` as
-this rank's worker.
+``python -m accelpact.impl.launch.keeper_entry -- CMD [ARGS...]`` (the ``--`` may be left out) runs ``CMD`` as
+this rank's worker; users start it through ``accelpact launch`` (:mod:`accelpact.impl.launch.cli_launch`).  The
+paths users were told before, ``-m accelpact.impl.launch.keeper`` and ``-m accelpact.impl.keeper``, still work
+for one release and print a deprecation line (:func:`deprecated`).
 
 Why it exists (hot swap; spec/hotswap.md).  torchrun's elastic agent
 (``torch/distributed/elastic/agent/server/api.py``, ``SimpleElasticAgent._invoke_run``) polls its
@@ -76,8 +78,8 @@ from ..controlplane import (ABORT_KEY, CLOSED, DEATHS_KEY, REFILL_IDS_KEY, REFIL
                             depose_key, parse_assignment, spare_gone_key)
 from . import attempts
 
-__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "READY_FD_ENV", "REFILL_ENV", "SPARES_ENV", "WAIT_ENV", "PoolEntry", "death_key",
-           "main", "post_death", "refill", "spare_died", "spare_ready", "wait_for_end"]
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "DEPRECATION", "READY_FD_ENV", "REFILL_ENV", "SPARES_ENV", "WAIT_ENV", "PoolEntry", "death_key",
+           "deprecated", "main", "post_death", "refill", "spare_died", "spare_ready", "wait_for_end"]
 
 #: Environment variable: how many spare processes the job has (0: no keeper process at all).
 SPARES_ENV = "ACCELPACT_SPARES"
@@ -171,7 +173,7 @@ def _command(argv: Sequence[str]) -> list[str]:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise UsageError("usage: python -m accelpact.impl.launch.keeper -- CMD [ARGS...]: no command given")
+        raise UsageError("no command given to the keeper: accelpact launch [torchrun options] --spares N -- script.py [ARGS...]")
     return cmd
 
 
@@ -587,7 +589,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+#: printed once per node (``LOCAL_RANK`` 0) when a user runs this module's path directly (issue 44)
+DEPRECATION = ("accelpact: `-m {module}` is deprecated and goes away in the next release: launch with "
+               "`accelpact launch [torchrun options] --spares N -- script.py ...` (README, \"Hot swap\")")
+
+
+def deprecated(module: str, env: Mapping[str, str] | None = None) -> None:
+    """Say once per node that ``module``, a keeper path users were told, is deprecated (issue 44)."""
+    env = os.environ if env is None else env
+    if env.get("LOCAL_RANK", "0") in ("", "0"):
+        print(DEPRECATION.format(module=module), file=sys.stderr, flush=True)
+
+
 if __name__ == "__main__":
+    deprecated("accelpact.impl.launch.keeper")
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

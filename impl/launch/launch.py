@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 WORKER_MODULE = "accelpact.testing.worker"  # the harness's rank program (it arms the job's faults)
-KEEPER_MODULE = "accelpact.impl.launch.keeper"
+KEEPER_MODULE = "accelpact.impl.launch.keeper_entry"  # the keeper (impl/launch/keeper.py), without its deprecation line
 #: the keeper's opt-in to keep a worker without spares (impl/launch/keeper.py; issue 41): set for a job
 #: whose workload opted in to micro-batches, so that a death is posted (and the job shrinks) even when no
 #: spare was launched or every spare is spent, instead of torchrun restarting every rank

@@ -15,14 +15,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-import torch
-
 from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey
 
 from ..controlplane import PREFIX, WIDE_ENTRY, ControlPlane, progress_key
 from ..episode import Rebuild
 from ..recovery import PactGroups, attach
 from ..runtime import hotswap
+from ..runtime import rng as _rng
 from ..runtime.checkpoint import CheckpointError, SaveFailed
 from ..runtime.retire import collect_off_path
 from ..runtime.wrappers import wrapper, wrapper_of
@@ -285,13 +284,16 @@ class Training:
     def _publish(self) -> None:
         """What a spare taking this identity needs at F (RNG, extra state); kept locally for the discard."""
         extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
-        self._published = hotswap.publish_state(self.job.attempt_store, self.job.rank, self.pact.frontier, extra)
+        self._published = hotswap.publish_state(self.job.attempt_store, self.job.rank, self.pact.frontier, extra,
+                                                device=getattr(self.job, "device", None))
 
     def _keep_for_discard(self) -> None:
-        """Without spares, what a discard in place needs at F (P17), kept locally: the RNG state and a
-        copy of the extra state (the data cursor), taken at each committed boundary."""
+        """Without spares, what a discard in place needs at F (P17), kept locally: the RNG state (the CPU
+        generator and the CUDA generator of the rank's device, :func:`accelpact.impl.runtime.rng.capture`)
+        and a copy of the extra state (the data cursor), taken at each committed boundary."""
         extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
-        self._published = {"rng": torch.get_rng_state(), "extra": extra, "frontier": self.pact.frontier}
+        self._published = {"rng": _rng.capture(getattr(self.job, "device", None)), "extra": extra,
+                           "frontier": self.pact.frontier}
 
     def _begin(self) -> dict:
         """``Rebuild.begin``: as the engine's episode begins, the death-notice watcher of the old

@@ -114,6 +114,11 @@ class WorkloadSpec:
     #: fault in flight meets it): a step of about a second without two CPU cores computing for it,
     #: as a GPU step leaves the host idle (``accelpact bench goodput``).  0: no pad.
     pad_s: float = 0.0
+    #: Dropout of every transformer block (0: none, the default: every existing run is unchanged).  It
+    #: draws from the generator of the device the model runs on (the CUDA generator of ``cuda:LOCAL_RANK``
+    #: on NCCL, the CPU generator on gloo), so a test sees whether "RNG back to F" restores that device's
+    #: generator: a rerun of a step with dropout matches the uninterrupted run only if it does (issue 43).
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.wrapper not in WRAPPER_NAMES:
@@ -124,6 +129,8 @@ class WorkloadSpec:
             raise ValueError("WorkloadSpec needs layers >= 1, seq >= 2, batch >= 1")
         if not self.pad_s >= 0:
             raise ValueError(f"pad_s={self.pad_s} must be >= 0 seconds")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,10 +183,10 @@ class DataCursor:
 class Block(nn.Module):
     """One pre-norm transformer block (the FSDP wrapping unit)."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.layer = nn.TransformerEncoderLayer(
-            dim, heads, dim_feedforward=4 * dim, dropout=0.0, batch_first=True, norm_first=True
+            dim, heads, dim_feedforward=4 * dim, dropout=dropout, batch_first=True, norm_first=True
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -191,7 +198,7 @@ class CharLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, spec.dim)
         self.pos = nn.Parameter(torch.randn(spec.seq, spec.dim) * 0.02)
-        self.layers = nn.ModuleList(Block(spec.dim, spec.heads) for _ in range(spec.layers))
+        self.layers = nn.ModuleList(Block(spec.dim, spec.heads, spec.dropout) for _ in range(spec.layers))
         self.norm = nn.LayerNorm(spec.dim)
         self.head = nn.Linear(spec.dim, vocab)
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(spec.seq), persistent=False)
@@ -364,11 +371,16 @@ def _clone_tree(obj: Any) -> Any:
 
 
 def snapshot(job: App) -> dict:
-    """Per-rank state for bit-identity checks (spec/torch-facts.md: shards, optimizer, RNG, step, cursor)."""
-    return {
+    """Per-rank state for bit-identity checks (spec/torch-facts.md: shards, optimizer, RNG, step, cursor).
+    On a CUDA device also ``cuda_rng``: that device's generator state (what GPU dropout draws from)."""
+    snap = {
         "step": job.step,
         "cursor": job.cursor.kappa,
         "params": local_params(job.module),
         "optimizer": _clone_tree(job.optimizer.state_dict()),
         "rng": torch.get_rng_state().clone(),
     }
+    device = job.groups.device
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        snap["cuda_rng"] = torch.cuda.get_rng_state(device).clone()
+    return snap

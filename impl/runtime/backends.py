@@ -23,8 +23,10 @@ from typing import Any, Callable, Sequence
 from . import counting
 from .sockets import record_group, record_sockets
 
-__all__ = ["BACKENDS", "BACKEND_NAMES", "CONNECT_FLOOR_S", "NCCL_ENV", "ONE_GPU_ENV", "Backend", "backend", "backend_error", "backend_of", "detector_defaults", "for_device", "prebuilt_env_problem", "one_gpu_env",
-           "one_gpu_mode", "recorded_errors", "wait_bounded"]
+__all__ = ["BACKENDS", "BACKEND_NAMES", "BLOCKING_WAIT_VARS", "CONNECT_FLOOR_S", "NCCL2_ENV", "NCCL_ENV", "ONE_GPU_ENV", "Backend",
+           "backend", "backend_error", "backend_of", "blocking_wait_problem", "detector_defaults", "for_device",
+           "nccl_version_problem", "prebuilt_env_problem", "one_gpu_env", "one_gpu_mode", "process_groups", "recorded_errors",
+           "wait_bounded"]
 
 #: Groups aborted through :meth:`Backend.abort` (weakly held: a freed group leaves the set), so
 #: that the revoke watcher and phase 4 may both abort R's old communicator and it is aborted once.
@@ -110,6 +112,8 @@ class Backend:
         import torch
         import torch.distributed as dist
 
+        if why := nccl_version_problem(torch.__version__, os.environ, nccl2_class=hasattr(dist, "ProcessGroupNCCL2")):
+            return why
         cls = getattr(dist, "ProcessGroupNCCL", None)
         if cls is None:
             return f"backend {self.name}: torch {torch.__version__} was built without NCCL (no ProcessGroupNCCL)"
@@ -126,11 +130,15 @@ class Backend:
         error handling needs and this rank's device.  Returns the ``torch.device`` the job's model,
         batches and collectives use.  Gloo: the CPU.  NCCL: ``cuda:{local_rank}`` made current, and
         the variables of :data:`NCCL_ENV` set (each overriding an inherited value, torchrun's
-        ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` included: see :data:`NCCL_ENV`)."""
+        ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` included: see :data:`NCCL_ENV`).  A blocking wait
+        (:data:`BLOCKING_WAIT_VARS` set to anything but 0) is refused, not overridden: a RuntimeError
+        naming the variable (:func:`blocking_wait_problem`)."""
         import torch
 
         if self.device_type == "cpu":
             return torch.device("cpu")
+        if why := blocking_wait_problem(os.environ):
+            raise RuntimeError(why)
         for k, v in NCCL_ENV.items():
             # torchrun's local agent passes TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to its workers unless the
             # agent's own environment sets it (elastic/agent/server/local_elastic_agent.py,
@@ -361,6 +369,67 @@ NCCL_ENV: dict[str, str] = {
     "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
 }
 
+#: The names ``ProcessGroupNCCL`` reads for its blocking wait (installed torch 2.13
+#: ProcessGroupNCCL.hpp: ``TORCH_NCCL_BLOCKING_WAIT = {"TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"}``,
+#: read in the constructor into ``blockingWait_``).  With it on, the constructor starts no watchdog
+#: thread for errors to be recorded by, so ``get_error()`` stays SUCCESS after a failed collective and
+#: the engine's checks (:func:`recorded_errors`) are blind (spec/nccl.md, "BLOCKING_WAIT").  Refused by
+#: name (:func:`blocking_wait_problem`), not pinned: a value the user chose is never changed silently.
+BLOCKING_WAIT_VARS: tuple[str, ...] = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
+
+#: torch's switch between ProcessGroupNCCL (legacy) and ProcessGroupNCCL2 for ``backend="nccl"``
+#: (pytorch/pytorch#191272: ``1`` selects nccl2; #192281, torch 2.15: unset selects nccl2 too, ``0`` and
+#: the backend name ``nccl-legacy`` select the legacy class).  spec/nccl.md, "Versions".
+NCCL2_ENV = "TORCH_DIST_USE_NCCL2"
+
+def blocking_wait_problem(env) -> str | None:
+    """Why NCCL groups built in ``env`` would run with a blocking wait the engine cannot check (None:
+    they would not).  ``TORCH_NCCL_BLOCKING_WAIT`` / ``NCCL_BLOCKING_WAIT`` set to anything but ``0`` (or
+    empty): ``ProcessGroupNCCL`` then waits in ``wait()`` up to the work's timeout and runs no watchdog
+    that records errors, so ``get_error()`` says SUCCESS after a failure and every commit check of the
+    engine passes a corrupted step (a cluster's env file often sets it)."""
+    bad = [f"{k}={env.get(k)}" for k in BLOCKING_WAIT_VARS if env.get(k) not in (None, "", "0")]
+    if not bad:
+        return None
+    return (f"{', '.join(bad)} is set: with NCCL's blocking wait no watchdog records a failed collective, so "
+            f"get_error() always says SUCCESS and accelpact cannot tell a step that ran on a failed NCCL communicator "
+            f"from a good one. Unset {' and '.join(BLOCKING_WAIT_VARS)} (or set them to 0) in the job's environment "
+            f"(e.g. on the torchrun command line or in the cluster's env file); accelpact bounds every wait itself "
+            f"(spec/nccl.md, \"BLOCKING_WAIT\")")
+
+
+def _minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string ("2.15.0+cu130", "2.16.0.dev20270101")."""
+    parts = version.split("+", 1)[0].split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def nccl_version_problem(version: str, env, *, nccl2_class: bool = False) -> str | None:
+    """Why ``backend="nccl"`` on torch ``version`` in ``env`` is a combination accelpact has not checked
+    (None: it is one it has).  The rows of spec/nccl.md were read against the legacy ``ProcessGroupNCCL``
+    of torch 2.13: its mode-2 watchdog that aborts without ending the process, its
+    ``get_error()``, ``abort()``, ``eager_connect_single_device``.  ``ProcessGroupNCCL2`` (torch 2.15's
+    ``backend="nccl"`` unless :data:`NCCL2_ENV` is ``0``; ``1`` selects it on a 2.14 that has the switch)
+    is a different implementation (pytorch/pytorch#188587): its watchdog aborted the process on a timeout
+    when it landed (#191948), and none of those rows was read or run against it.  So nccl2 is refused;
+    the legacy class is what accelpact runs (spec/nccl.md, "Versions").  ``nccl2_class``: this torch
+    has ``torch.distributed.ProcessGroupNCCL2``."""
+    use = env.get(NCCL2_ENV)
+    major_minor = _minor(version)
+    nccl2 = use == "1" or (use != "0" and major_minor >= (2, 15))
+    if not nccl2:
+        return None
+    why = ("is set to 1" if use == "1" else "is unset, which on torch >= 2.15 means nccl2" if use is None
+           else f"is {use!r}, not 0, which on torch >= 2.15 means nccl2")
+    return (f"torch {version}: backend \"nccl\" would run ProcessGroupNCCL2 ({NCCL2_ENV} {why}"
+            f"{'; this torch has ProcessGroupNCCL2' if nccl2_class else ''}), which accelpact has not been checked "
+            f"against (its watchdog, get_error() and abort are not the legacy ProcessGroupNCCL's that spec/nccl.md "
+            f"describes). Set {NCCL2_ENV}=0 in the job's environment (before init_process_group; torchrun passes it "
+            f"on) so that \"nccl\" means the legacy ProcessGroupNCCL, or use torch 2.13")
+
 
 #: Opt-in one-GPU mode (spec/nccl.md, "Running on one lent GPU"): with this variable ``1``,
 #: :meth:`Backend.prepare_process` puts every NCCL rank of the machine on ``cuda:0`` and sets
@@ -456,22 +525,133 @@ def backend_error(pg) -> str | None:
     return None
 
 
-def recorded_errors(records: dict, skip: Sequence[str] = ()) -> dict[str, str]:
-    """Group name -> :func:`backend_error` of each recorded group (revoke records: ``record.group``)
-    that has one, names in ``skip`` and already revoked (``closed``) groups left out; each group once.
-    What the boundary consults before it lets a step stand (spec/nccl.md row 17)."""
+def process_groups() -> list[tuple[str, Any, str]]:
+    """``(name, group, backend config)`` of every process group registered with c10d in this process,
+    the default group first: ``torch.distributed``'s ``_world.pg_map`` (installed torch 2.13
+    distributed_c10d.py: ``_World.pg_map``, "Mapping from ProcessGroup to backend name and store"),
+    which ``init_process_group``, ``new_group``, ``DeviceMesh``, ``split_group`` and
+    :meth:`Backend.register` all fill: the default group (FSDP1's ``optim_state_dict`` gathers on it), the
+    user's groups (tensor parallel, metrics) and accelpact's own.  The config is ``_world.pg_backend_config``'s
+    (``cuda:nccl``, ``cpu:gloo,cuda:nccl``), else the backend name of ``pg_map``.  The default group is
+    named ``default (<its c10d name>)``.  Empty before ``init_process_group``."""
+    import torch.distributed.distributed_c10d as c10d
+
+    w = c10d._world
+    default = w.default_pg
+    out = []
+    for pg in list(w.pg_map):
+        name = str(w.pg_names.get(pg, f"unnamed@{id(pg):x}"))
+        config = w.pg_backend_config.get(pg) or (w.pg_map.get(pg) or ("",))[0]
+        out.append((f"default ({name})" if pg is default else name, pg, str(config)))
+    out.sort(key=lambda t: t[1] is not default)
+    return out
+
+
+#: Backends whose failures reach the caller without a check of accelpact's: gloo raises a failed
+#: collective's error from ``wait()`` in the thread that waits (spec/torch-facts.md).  Every other
+#: backend of a registered group must be readable (:func:`_group_error`) or the check refuses it.
+_RAISING_BACKENDS = ("gloo",)
+
+
+def _config_backends(config: str) -> list[tuple[str, str]]:
+    """``[(device type, backend name)]`` of a c10d backend config (``cpu:gloo,cuda:nccl`` ->
+    ``[("cpu", "gloo"), ("cuda", "nccl")]``; a bare ``nccl`` -> ``[("cuda", "nccl")]``, a bare other name
+    -> ``[("cpu", name)]``)."""
+    out = []
+    for part in str(config).lower().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        dev, _, name = part.rpartition(":")
+        name = name.strip()
+        out.append((dev.strip() or ("cuda" if name == "nccl" else "cpu"), name))
+    return out
+
+
+def _group_error(pg: Any, config: str) -> str | None:
+    """What a registered group's backends recorded: None (nothing, or only backends that raise their
+    own failures), the ``ErrorType`` name of an NCCL backend's ``get_error()`` (``TIMEOUT``,
+    ``COMM_ERROR``, ``REMOTE_ERROR``), or ``UNCHECKABLE: <why>`` for a backend whose silent failure
+    accelpact cannot read (a backend other than gloo and NCCL, or an NCCL backend without ``get_error``)."""
+    import torch
+
+    for dev, name in _config_backends(config):
+        if name in _RAISING_BACKENDS:
+            continue
+        if name != "nccl":
+            return (f"UNCHECKABLE: its {dev} backend is {name!r}; accelpact reads the recorded errors of NCCL groups "
+                    f"(get_error()) and relies on gloo raising, and cannot tell whether a {name} collective failed "
+                    f"silently: build that group on nccl or gloo, or destroy it (destroy_process_group(group)) before "
+                    f"training under accelpact")
+        try:
+            raw = pg._get_backend(torch.device(dev))
+        except (AttributeError, RuntimeError, TypeError) as exc:
+            return f"UNCHECKABLE: its {dev}:nccl backend cannot be read ({exc})"[:300]
+        for obj in (raw, getattr(raw, "wrapped_pg", None)):
+            get = getattr(obj, "get_error", None)
+            if get is None:
+                continue
+            try:
+                err = get()
+            except RuntimeError:  # Backend::getError's default: "does not support getError"
+                continue
+            got = str(getattr(err, "name", err)).rsplit(".", 1)[-1]
+            if got != "SUCCESS":
+                return got
+            break
+        else:
+            return (f"UNCHECKABLE: its NCCL backend ({type(raw).__name__}) has no get_error(), so a collective that "
+                    f"NCCL's watchdog aborted silently (TORCH_NCCL_ASYNC_ERROR_HANDLING=2) cannot be seen: install "
+                    f"torch>=2.7 (spec/nccl.md row 17)")
+    return None
+
+
+def _was_aborted(pg: Any) -> bool:
+    """Whether this process aborted ``pg`` (:meth:`Backend.abort`, :meth:`Backend.abort_all`)."""
+    with _ABORTED_LOCK:
+        try:
+            return pg in _ABORTED
+        except TypeError:  # an unhashable stand-in (a test double): never aborted here
+            return False
+
+
+def recorded_errors(records: dict, skip: Sequence[str] = (), groups: Sequence[tuple[str, Any, str]] | None = None,
+                    ) -> dict[str, str]:
+    """Group name -> recorded error of every group of the process that has one: what the commit (the
+    boundary, ``Pact._before_commit``) and each checkpoint save consult before they let a step or a save
+    stand (spec/nccl.md rows 17, 25).
+
+    * The recorded groups (revoke records: ``record.group``): :func:`backend_error`, names in ``skip`` and
+      already revoked (``closed``) records left out.
+    * Every other group registered with c10d (``groups``: ``(name, group, backend config)``, default
+      :func:`process_groups`): the default group and the user's own, whose NCCL failure in mode 2 would
+      otherwise be silent (:func:`_group_error`; ``UNCHECKABLE: ...`` for a group whose failures cannot be
+      read: the engine refuses to run beside it).  Left out: a group of a record (checked above, or
+      skipped on purpose), a group this process aborted (:meth:`Backend.abort`: its revoke).
+
+    Each group once."""
     out: dict[str, str] = {}
     seen: set[int] = set()
     for name, rec in records.items():
-        if name in skip or rec is None or getattr(rec, "closed", False):
+        pg = getattr(rec, "group", None) if rec is not None else None  # SocketRecord.group: weakly held (gloo: None)
+        if pg is not None:
+            if id(pg) in seen:
+                continue
+            seen.add(id(pg))
+        if name in skip or rec is None or getattr(rec, "closed", False) or pg is None:
             continue
-        pg = getattr(rec, "group", None)  # SocketRecord.group: the weakly held group (NCCL records; gloo: None)
-        if pg is None or id(pg) in seen:
-            continue
-        seen.add(id(pg))
         err = backend_error(pg)
         if err is not None:
             out[name] = err
+    for name, pg, config in (process_groups() if groups is None else groups):
+        if pg is None or id(pg) in seen:
+            continue
+        seen.add(id(pg))
+        if _was_aborted(pg):
+            continue
+        err = _group_error(pg, config)
+        if err is not None:
+            out[name if name not in out else f"{name}@{id(pg):x}"] = err
     return out
 
 
@@ -486,8 +666,13 @@ def prebuilt_env_problem(be: Backend, env, *, prebuilt: bool, what: str = "your 
     ends the process from its watchdog thread on the first failed collective, before the engine can
     recover.  ``prebuilt``: the user's own ``init_process_group`` or ``mesh=`` built NCCL groups
     already; ``env``: the environment they were built in (the process's ``os.environ``, as it is now).
-    Gloo, or nothing prebuilt: None."""
-    if be.revoke != "abort" or not prebuilt:
+    Gloo, or nothing prebuilt: None.  On NCCL a blocking wait in ``env`` (:func:`blocking_wait_problem`)
+    is refused whether or not groups were prebuilt: every NCCL group of the process would be unchecked."""
+    if be.revoke != "abort":
+        return None
+    if why := blocking_wait_problem(env):
+        return why
+    if not prebuilt:
         return None
     wrong = {k: env.get(k) for k, v in NCCL_ENV.items() if env.get(k) != v}
     if not wrong:

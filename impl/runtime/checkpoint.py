@@ -4,8 +4,10 @@ A checkpoint of step n lives in ``<root>/step-{n}/``:
 
 * the model and optimizer, saved with DCP (``get_state_dict`` -> ``dcp.save``), sharded as the
   wrapper holds them (FSDP1/FSDP2/DDP alike);
-* ``rank{r}.pt`` per rank: the CPU RNG state, the data cursor and the step (these are per-rank
-  and not part of the DCP state dict);
+* ``rank{r}.pt`` per rank: the CPU RNG state (``rng``), the CUDA RNG state of the rank's device
+  (``cuda_rng``, where CUDA is available; a file without it, or with None, has no CUDA state: older
+  checkpoints load as before), the data cursor and the step (these are per-rank and not part of the
+  DCP state dict);
 * ``COMMITTED``: a JSON marker written by rank 0 *only after every rank acknowledged* (through the
   control-plane store) that its DCP shard and its per-rank file are on disk.  The marker is written
   to a temp file, fsynced and renamed, so it is either absent or complete.  It holds the step, the
@@ -36,6 +38,8 @@ from typing import Any, Callable, cast
 
 from ..deadlines import step_wait_bound
 from ..threadname import EngineThread
+from . import rng as _rng
+from .backends import recorded_errors
 
 __all__ = [
     "Abandon",
@@ -185,6 +189,22 @@ def _atomic_write(path: Path, data: bytes) -> None:
         pass
 
 
+def _process_group_errors() -> dict[str, str]:
+    """Group name -> recorded error of every process group of this process (c10d's ``pg_map``: the
+    default group, the checkpoint group, the user's; :func:`accelpact.impl.runtime.backends.recorded_errors`).
+    Gloo groups never have one (their failures raise)."""
+    return recorded_errors({})
+
+
+def _module_device(module) -> Any:
+    """The device of ``module``'s first parameter or buffer when it is a CUDA device (whose generator a
+    GPU dropout draws from), else None."""
+    for t in (*module.parameters(), *module.buffers()):
+        dev = getattr(t, "device", None)
+        return dev if getattr(dev, "type", "cpu") == "cuda" else None
+    return None
+
+
 def _optim_key_order(optimizer) -> list[list[str]]:
     """Per parameter (in param_groups order), the order of its optimizer-state keys.
 
@@ -235,7 +255,8 @@ class CheckpointManager:
     """
 
     def __init__(self, root: str | os.PathLike, *, every: int, rank: int, world: int, store=None, group=None,
-                 commit_timeout_s: float | None = None) -> None:
+                 commit_timeout_s: float | None = None, group_errors: Callable[[], dict[str, str]] | None = None,
+                 device: Any = None) -> None:
         if every < 0:
             raise ValueError(f"CheckpointManager: every must be >= 0 (0 disables checkpoints), got {every}")
         if world > 1 and store is None:
@@ -247,6 +268,12 @@ class CheckpointManager:
         self.store = store
         self.group = group
         self.commit_timeout_s = step_wait_bound(commit_timeout_s)
+        #: what each save asks once its collectives returned (group name -> recorded error): every process
+        #: group of the process (:func:`accelpact.impl.runtime.backends.recorded_errors` over c10d's groups);
+        #: injectable for tests
+        self.group_errors = group_errors if group_errors is not None else _process_group_errors
+        #: the rank's device, whose CUDA RNG state the rank file keeps (None: the module's, else the current one)
+        self.device = device
         self.timings: list[dict] = []
 
     def due(self, step: int) -> bool:
@@ -294,11 +321,20 @@ class CheckpointManager:
         finally:
             if guard is not None:
                 guard.stop()
+        # NCCL in TORCH_NCCL_ASYNC_ERROR_HANDLING=2 aborts a failed collective's communicator from its
+        # watchdog and raises nothing: DCP's and FSDP1's collectives (the default group, the checkpoint
+        # group) may have "returned" garbage.  Every process group's recorded error is read before the
+        # save is written (spec/nccl.md row 25); one found is a failed collective of the save
+        if bad := self.group_errors():
+            raise SaveFailed(f"checkpoint step {step}: a collective of the save failed silently: process group(s) "
+                             f"{bad} recorded an error (NCCL's watchdog aborted them without raising); nothing of "
+                             f"this save is committed"[:600])
         # the guard may have interrupted the groups just as the collectives completed: the save goes on,
         # and the acknowledgements decide (one outcome on every rank, _acknowledge_and_commit)
         t_dcp = time.perf_counter()
-        local = {"step": step, "rank": self.rank, "world": self.world, "rng": torch.get_rng_state(), "cursor": cursor,
-                 "optim_key_order": _optim_key_order(optimizer)}
+        rng = _rng.capture(self.device if self.device is not None else _module_device(module))
+        local = {"step": step, "rank": self.rank, "world": self.world, "rng": rng["cpu"], "cuda_rng": rng["cuda"],
+                 "cursor": cursor, "optim_key_order": _optim_key_order(optimizer)}
         import io
 
         buf = io.BytesIO()
@@ -441,6 +477,9 @@ class CheckpointManager:
         if local["step"] != step or local["rank"] != self.rank:
             raise CheckpointError(f"{folder}/rank{self.rank}.pt holds step {local['step']} rank {local['rank']}, "
                                   f"expected step {step} rank {self.rank}")
-        torch.set_rng_state(local["rng"])
+        # a file without "cuda_rng" (saved before it was kept) or with None (no CUDA where it was saved):
+        # the CPU state only
+        _rng.restore({"cpu": local["rng"], "cuda": local.get("cuda_rng")},
+                     self.device if self.device is not None else _module_device(module))
         _restore_optim_key_order(optimizer, local.get("optim_key_order"))
         return Restored(step=step, cursor=local["cursor"], path=str(folder))

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable, Sequence
 from ..controlplane import (DEATHS_KEY, NEXT_KEY, REFILLS_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key)
 from ..threadname import EngineThread
 from . import revoke
+from . import rng as _rng
 from .backends import backend_of, wait_bounded
 from .digest import checksum_hex, state_checksum
 
@@ -204,13 +205,18 @@ class SwapWatcher:
 
 
 # ------------------------------------------------------------------------------------- state at F
-def publish_state(store: Any, rank: int, frontier: int, extra: Any) -> dict:
+def publish_state(store: Any, rank: int, frontier: int, extra: Any, device: Any = None) -> dict:
     """At each committed boundary (jobs with spares): what the spare that may take this identity
     needs beyond the replica's shard: F, the RNG state and the caller's extra state (the data cursor).
-    Returns the published record (the survivor's own copy, for its discard)."""
+    Returns the published record (the survivor's own copy, for its discard).
+
+    ``rng``: :func:`accelpact.impl.runtime.rng.capture` of ``device`` (the rank's device): the CPU
+    generator and, where CUDA is available, the CUDA generator of that device (``{"cpu", "cuda"}``), which
+    the swap's "RNG back to F" restores (:func:`accelpact.impl.runtime.rng.restore`, onto the
+    restoring rank's own device: a spare's differs from the dead rank's)."""
     import torch
 
-    rec = {"frontier": int(frontier), "rng": torch.get_rng_state(), "extra": extra}
+    rec = {"frontier": int(frontier), "rng": _rng.capture(device), "extra": extra}
     buf = io.BytesIO()
     torch.save(rec, buf)
     store.set(state_key(rank), buf.getvalue())

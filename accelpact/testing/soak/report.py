@@ -13,17 +13,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...impl.rundir import RunDir
-from .judge import KNOWN_BUGS, Verdict, _steps
-from .restarts import Restart, total_lost_s
-from .restarts import summary as restarts_summary
+from ...impl.launch.plot import COLOURS as COLOURS, OUTCOMES, episode_timeline
+from .judge import KNOWN_BUGS, Verdict
+from ...impl.launch.restarts import Restart, total_lost_s
+from ...impl.launch.restarts import summary as restarts_summary
 from .schedule import Schedule
 
 __all__ = ["print_restarts", "print_schedule", "print_summary", "summary_counts", "timeline"]
 
-OUTCOMES = ("L1", "swap", "discard", "shrink", "grow", "L2", "failed", "split")
-COLOURS = {"L1": "tab:green", "swap": "tab:blue", "discard": "tab:cyan", "shrink": "tab:orange", "grow": "tab:olive",
-           "L2": "tab:red", "failed": "black", "split": "magenta"}
 
 
 def print_schedule(console: Any, sched: Schedule) -> None:
@@ -166,49 +163,8 @@ def print_summary(console: Any, v: Verdict, sched: Schedule, wall_s: float, extr
 
 
 def timeline(path: str | Path, out: str | Path, v: Verdict, world: int, t0_ns: int, title: str = "") -> Path | None:
-    """The timeline PNG (module doc); None when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-
-    run = RunDir(out)
-    attempts = sorted({e.attempt for e in v.episodes} | {0})
-    fig, (ax, axf) = plt.subplots(2, 1, figsize=(13, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
-    a = 0
-    while True:
-        rows = _steps(run, a, world)
-        if not any(rows.values()) and a > max(attempts):
-            break
-        pts = sorted((t, s) for r in rows.values() for s, t in r.items())
-        if pts:
-            ax.plot([(t * 1e9 - t0_ns) / 1e9 for t, _ in pts], [s for _, s in pts], ".", ms=1.5, label=f"attempt {a}")
-        a += 1
-        if a > 1000:
-            break
-    for e in v.episodes:
-        x0 = (e.t_start_ns - t0_ns) / 1e9
-        x1 = ((e.t_end_ns or e.t_start_ns) - t0_ns) / 1e9
-        c = COLOURS.get(e.outcome, "grey")
-        for axis in (ax, axf):
-            axis.axvspan(x0, max(x1, x0 + 0.3), color=c, alpha=0.25, lw=0)
-    kinds = sorted({s["kind"] for s in v.strikes if s.get("met")})
-    for i, k in enumerate(kinds):
-        xs = [(s["t_ns"] - t0_ns) / 1e9 for s in v.strikes if s.get("met") and s["kind"] == k]
-        axf.plot(xs, [i] * len(xs), "v" if k != "slow" else "o", ms=6, label=k)
-    axf.set_yticks(range(len(kinds)), kinds, fontsize=7)
-    axf.set_xlabel("seconds since training started")
-    ax.set_ylabel("committed step")
-    from matplotlib.patches import Patch
-
-    handles = [Patch(color=COLOURS[o], alpha=0.4, label=o) for o in OUTCOMES if any(e.outcome == o for e in v.episodes)]
-    ax.legend(handles=handles + ax.get_legend_handles_labels()[0][:6], fontsize=7, loc="upper left")
-    ax.set_title(title or f"soak seed {v.seed}: episodes (spans) and faults (markers)")
-    fig.tight_layout()
-    p = Path(path)
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
+    """The timeline PNG (module doc; drawn by :func:`accelpact.impl.launch.plot.episode_timeline`, which
+    ``accelpact report`` draws with too); None when matplotlib is missing."""
+    return episode_timeline(path, out, v.episodes, world, t0_ns,
+                            faults=[(s["kind"], s["t_ns"]) for s in v.strikes if s.get("met") and s.get("t_ns") is not None],
+                            title=title or f"soak seed {v.seed}: episodes (spans) and faults (markers)")

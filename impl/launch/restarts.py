@@ -1,5 +1,8 @@
 """What each restart of a job cost, and why it happened, read back from its run folder.
 
+(Shared by ``accelpact report``, the soak and ``accelpact bench goodput``: it lives in the launcher's layer, which
+all of them may import)
+
 A restart is an attempt that ended and was followed by another (torchrun's restart, or
 ``launch.run_restarting``'s).  Everything here comes from what the run recorded; nothing is
 inferred from a time window:
@@ -41,8 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ...impl.rundir import RunDir
-from ...impl.trace import RankTrace, Record, load_traces
+from ..rundir import RunDir
+from ..trace import RankTrace, Record, load_traces
 
 __all__ = ["CAUSES", "Commit", "Restart", "cause_counts", "classify", "commits", "restarts", "total_lost_s"]
 
