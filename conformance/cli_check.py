@@ -8,7 +8,7 @@ accepted, 1 when rejected, 2 when the files are unusable.  No torch import.
 
 from __future__ import annotations
 
-from .checker import TraceChecker, abstraction_from_records, config_from_headers, requested_shrink_verdict, requested_shrinks
+from .checker import check_told_nothing, requested_shrink_verdict, requested_shrinks
 from .runner import check_run_traces
 from .scenario import load_scenario, scenario_from_job
 from ..impl.launch.job import FieldError, load_job
@@ -72,11 +72,10 @@ def _check_dir(run_dir: RunDir, scenario: str | None) -> tuple[bool, str]:
         return check_run_traces(sc, run_dir.path)
     ok, msgs = True, []
     # a run whose faults nobody told the checker (a user's job, faults from outside): any
-    # fault the model has may have struck unlogged, within a budget inferred from the records
-    # (checker.count_unlogged_faults); every attempt of a torchrun restart is checked
+    # fault the model has may have struck unlogged, within each episode's budget inferred from its
+    # records (checker.check_told_nothing); every attempt of a torchrun restart is checked
     for attempt, traces in sorted(load_traces(run_dir.path).items()):
-        v = TraceChecker(config_from_headers(traces), traces, silent_faults=True,
-                         abstraction=abstraction_from_records(traces)).check()
+        v = check_told_nothing(traces)
         ok = ok and v.accepted
         msgs.append(f"attempt {attempt}: {v.message}")
     return ok, "\n".join(msgs)

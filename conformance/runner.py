@@ -28,7 +28,7 @@ from ..model.faults import KINDS
 from ..impl.launch.snapshots import compare_runs
 from ..impl.rundir import RunDir
 from ..impl.trace import TraceError, load_traces
-from .checker import Abstraction, TraceChecker, engine_contract, with_elastic
+from .checker import Abstraction, TraceChecker, check_told_nothing, engine_contract, with_elastic
 from .mapping import model_config, script_for
 from .outcomes import model_outcomes
 from .scenario import CONFORMANCE_COLLECTIVE_TIMEOUT_S, Scenario
@@ -97,7 +97,9 @@ def abstraction_for(sc: Scenario) -> Abstraction:
 
 
 def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
-    """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs.
+    """Oracle 2: attempt 0 against the scripted model; later attempts must be fault-free runs; and
+    every attempt told nothing (:func:`~accelpact.conformance.checker.check_told_nothing`, the one
+    checker ``accelpact check-trace`` runs on a user's run).
     :class:`TraceError` when the files are unusable (missing, torn, a rank without a trace)."""
     runs = sorted(load_traces(out).items())
     cfg = model_config(sc, **(engine_contract(runs[0][1]) if runs else {}))
@@ -110,8 +112,11 @@ def check_run_traces(sc: Scenario, out: Path) -> tuple[bool, str]:
             v = TraceChecker(cfg, traces, script=script_for(sc), abstraction=abstraction_for(sc)).check()
         else:
             v = TraceChecker(cfg.with_(max_faults=0), traces).check()
-        ok = ok and v.accepted
+        # and as a user's run is checked, told nothing of the scenario (spec/trace-checking.md, "A run told nothing")
+        blind = check_told_nothing(traces)
+        ok = ok and v.accepted and blind.accepted
         msgs.append(f"attempt {attempt}: {v.message}")
+        msgs.append(f"attempt {attempt}, told nothing: {blind.message}")
     return ok, "\n".join(msgs)
 
 

@@ -191,3 +191,8 @@ def test_a_script_from_the_readme_alone_is_bit_identical_after_a_cut_and_a_sigki
     crash = tmp_path / "runs/crash"
     assert attempts(crash) == {r: {0, 1} for r in range(WORLD)}, "every rank must restart exactly once"
     assert_identical(reference, final_states(crash), "SIGKILL and torchrun restart")
+    # told nothing, every attempt: the first ends in torchrun's teardown of the survivors (issue 42)
+    from accelpact.conformance.cli_check import check_dir
+
+    ok, msg = check_dir(crash)
+    assert ok, msg

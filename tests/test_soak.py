@@ -516,24 +516,6 @@ def test_judge_fails_an_undocumented_exit_unless_it_is_a_known_bug(tmp_path: Pat
     assert not _check(_judge(run, ref, strikes, checkpoint_every=3), "exits").ok
 
 
-def test_episode_traces_renumber_a_later_generation() -> None:
-    from accelpact.impl.trace import RankTrace, Record
-
-    recs = [Record(0, 0, "RankObserve", 0, "ok", 1, {"pc": "observed"}),
-            Record(0, 1, "RankResume", 0, "ok", 2, {"pc": "train", "gen": 1}),
-            Record(0, 2, "RankObserve", 1, "ok", 3, {"pc": "observed"}),
-            Record(0, 3, "RankReplace", 1, "ok", 4, {"pc": "replaced", "comm": "accelpact/g2/pg/replicate1", "wide": 2}),
-            Record(0, 4, "RankResume", 1, "ok", 5, {"pc": "train", "gen": 2})]
-    seg = J.episode_traces({0: RankTrace(0, recs, {"rank": 0}, {"type": "end", "outcome": "released"})}, 1)
-    got = seg[0]
-    assert [(r.seq, r.gen, r.action) for r in got.records] == [(0, 0, "RankObserve"), (1, 0, "RankReplace"), (2, 0, "RankResume")]
-    assert got.records[1].state["comm"] == "accelpact/g1/pg/replicate1" and got.records[2].state["gen"] == 1
-    # the generation of the groups over W (P18.3): the 30-minute soak's second episodes were all
-    # rejected on it ("wide=2 ... but the model has 1") until it was renumbered too
-    assert got.records[1].state["wide"] == 1
-    assert got.end is not None and got.end["outcome"] == "released"
-
-
 def test_a_partial_boundary_flag_is_a_behaviour_of_the_model() -> None:
     """Soak K5 (30-minute soak seed 1, 2026-12-04, a7/g0), its traces kept in tests/data: rank 2 was
     SIGKILLed as the boundary of step 6833 ended.  The boundary's failure flag (an all-reduce over W)
@@ -544,9 +526,11 @@ def test_a_partial_boundary_flag_is_a_behaviour_of_the_model() -> None:
     and the checker rejected the episode ("point 'boundary' but the model has 'backward'")."""
     from accelpact.impl.trace import load_traces
 
+    from accelpact.conformance.checker import check_told_nothing
+
     trs = load_traces(Path(__file__).parent / "data" / "soak-k5-partial-flag")[7]
-    ok, msg = J.check_episode(trs, 0, J._spares_left(trs, 0, 2, 0))
-    assert ok, msg
+    v = check_told_nothing(trs)
+    assert v.accepted, v.message
     seen = {r: [(x.state.get("point"), x.state.get("frontier")) for x in t.records if x.gen == 0 and x.action == "RankObserve"]
             for r, t in trs.items()}
     assert seen == {0: [("forward", 6833)], 1: [("boundary", 6833)], 2: [], 3: [("forward", 6833)]}

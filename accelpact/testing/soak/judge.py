@@ -21,16 +21,12 @@ final snapshots.  What it decides (each a :class:`Check`; the soak is green when
                   AdamW's step counts, shapes, keys) is equal, and every shard's replicas are
                   ``torch.equal`` to each other; the largest relative difference is reported.  Without
                   a shrink: ``torch.equal``, as before.
-``traces``        every episode's records are a behaviour of the model: each generation with
-                  recovery records is checked on its own by the trace checker
-                  (:class:`accelpact.conformance.checker.TraceChecker`) as ``accelpact
-                  check-trace`` checks a run it was told nothing about (the configuration from the
-                  headers, any model fault may have struck unlogged within the budget inferred from
-                  the records), with what the soak knows about its own faults: any group may fail
-                  (``failing="any"``: the soak cuts any rank's group), the spares left when the
-                  episode began, and the generation numbered from 0 (:func:`episode_traces`).
-                  ``check-trace``'s own verdict on each whole attempt is reported beside it
-                  (``told_nothing``), not judged: see :data:`CHECKER_GAPS`.
+``traces``        every attempt's records are a behaviour of the model, as ``accelpact check-trace``
+                  judges a run it was told nothing about
+                  (:func:`accelpact.conformance.checker.check_told_nothing`: the job's shape from the
+                  headers, any fault of the model unlogged within each episode's budget, the search
+                  cut at the episodes, the pool of spares carried from one episode to the next); a
+                  rejection names the attempt and the episode (generation) it is in.
 ``all_or_none``   in every generation every identity resumed, or none did (a job that opted in to
                   micro-batches: every identity of the replicas its ``RankResume`` records name as
                   active; an episode that took a replica out is a ``shrink``, one that brought the
@@ -64,14 +60,14 @@ to compare the snapshots.
 from __future__ import annotations
 
 import bisect
-import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...impl.rundir import RunDir
-from ...impl.trace import RankTrace, Record, TraceError, load_traces
-from ...conformance.checker import TraceChecker, config_from_headers
+from ...impl.trace import RankTrace, TraceError, load_traces
+from ...conformance.checker import TOLD_NOTHING_NODES, check_told_nothing
+from ...conformance.checker import Verdict as Verdict_
 from ...impl.launch.snapshots import compare_snapshots
 # the history (episodes and their outcomes) is the launcher's, shared with `accelpact report` (issue 44)
 from ...impl.launch.history import RESUMED, Episode, _replica_ranks, _results, episodes_of
@@ -79,7 +75,7 @@ from ...impl.launch.history import EXITS as EXITS, SWAP_ACTIONS as SWAP_ACTIONS,
 from ...impl.launch.restarts import Restart, commits, restarts
 from ...impl.launch.restarts import summary as restarts_summary
 
-__all__ = ["CHECKER_GAPS", "Check", "Episode", "Verdict", "episode_traces", "episodes_of", "judge"]
+__all__ = ["Check", "Episode", "Verdict", "episodes_of", "judge"]
 
 #: exit codes a survivor of an L2 episode may end with: the documented fail-stop codes, and 143
 #: (SIGTERM's 128 + 15: torchrun stopping the others once one exited; the worker's handler exits so)
@@ -106,23 +102,6 @@ SIMULTANEOUS_S = 0.5
 #: replicas equal to each other; step, cursor, RNG and every non-floating value equal to the reference's).
 SHRINK_TOLERANCE_PER_STEP = 5e-5
 SHRINK_TOLERANCE_MIN = 1e-4
-
-#: Why ``accelpact check-trace``'s own verdict on a whole soak attempt is reported, not judged
-#: (each a gap of conformance/checker*.py on a soak history, described in bench/README.md,
-#: "Chaos soak"):
-CHECKER_GAPS = (
-    "config_from_headers takes R from the first trace's header (the worker writes each rank's own group "
-    "there): a failure of another replicate group is rejected; the soak's cuts fail any group (failing='any')",
-    "config_from_headers maps every generation's frontier to one F (frontier=min of the observations, advance=1): "
-    "a second episode at another step is rejected on its frontier",
-    "checker_precheck._walk does not allow an unlogged FaultCrash before a SpareJoin (an external SIGKILL, "
-    "then a hot swap): rejected before the search; without the prechecks the search of a whole attempt "
-    "exhausts its node budget",
-    "the model of one episode (this judge's) starts with the job's pool of spares fresh: an episode after the "
-    "spares were spent (the engine rejects a death then: L2) has no start state there; such episodes are listed, "
-    "not judged, by the trace check",
-)
-
 
 @dataclass(frozen=True)
 class KnownBug:
@@ -340,45 +319,6 @@ def _attribute(eps: list[Episode], strikes: list[dict], commit_ns: Sequence[int]
 
 # ----------------------------------------------------------------------------------- the checker
 
-_COMM_GEN = re.compile(r"(^|/)g(\d+)/(pg|swap|wide)/")
-
-
-def _shift_comm(v: Any, g: int) -> Any:
-    if not isinstance(v, str):
-        return v
-    return _COMM_GEN.sub(lambda m: f"{m.group(1)}g{int(m.group(2)) - g}/{m.group(3)}/", v)
-
-
-def _shift(rec: Record, g: int, seq: int) -> Record:
-    state = dict(rec.state)
-    for field_ in ("gen", "wide"):  # wide: the generation of the groups over W the rank holds (P18.3)
-        if isinstance(state.get(field_), int):
-            state[field_] -= g
-    if "comm" in state:
-        state["comm"] = _shift_comm(state["comm"], g)
-    return replace(rec, seq=seq, gen=rec.gen - g, state=state)
-
-
-def episode_traces(traces: Mapping[int, RankTrace], g: int) -> dict[int, RankTrace]:
-    """Generation ``g`` of one attempt's traces as a trace of its own, numbered from generation 0:
-    each identity's records of generation ``g`` (renumbered, ``gen`` and the communicators'
-    generations shifted by ``g``), ending ``released`` where the identity resumed (it trains on in
-    ``g + 1``: its records there prove it), else with its own end record (an exit), or none (it
-    was killed).  The headers are the identities' own."""
-    out: dict[int, RankTrace] = {}
-    for r, tr in traces.items():
-        recs = [rec for rec in tr.records if rec.gen == g]
-        shifted = [_shift(rec, g, i) for i, rec in enumerate(recs)]
-        if recs and recs[-1].action == "RankResume":
-            end: dict | None = {"type": "end", "rank": r, "outcome": "released", "t_ns": recs[-1].t_ns}
-        elif any(rec.gen > g for rec in tr.records):
-            end = {"type": "end", "rank": r, "outcome": "released", "t_ns": recs[-1].t_ns if recs else 0}
-        else:
-            end = tr.end
-        out[r] = RankTrace(r, shifted, dict(tr.header), end)
-    return out
-
-
 def _out_of_model(strike: Mapping[str, Any]) -> bool:
     """A fault the model does not have (spec/fault-model.md, "Out of scope": failures of the shard
     groups or the control group other than through R): a cut of a group that is not R
@@ -389,11 +329,6 @@ def _out_of_model(strike: Mapping[str, Any]) -> bool:
     if strike.get("kind") == "store_loss":  # the model's FaultStoreLoss strikes during an episode only
         return not strike.get("during")
     return strike.get("kind") == "cut_group" and not (strike.get("detail") or {}).get("r")
-
-
-def _spares_left(traces: Mapping[int, RankTrace], g: int, spares: int, idle_deaths_before: int) -> int:
-    joined = sum(1 for tr in traces.values() for rec in tr.records if rec.action == "SpareJoin" and rec.gen < g)
-    return max(0, spares - joined - idle_deaths_before)
 
 
 def _what_grew(first: Mapping[str, Any], last: Mapping[str, Any]) -> str:
@@ -431,31 +366,17 @@ def _floor(samples: list[dict]) -> dict:
     return out
 
 
-def check_episode(traces: Mapping[int, RankTrace], g: int, spares_left: int) -> tuple[bool, str]:
-    """The trace checker's verdict on generation ``g`` of one attempt (see the module doc)."""
-    seg = episode_traces(traces, g)
-    cfg = config_from_headers(seg).with_(failing="any", spares=spares_left)
-    # an unlogged death before a SpareJoin is refused by the prechecks (CHECKER_GAPS): the search alone then
-    joins = any(rec.action == "SpareJoin" for tr in seg.values() for rec in tr.records)
-    v = TraceChecker(cfg, seg, silent_faults=True, prechecks=not joins).check()
-    return v.accepted, v.message
-
-
-def told_nothing(out: str | Path, max_nodes: int = 100_000) -> dict[int, str]:
-    """``accelpact check-trace DIR``'s verdict on each attempt, as it runs it for a run it was told
-    nothing about (conformance/cli_check.py), with the search bounded by ``max_nodes``."""
-    verdicts = {}
-    for attempt, traces in sorted(load_traces(out).items()):
-        v = TraceChecker(config_from_headers(traces), traces, silent_faults=True, max_nodes=max_nodes).check()
-        verdicts[attempt] = v.message.splitlines()[0] if v.message else ("accepted" if v.accepted else "rejected")
-    return verdicts
+def check_attempts(out: str | Path, max_nodes: int = TOLD_NOTHING_NODES) -> dict[int, Verdict_]:
+    """``accelpact check-trace DIR``'s verdict on each attempt of the soak's run folder
+    (:func:`accelpact.conformance.checker.check_told_nothing`)."""
+    return {attempt: check_told_nothing(traces, max_nodes=max_nodes) for attempt, traces in sorted(load_traces(out).items())}
 
 
 # ----------------------------------------------------------------------------------- the judge
 
 def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Iterable[dict], samples: Iterable[dict] = (),
           reference: str | Path | None = None, launch: Mapping[str, Any] | None = None, deadline_s: float = 20.0,
-          told_nothing_budget: int = 100_000, check_snapshots: bool = True, checkpoint_every: int = 0,
+          told_nothing_budget: int = TOLD_NOTHING_NODES, check_snapshots: bool = True, checkpoint_every: int = 0,
           strict: bool = False) -> Verdict:
     """The verdict on the soak whose job ran in ``out`` (module doc).  A failure that shows a known
     bug (:data:`KNOWN_BUGS`) is listed in ``Verdict.known`` and, unless ``strict``, not counted."""
@@ -516,55 +437,35 @@ def judge(out: str | Path, *, seed: int, world: int, spares: int, strikes: Itera
     elif check_snapshots:
         checks.append(Check("bit_identical", False, "no reference run to compare with"))
 
-    # traces, per episode
+    # traces: every attempt, whole, as check-trace judges a run it was told nothing about
     bad: list[str] = []
     msgs: list[str] = []
     scope: list[str] = []
-    spent: list[str] = []
-    accepted = 0
-    idle_deaths = sorted((s["t_ns"], s.get("attempt")) for s in strikes if s.get("kind") == "crash_spare" and s.get("met"))
-    for ep in eps:
-        trs = traces.get(ep.attempt)
-        if not trs or ep.point == "(unrecorded)":
+    verdicts = check_attempts(out, told_nothing_budget)
+    for attempt, tv in verdicts.items():
+        if tv.accepted:
             continue
-        before = sum(1 for t, a in idle_deaths if a == ep.attempt and t < ep.t_start_ns)
-        left = _spares_left(trs, ep.gen, spares, before)
-        ok, msg = check_episode(trs, ep.gen, left)
-        # keepers refill the pool (issue 41) and leave no trace record: the pool at g is somewhere between
-        # what the records leave and the job's size; the episode stands if the model explains it with one
-        for more in range(left + 1, spares + 1):
-            if ok:
-                break
-            ok, msg = check_episode(trs, ep.gen, more)
-        kinds = [s for s in strikes if s.get("episode") == ep.name]
-        if not ok and ep.outcome == "L2" and kinds and all(_out_of_model(s) for s in kinds):
+        ep = next((e for e in eps if e.attempt == attempt and e.gen == tv.gen), None)
+        name = ep.name if ep is not None else f"a{attempt}" + (f"/g{tv.gen}" if tv.gen is not None else "")
+        kinds = [s for s in strikes if ep is not None and s.get("episode") == ep.name]
+        if ep is not None and ep.outcome == "L2" and kinds and all(_out_of_model(s) for s in kinds):
             ep.note = (ep.note + "; " if ep.note else "") + "trace outside the model's scope (a failure of a group other than R)"
-            scope.append(ep.name)
-        elif not ok and ep.outcome == "L2" and spares and not left and not ep.swapping:
-            # the model of one episode starts with a fresh pool: a job whose spares are spent (the
-            # engine's 'no spare left' rejection) has no such start state (CHECKER_GAPS)
-            ep.note = (ep.note + "; " if ep.note else "") + "not judged by the trace checker: the job's spares were spent"
-            spent.append(ep.name)
-        elif not ok and not strict and (k := _known(ep, "traces", checkpoint_every=checkpoint_every,
-                                                   frontiers=ep.frontiers)):
+            scope.append(name)
+        elif ep is not None and not strict and (k := _known(ep, "traces", checkpoint_every=checkpoint_every,
+                                                            frontiers=ep.frontiers)):
             ep.known = k
             v.known.append(f"{k} at {ep.name}")
-        elif not ok:
-            bad.append(ep.name)
-            msgs.append(f"{ep.name}: {msg}")
         else:
-            accepted += 1
+            bad.append(name)
+            msgs.append(f"attempt {attempt} ({name}): {tv.message}")
+    accepted = sum(1 for tv in verdicts.values() if tv.accepted)
     checks.append(Check("traces", not bad, "\n".join(msgs) if msgs else
-                        f"{accepted} episodes accepted by the trace checker"
+                        f"{accepted} of {len(verdicts)} attempts accepted whole by the trace checker told nothing"
                         + (f"; {len(scope)} L2 episode(s) of faults outside the model's scope (spec/fault-model.md, "
-                           f"'Out of scope': a failure of a group other than R) not judged by it: {scope}" if scope else "")
-                        + (f"; {len(spent)} L2 episode(s) after the spares were spent not judged by it: {spent}"
-                           if spent else ""),
+                           f"'Out of scope') not judged by it: {scope}" if scope else ""),
                         bad))
-    try:
-        v.told_nothing = told_nothing(out, told_nothing_budget)
-    except TraceError as exc:  # pragma: no cover - load_traces succeeded above
-        v.told_nothing = {-1: str(exc)}
+    v.told_nothing = {a: (tv.message.splitlines()[0] if tv.message else ("accepted" if tv.accepted else "rejected"))
+                      for a, tv in verdicts.items()}
 
     # all or none
     split = [e for e in eps if e.outcome in ("split",) or (e.outcome == "failed")]

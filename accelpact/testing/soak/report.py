@@ -150,7 +150,7 @@ def print_summary(console: Any, v: Verdict, sched: Schedule, wall_s: float, extr
     tn = v.told_nothing
     if tn:
         acc = sum(1 for m in tn.values() if m.startswith("accepted"))
-        console.print(f"check-trace told nothing (reported, not judged): {acc} of {len(tn)} attempts accepted", highlight=False)
+        console.print(f"check-trace told nothing: {acc} of {len(tn)} attempts accepted", highlight=False)
     console.print(f"{counts['faults_met']} of {counts['faults_scheduled']} faults met, {counts['kinds_met']} kinds, "
                   f"{counts['during_recovery']} during an episode; {len(v.episodes)} episodes over {v.attempts} attempt(s); "
                   f"wall {wall_s / 60:.1f} min", highlight=False)
