@@ -792,24 +792,18 @@ FINAL_INVARIANTS: tuple[Invariant, ...] = (
 SAFETY_PROPERTIES = tuple(i.id for i in INVARIANTS + EDGE_INVARIANTS if i.id.startswith("S"))
 
 
+def _violated(invariants, cfg: Config, s: State) -> list[tuple[Invariant, str]]:
+    return [(inv, msg) for inv in invariants for msg in (inv.check(cfg, s),) if msg is not None]
+
+
 def check_state(cfg: Config, s: State) -> list[tuple[Invariant, str]]:
     """All violated invariants of one state, with their messages."""
-    out = []
-    for inv in INVARIANTS:
-        msg = inv.check(cfg, s)
-        if msg is not None:
-            out.append((inv, msg))
-    return out
+    return _violated(INVARIANTS, cfg, s)
 
 
 def check_final(cfg: Config, s: State) -> list[tuple[Invariant, str]]:
     """All violated final-state properties of ``s``, a state the search found final (a sink)."""
-    out = []
-    for inv in FINAL_INVARIANTS:
-        msg = inv.check(cfg, s)
-        if msg is not None:
-            out.append((inv, msg))
-    return out
+    return _violated(FINAL_INVARIANTS, cfg, s)
 
 
 def check_edge(cfg: Config, before: State, after: State) -> list[tuple[EdgeInvariant, str]]:

@@ -512,6 +512,12 @@ def backend_error(pg) -> str | None:
         raw = pg._get_backend(torch.device(be.device_type))
     except (AttributeError, RuntimeError, TypeError):
         raw = pg  # a bare backend (ProcessGroupNCCL), or a test double
+    return _read_error(raw)[1]
+
+
+def _read_error(raw: Any) -> tuple[bool, str | None]:
+    """Whether ``raw`` (or the backend it wraps, ``wrapped_pg``) answers ``get_error()``, and the error
+    it recorded (None for ``SUCCESS``)."""
     for obj in (raw, getattr(raw, "wrapped_pg", None)):
         get = getattr(obj, "get_error", None)
         if get is None:
@@ -521,8 +527,8 @@ def backend_error(pg) -> str | None:
         except RuntimeError:  # Backend::getError's default: "Backend ... does not support getError"
             continue
         name = str(getattr(err, "name", err)).rsplit(".", 1)[-1]
-        return None if name == "SUCCESS" else name
-    return None
+        return True, (None if name == "SUCCESS" else name)
+    return False, None
 
 
 def process_groups() -> list[tuple[str, Any, str]]:
@@ -587,19 +593,10 @@ def _group_error(pg: Any, config: str) -> str | None:
             raw = pg._get_backend(torch.device(dev))
         except (AttributeError, RuntimeError, TypeError) as exc:
             return f"UNCHECKABLE: its {dev}:nccl backend cannot be read ({exc})"[:300]
-        for obj in (raw, getattr(raw, "wrapped_pg", None)):
-            get = getattr(obj, "get_error", None)
-            if get is None:
-                continue
-            try:
-                err = get()
-            except RuntimeError:  # Backend::getError's default: "does not support getError"
-                continue
-            got = str(getattr(err, "name", err)).rsplit(".", 1)[-1]
-            if got != "SUCCESS":
-                return got
-            break
-        else:
+        answers, got = _read_error(raw)
+        if got is not None:
+            return got
+        if not answers:
             return (f"UNCHECKABLE: its NCCL backend ({type(raw).__name__}) has no get_error(), so a collective that "
                     f"NCCL's watchdog aborted silently (TORCH_NCCL_ASYNC_ERROR_HANDLING=2) cannot be seen: install "
                     f"torch>=2.7 (spec/nccl.md row 17)")
