@@ -1275,6 +1275,7 @@ class Cut:
         return f"generation {self.gen}"
 
 
+#: print each episode's searches (budget, start states, nodes, end states) while diagnosing a slow check
 _TRACE_EPISODES = False
 
 
