@@ -1294,12 +1294,11 @@ def episode_cuts(recs: Mapping[int, list[Record]]) -> list[Cut] | None:
     out = []
     for g in gens:
         cursors = tuple(sum(1 for rec in recs[r] if rec.gen <= g) for r in ranks)
-        out.append(Cut(g, cursors, episode_budget(recs, g, gens)))
+        out.append(Cut(g, cursors, episode_budget(recs, g)))
     return out
 
 
-def episode_budget(recs: Mapping[int, list[Record]], g: int, gens: list[int] | None = None,
-                   ends: Mapping[int, Any] | None = None) -> int:
+def episode_budget(recs: Mapping[int, list[Record]], g: int) -> int:
     """The faults generation ``g``'s episode may have met, logged or not (a run told nothing): its
     logged ``Fault*`` records; one unlogged fault that started it when none is logged and no grow
     opened it (a SIGKILL, a SIGSTOP, a cut from outside).  The search allows one more where the
