@@ -127,6 +127,8 @@ DONE = "done"
 #: observed the failure must not read the silence that follows as a death (the model enables
 #: ``RankSuspect`` only on a crashed, hung or delayed peer).
 EPISODE = "episode"
+#: the most silence a rank may announce (:meth:`Detector.quiet`) for a pause of its own Python threads
+QUIET_MAX_S = 5.0
 
 
 def _positive(name: str, value: Any) -> float:
@@ -278,6 +280,7 @@ class Detector:
         self._step_times: collections.deque[float] = collections.deque(maxlen=STEP_WINDOW)
         self._awaiting: frozenset[int] | None = None  # explicit (awaiting()); None: auto
         self._counter = 0
+        self._quiet_ms = 0  # a pause announced by quiet(): published in the counter field (q{ms})
         self._state = {p: _Peer() for p in self.peers}
         self._started: float | None = None
         self._last_poll: float | None = None
@@ -354,6 +357,38 @@ class Detector:
         self._thread.start()
         return self
 
+    def _beat(self) -> str:
+        """The heartbeat's value: incarnation, counter (with ``q{ms}`` while a pause is announced), progress."""
+        quiet = f"q{self._quiet_ms}" if self._quiet_ms else ""
+        return f"{self.incarnation}:{self._counter}{quiet}:{self._progress}"
+
+    @contextlib.contextmanager
+    def quiet(self, seconds: float):
+        """Announce a pause of this rank's Python threads of up to ``seconds`` (at most
+        :data:`QUIET_MAX_S`) for the block's duration: a heartbeat saying so is published before the
+        block runs, and a peer allows that much silence before it judges the rank DEAD (and
+        :meth:`beating` counts it as beating).  For work that holds the GIL on purpose, such as a full
+        garbage collection after an episode (``retire.collect_off_path``: hundreds of milliseconds,
+        above ``dead_after_s`` on a loaded machine); a stopped or dead process publishes nothing and is
+        found as before.  Usable from any thread; a closed detector announces nothing."""
+        ms = int(min(max(float(seconds), 0.0), QUIET_MAX_S) * 1000)
+        announced = False
+        if ms and not self._stop.is_set() and self._io.acquire(timeout=self.op_timeout_s):
+            try:
+                self._quiet_ms = ms
+                self._counter += 1
+                self.store.set(self.key, self._beat())
+                announced = True
+            except Exception:  # noqa: BLE001 - a lost store: the watchdog acts on it; the pause goes on unannounced
+                self._quiet_ms = 0
+            finally:
+                self._io.release()
+        try:
+            yield
+        finally:
+            if announced:
+                self._quiet_ms = 0  # the next poll publishes an ordinary heartbeat
+
     def close(self, timeout_s: float | None = None, *, leave: bool = False, episode: bool = False) -> bool:
         """Stop the thread and join it (at most ``timeout_s``, default ``op_timeout_s + 2 x
         interval_s + 1``); True when it ended, False when it is still blocked in a store call to an
@@ -399,7 +434,7 @@ class Detector:
         time.sleep(3 * self.interval_s if gap_s is None else gap_s)
         second = read()
         return {p for p, raw in second.items()
-                if _mark_of(raw) == EPISODE or (_mark_of(raw) != DONE and first.get(p) not in (None, raw))}
+                if _mark_of(raw) == EPISODE or _quiet_of(raw) > 0 or (_mark_of(raw) != DONE and first.get(p) not in (None, raw))}
 
     @property
     def running(self) -> bool:
@@ -432,7 +467,7 @@ class Detector:
             if self._stop.is_set():
                 return []  # closed: its last heartbeat stands
             self._counter += 1
-            self.store.set(self.key, f"{self.incarnation}:{self._counter}:{self._progress}")
+            self.store.set(self.key, self._beat())
             values = self._read()
         now = self.clock() if now is None else now
         credit = 0.0 if self._last_poll is None else min(max(now - self._last_poll, 0.0), 2 * self.interval_s)
@@ -463,8 +498,9 @@ class Detector:
                     st.stalled_s = self._stall(st, p, own, awaited, credit)
             else:
                 st.silent_s += credit
-                if st.silent_s >= self.dead_after_s:
-                    declared.append(self._declare(p, DEAD, st.silent_s, self.dead_after_s))
+                allowed = max(self.dead_after_s, _quiet_of(raw))  # a pause the peer announced (quiet)
+                if st.silent_s >= allowed:
+                    declared.append(self._declare(p, DEAD, st.silent_s, allowed))
                     continue
                 st.stalled_s = self._stall(st, p, own, awaited, credit)
             if st.stalled_s >= threshold:
@@ -522,6 +558,18 @@ def _mark_of(raw: bytes) -> str:
     """A heartbeat's counter field: a number, or a last heartbeat's :data:`DONE` / :data:`EPISODE`."""
     parts = raw.split(b":")
     return parts[1].decode(errors="replace") if len(parts) > 1 else ""
+
+
+def _quiet_of(raw: bytes) -> float:
+    """The pause a heartbeat announces (:meth:`Detector.quiet`), in seconds; 0.0 for none."""
+    mark = _mark_of(raw)
+    _, q, ms = mark.partition("q")
+    if not q:
+        return 0.0
+    try:
+        return min(int(ms), int(QUIET_MAX_S * 1000)) / 1000.0
+    except ValueError:
+        return 0.0
 
 
 def _progress_of(raw: bytes) -> int | None:

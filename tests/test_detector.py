@@ -542,3 +542,34 @@ def test_above_eight_ranks_each_rank_is_watched_by_two_and_the_store_load_is_lin
         assert set(watched) == set(range(world)) and set(watched.values()) == {RING_WATCHERS}
         assert all(r not in default_peers(r, world) for r in range(world))
         assert sum(len(default_peers(r, world)) for r in range(world)) == RING_WATCHERS * world
+
+
+def test_an_announced_pause_is_silence_allowed_up_to_its_bound_and_no_further() -> None:
+    """A full garbage collection holds the GIL (every Python thread of the rank stands still, its
+    heartbeat too): announced through ``quiet``, the peer is not DEAD within the pause's bound, and a
+    process that stays silent past it is found as a crashed one is; ``beating`` counts it as beating."""
+    store, clock, (d0, d1), log = world()
+    run(clock, [d0, d1], 1.0)
+    with d1.quiet(2.0):  # d1's threads now stand still: d1 is not polled
+        assert D._quiet_of(store.kv[d1.key]) == 2.0
+        assert d0.beating([1], gap_s=0.0) == {1}
+        assert run(clock, [d0], 1.9) == []
+        late = run(clock, [d0], 0.5)
+    assert [s.rank for _, s in late] == [1] and late[0][1].kind == D.DEAD
+    assert late[0][0] - 1000.0 - 1.0 >= 2.0  # not before the announced bound
+    # without an announcement the same silence is a death at dead_after
+    store, clock, (d0, d1), log = world()
+    run(clock, [d0, d1], 1.0)
+    assert [s.rank for _, s in run(clock, [d0], 1.2)] == [1]
+
+
+def test_a_pause_is_capped_and_ordinary_beats_follow_it() -> None:
+    store, clock, (d0, d1), log = world()
+    with d1.quiet(60.0):
+        assert D._quiet_of(store.kv[d1.key]) == D.QUIET_MAX_S
+    d1.poll()
+    assert D._quiet_of(store.kv[d1.key]) == 0.0 and D._progress_of(store.kv[d1.key]) == 0
+    assert D._mark_of(store.kv[d1.key]) not in (D.DONE, D.EPISODE)
+    d1.close()
+    with d1.quiet(2.0):  # closed: nothing announced
+        assert D._quiet_of(store.kv[d1.key]) == 0.0

@@ -263,6 +263,27 @@ def test_gil_hang_stops_every_python_thread_and_sleep_does_not(tmp_path) -> None
         print(f"sleep straggler: background thread counted {c4 - c3} in 0.5 s")
 
 
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_dump_stacks_writes_every_thread_and_leaves_the_target_running(tmp_path) -> None:
+    """A stalled job's diagnosis (the soak's stall guard): the target writes each thread's Python
+    stack (faulthandler's format, read here, not the code's) and goes on; a target without the
+    harness handler is not asked (the signal would kill it)."""
+    with ProcessSet() as ps:
+        t = Target(ps, tmp_path)
+        assert inject.dump_stacks(t.pid)
+        lines = []
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not (any("in count" in x for x in lines) and any("in <module>" in x for x in lines)):
+            lines.append(_readline(t.proc, 30))
+        text = "\n".join(lines)
+        assert "Thread 0x" in text and "in count" in text and "in <module>" in text, text
+        assert t.proc.poll() is None and t.progresses()
+        bare = Target(ps, tmp_path, handlers=False)
+        assert not inject.dump_stacks(bare.pid)
+        assert bare.proc.poll() is None
+
+
 # ----------------------------------------------------------------------------------- link cut (plain)
 
 _CLIENT = r"""

@@ -65,12 +65,16 @@ __all__ = [
     "InjectError", "TcpConn", "check_pid", "crash", "cut_link", "cut_links", "gil_hang", "link_connections", "handler_installed", "install_gil_hang_handler",
     "install_handlers", "install_sleep_handler", "is_stopped", "link_cut_available", "listening_ports", "mailbox", "resume",
     "select_connections", "slow", "stop", "tcp_connections", "tcp_state", "tcp_table", "GIL_HANG_SIGNAL", "SLEEP_SIGNAL",
+    "STACKS_SIGNAL", "dump_stacks", "install_stacks_handler",
 ]
 
 #: the signal a harness-installed handler answers with a GIL hang (:func:`install_gil_hang_handler`)
 GIL_HANG_SIGNAL = signal.SIGUSR2
 #: the signal a harness-installed handler answers with a main-thread sleep (:func:`install_sleep_handler`)
 SLEEP_SIGNAL = signal.SIGUSR1
+#: the signal a harness-installed handler answers with every thread's Python stack on stderr
+#: (:func:`install_stacks_handler`; a diagnosis, never a fault): a realtime signal nothing else uses
+STACKS_SIGNAL = signal.SIGRTMIN + 4
 
 # pidfd_open / pidfd_getfd are numbered alike on x86_64 and aarch64 (asm-generic table, Linux >= 5.6)
 _SYSCALLS = {"x86_64": (434, 438), "aarch64": (434, 438)}
@@ -318,12 +322,34 @@ def install_sleep_handler(signum: int = SLEEP_SIGNAL, default_s: float = 1.0) ->
     signal.signal(signum, handler)
 
 
+def install_stacks_handler(signum: int = STACKS_SIGNAL) -> None:
+    """Harness side of :func:`dump_stacks`: on ``signum`` faulthandler writes every thread's Python
+    stack to stderr, from the signal handler itself (it needs neither the GIL nor the main thread, so a
+    process whose main thread is blocked in C++ still answers)."""
+    import faulthandler
+
+    faulthandler.register(signum, file=sys.stderr, all_threads=True)
+
+
+def dump_stacks(pid: int, signum: int = STACKS_SIGNAL) -> bool:
+    """Ask ``pid`` (a harness that installed :func:`install_stacks_handler`) for its threads' stacks
+    on its stderr.  True if it was asked; False if it is gone or does not catch ``signum``."""
+    try:
+        if not handler_installed(check_pid(pid, what="dump the stacks of"), signum):
+            return False
+        os.kill(pid, signum)
+    except (InjectError, OSError):
+        return False
+    return True
+
+
 def install_handlers(gil_signum: int = GIL_HANG_SIGNAL, sleep_signum: int = SLEEP_SIGNAL) -> None:
-    """Both harness handlers (GIL hang and sleep); call once in the target's main thread at its start."""
+    """The harness handlers (GIL hang, sleep, stack dump); call once in the target's main thread at its start."""
     if threading.current_thread() is not threading.main_thread():
         raise InjectError("install_handlers: Python signal handlers can only be installed from the main thread")
     install_gil_hang_handler(gil_signum)
     install_sleep_handler(sleep_signum)
+    install_stacks_handler()
 
 
 # -------------------------------------------------------------------------------------------- link cut

@@ -9,16 +9,19 @@ model's old generation alive.  Timings: bench/README.md, "Retiring groups".
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import queue
 import threading
 import time
 
+from typing import Any, Callable
+
 from ..threadname import EngineThread
 
 __all__ = ["collect_off_path", "reap", "retire_off_path", "settle_threads", "start_retirer"]
 
-_RETIRE_QUEUE: "queue.SimpleQueue[tuple[list | None, threading.Event]]" = queue.SimpleQueue()
+_RETIRE_QUEUE: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
 _RETIRE_LOCK = threading.Lock()
 _RETIRER: threading.Thread | None = None
 
@@ -27,13 +30,20 @@ _RETIRER: threading.Thread | None = None
 _IDLE_AT_END = ("accelpact-retire",)
 
 
-def _drop(box: list | None, done: threading.Event) -> None:
+#: The pause a full collection announces to the failure detector (``Detector.quiet``): it holds the
+#: GIL for hundreds of milliseconds with a model's objects (0.46 s for 240,000 objects on the 2-core
+#: machine under load), longer than gloo's ``dead_after_s`` (0.8 s) once the machine is loaded more.
+COLLECT_QUIET_S = 5.0
+
+
+def _drop(box: list | None, done: threading.Event, quiet: Callable[[float], Any] | None = None) -> None:
     """Empty ``box`` (a group's destructor runs here, if this was its last reference), or, for None,
-    collect the interpreter's reference cycles; then set ``done``, even if a destructor raised (it
-    must end neither the thread nor a wait on ``done``)."""
+    collect the interpreter's reference cycles (inside ``quiet(COLLECT_QUIET_S)`` when given); then set
+    ``done``, even if a destructor raised (it must end neither the thread nor a wait on ``done``)."""
     try:
         if box is None:
-            gc.collect()
+            with quiet(COLLECT_QUIET_S) if quiet is not None else contextlib.nullcontext():
+                gc.collect()
         else:
             box.clear()
     except Exception:  # noqa: BLE001 - a destructor's error must not end the retiring or reaping thread
@@ -67,15 +77,17 @@ def retire_off_path(box: list) -> threading.Event:
     return done
 
 
-def collect_off_path() -> threading.Event:
+def collect_off_path(quiet: Callable[[float], Any] | None = None) -> threading.Event:
     """Collect reference cycles on the retiring thread; the event is set once done.  For an episode
     that rebuilt the model (a hot swap, a discard): the retired engine, its guard's hooks and the old
     wrapper refer to each other, so they, and through the wrapper every group of the old generation,
     are freed only by a collection of the cycles.  Call it once the old generation is unreachable
-    (the second boundary of the new generation)."""
+    (the second boundary of the new generation).  ``quiet``: the rank's ``Detector.quiet`` (the
+    collection holds the GIL, so the heartbeat thread stands still: announced, peers do not take the
+    pause for a death)."""
     start_retirer()
     done = threading.Event()
-    _RETIRE_QUEUE.put((None, done))
+    _RETIRE_QUEUE.put((None, done, quiet))
     return done
 
 

@@ -36,6 +36,9 @@ SETTLE_S = 1.5
 RESAMPLE_S = 10.0
 #: how often the injector looks at the run while it waits for a time-triggered fault / for an episode
 POLL_S = 0.05
+#: after asking a stalled job's processes for their stacks (:func:`inject.dump_stacks`), how long
+#: before they are ended: the dumps are written from a signal handler within milliseconds
+STACKS_WAIT_S = 2.0
 #: at least this long between two time-triggered faults (a late one does not follow the one before at once)
 MIN_GAP_S = 3.0
 POLL_RECOVERY_S = 0.005
@@ -123,9 +126,15 @@ class Injector:
         alive = {r: (v.get("outcome"), v.get("exit_code"), v.get("pid") if pid_alive(v.get("pid")) else "gone")
                  for r, v in sorted(res.items())}
         spares = {k: pid for k, pid in sorted(self.live.idle_spares().items())}
+        # what every stuck process was doing, in the launcher's log: each thread's Python stack
+        pids = [int(p) for p in [v.get("pid") for v in res.values()] + list(spares.values()) if p is not None]
+        asked = [pid for pid in pids if pid_alive(pid) and inject.dump_stacks(pid)]
+        if asked:
+            time.sleep(STACKS_WAIT_S)
         self.stalled = (f"no committed step, record or exit for {now - self._progress_at:.0f}s in attempt "
                         f"{self.live.attempt} ({self.live.unsteady() or 'steady'}); ranks (outcome, exit code, pid): "
-                        f"{alive}; idle spares still waiting: {spares}")
+                        f"{alive}; idle spares still waiting: {spares}"
+                        + (f"; the Python stacks of pids {asked} are in the launcher's log" if asked else ""))
         raise _Stalled(self.stalled)
 
     def _tick(self) -> bool:
