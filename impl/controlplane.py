@@ -31,8 +31,8 @@ from accelpact.model.state import (DECISION_COMMIT, DECISION_RELEASE, PC_ARRIVED
                                    REASON_DEADLINE, REASON_MISMATCH)
 
 __all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "KEY_WAIT_S", "RETIRED", "STEP_REVOKE", "WIDE_ENTRY", "NEXT_KEY", "PREFIX", "REFILL_IDS_KEY", "REFILLS_KEY", "ControlPlane", "ControlPlaneError", "assign_key", "claim_key",
-           "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "parse_assignment", "progress_key", "spare_gone_key", "state_key",
-           "swap_prefix", "swap_rebuilt_key"]
+           "claimers_key", "comm_generation", "wide_prefix", "comm_name", "death_key", "heartbeat_key", "parse_assignment", "progress_key", "spare_gone_key", "spare_node_key", "state_key",
+           "swap_prefix", "swap_rebuilt_key", "taken_key"]
 
 # ---------------------------------------------------------------------------------- store keys
 #: The one home of the job's store keys: every ``accelpact/...`` key is spelled here and
@@ -47,7 +47,8 @@ ABORT_KEY = f"{PREFIX}abort"
 STARTS_KEY = f"{PREFIX}starts/{{rank}}"
 #: hot swap (spec/hotswap.md): the count of death notices posted (``add``); notice n is at :func:`death_key`
 DEATHS_KEY = f"{PREFIX}swap/deaths"
-#: hot swap: the count of spares taken (``add``)
+#: hot swap: a bound on the spare indices taken (``add``): every spare a claim took (:func:`taken_key`)
+#: has an index below it (a claim takes the spare of the dead rank's node first, not the lowest index)
 NEXT_KEY = f"{PREFIX}swap/next"
 #: hot swap, refill (spec/hotswap.md): the count of spare indices keepers allocated after launch
 #: (``add``): the n-th refill is spare ``ACCELPACT_SPARES + n - 1``
@@ -111,6 +112,16 @@ def depose_key(rank: int, since: int = 0) -> str:
 def spare_gone_key(k: int) -> str:
     """Hot swap: set by spare ``k``'s keeper when the spare died idle (no claim takes it)."""
     return f"{PREFIX}swap/spare-gone/{k}"
+
+
+def taken_key(k: int) -> str:
+    """Hot swap: set (single assignment) by the claim that took spare ``k`` from the pool (``{g}:{dead}``)."""
+    return f"{PREFIX}swap/taken/{k}"
+
+
+def spare_node_key(k: int) -> str:
+    """Hot swap: the node of spare ``k`` started by a keeper's refill (a launch-time spare's node is its index's)."""
+    return f"{PREFIX}swap/spare-node/{k}"
 
 
 def claim_key(g: int, dead: int) -> str:

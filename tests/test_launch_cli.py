@@ -17,8 +17,8 @@ def test_torchrun_options_pass_through_and_each_rank_runs_the_keeper() -> None:
               "examples/fsdp2_hsdp.py", "--replicas", "2"], python="PY")
     assert p.cmd == ["PY", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "5", "--max-restarts=1",
                      "-m", ENTRY_MODULE, "--", "PY", "examples/fsdp2_hsdp.py", "--replicas", "2"]
-    assert p.env == {"ACCELPACT_SPARES": "1"}
-    assert "the last 1 rank(s) are spares" in p.summary()
+    assert p.env == {"ACCELPACT_SPARES_PER_NODE": "1"}  # --spares counts per node (issue 43)
+    assert "the last 1 process(es) of each node are spares" in p.summary()
 
 
 @pytest.mark.parametrize("rest, worker", [
@@ -34,7 +34,7 @@ def test_what_each_rank_runs(rest, worker) -> None:
 
 def test_keep_and_spares_set_the_keepers_environment() -> None:
     p = plan(["--nnodes", "2", "--nproc-per-node", "3", "--spares=2", "--keep", "--", "t.py"], python="PY")
-    assert p.env == {"ACCELPACT_SPARES": "2", "ACCELPACT_KEEP": "1"}
+    assert p.env == {"ACCELPACT_SPARES_PER_NODE": "2", "ACCELPACT_KEEP": "1"}
     assert "--spares=2" not in p.cmd and "--keep" not in p.cmd
 
 

@@ -2,26 +2,30 @@
 
 ::
 
-    accelpact launch [TORCHRUN OPTIONS] [--spares N] [--keep] -- SCRIPT.py [ARGS...]
+    accelpact launch [TORCHRUN OPTIONS] [--spares K] [--keep] -- SCRIPT.py [ARGS...]
     accelpact launch --standalone --nproc-per-node 5 --spares 1 -- examples/fsdp2_hsdp.py --replicas 2
+    accelpact launch --nnodes 2 --nproc-per-node 9 --spares 1 --rdzv-backend c10d ... -- train.py
 
-Everything before ``--`` except ``--spares`` and ``--keep`` is handed to torchrun unchanged
-(``torch.distributed.run``: ``--standalone``, ``--nnodes``, ``--nproc-per-node``, ``--max-restarts``,
-``--rdzv-*``, ...), so ``--nproc-per-node`` counts every process torchrun starts on a node, spares
-included: the last ``N`` ranks of the job are its spares (README, "Hot swap").  After ``--`` comes what
-each rank runs: a ``.py`` script (run with this Python), ``-m MODULE ...``, or any command.
+Everything before ``--`` except ``--spares`` (also spelled ``--spares-per-node``) and ``--keep`` is handed
+to torchrun unchanged (``torch.distributed.run``: ``--standalone``, ``--nnodes``, ``--nproc-per-node``,
+``--max-restarts``, ``--rdzv-*``, ...).  ``--spares K`` counts per node, as ``--nproc-per-node`` does,
+spares included: the last ``K`` processes of *each* node (``LOCAL_RANK >= nproc - K``) are spares, and
+the training ranks are numbered node after node (issue 43; README, "Hot swap"; spec/hotswap.md,
+"Spares per node").  After ``--`` comes what each rank runs: a ``.py`` script (run with this Python),
+``-m MODULE ...``, or any command.
 
 Each process torchrun starts is the keeper (:mod:`accelpact.impl.launch.keeper`, through its internal
 entry :mod:`accelpact.impl.launch.keeper_entry`), which runs the command as the rank's worker:
-``ACCELPACT_SPARES=N`` is set for the job (the keeper and ``accelpact.init`` read it), and ``--keep``
+``ACCELPACT_SPARES_PER_NODE=K`` is set for the job (the keeper lays the spares out and gives each worker
+its identity and ``ACCELPACT_SPARES``, the job's total, which ``accelpact.init`` reads), and ``--keep``
 sets ``ACCELPACT_KEEP=1`` (a job that opted in to micro-batches: a death is posted even with no spare,
 README "Shrink and grow").  Without ``--spares`` and ``--keep`` the keeper ``exec``\\ s the command: no
 extra process.  ``accelpact launch`` then becomes torchrun (``exec``): its exit status, its signals.
 
 Replaces ``ACCELPACT_SPARES=N torchrun ... -m accelpact.impl.launch.keeper -- python SCRIPT.py`` (and the
-older ``-m accelpact.impl.keeper``), which still work for one release and print a deprecation line.
-A malformed ``--spares``, a missing ``--`` or command, or spares that leave no training rank is an
-error naming it (exit 2).
+older ``-m accelpact.impl.keeper``), which still work for one release on one node and print a
+deprecation line.  A malformed ``--spares``, a missing ``--`` or command, or spares that leave no
+training rank on a node is an error naming it (exit 2).
 """
 
 from __future__ import annotations
@@ -32,14 +36,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from .keeper import SPARES_ENV
+from ..runtime.hotswap import SPARES_PER_NODE_ENV  # torch-free
 
 __all__ = ["ENTRY_MODULE", "LaunchUsage", "Plan", "add_arguments", "plan", "run", "run_argv"]
 
 #: the module torchrun runs as each rank: the keeper's internal entry (not a user-facing name)
 ENTRY_MODULE = "accelpact.impl.launch.keeper_entry"
 KEEP_ENV = "ACCELPACT_KEEP"
-USAGE = "accelpact launch [TORCHRUN OPTIONS] [--spares N] [--keep] -- SCRIPT.py [ARGS...]"
+USAGE = "accelpact launch [TORCHRUN OPTIONS] [--spares K] [--keep] -- SCRIPT.py [ARGS...]"
+#: the option's names: ``--spares-per-node`` says what ``--spares`` means
+SPARES_OPTIONS = ("--spares", "--spares-per-node")
 
 
 class LaunchUsage(ValueError):
@@ -57,7 +63,7 @@ class Plan:
     worker: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        who = (f"the last {self.spares} rank(s) are spares (--nproc-per-node counts them)" if self.spares
+        who = (f"the last {self.spares} process(es) of each node are spares (--nproc-per-node counts them)" if self.spares
                else "no spares")
         return f"accelpact launch: torchrun {' '.join(self.torchrun_args)}; {who}; each rank runs {' '.join(self.worker)}"
 
@@ -100,18 +106,18 @@ def plan(argv: Sequence[str], python: str = sys.executable) -> Plan:
     while i < len(head):
         a = head[i]
         key, eq, value = a.partition("=")
-        if key == "--spares":
+        if key in SPARES_OPTIONS:
             if not eq:
                 if i + 1 >= len(head):
-                    raise LaunchUsage("--spares needs a value: --spares N (N spare processes, N >= 0)")
+                    raise LaunchUsage(f"{key} needs a value: {key} K (K spare processes on each node, K >= 0)")
                 value = head[i + 1]
                 i += 1
             try:
                 spares = int(value)
             except ValueError:
-                raise LaunchUsage(f"--spares must be an integer >= 0, got {value!r}") from None
+                raise LaunchUsage(f"{key} must be an integer >= 0, got {value!r}") from None
             if spares < 0:
-                raise LaunchUsage(f"--spares must be an integer >= 0, got {spares}")
+                raise LaunchUsage(f"{key} must be an integer >= 0, got {spares}")
         elif a == "--keep":
             keep = True
         elif a in ("-m", "--module", "--no-python", "--no_python"):
@@ -120,16 +126,14 @@ def plan(argv: Sequence[str], python: str = sys.executable) -> Plan:
         else:
             torchrun_args.append(a)
         i += 1
-    nproc, nnodes = _option(torchrun_args, "--nproc-per-node"), _option(torchrun_args, "--nnodes")
-    if spares and nproc is not None and nproc.isdigit():
-        nodes = int(nnodes) if nnodes is not None and nnodes.isdigit() else 1
-        if spares >= int(nproc) * nodes:
-            raise LaunchUsage(f"--spares {spares} leaves no training rank among --nproc-per-node {nproc} x "
-                              f"{nodes} node(s): --nproc-per-node counts every process, spares included")
+    nproc = _option(torchrun_args, "--nproc-per-node")
+    if spares and nproc is not None and nproc.isdigit() and spares >= int(nproc):
+        raise LaunchUsage(f"--spares {spares} leaves no training rank on a node of --nproc-per-node {nproc}: --spares "
+                          "counts the spares of each node, and --nproc-per-node every process of a node, spares included")
     worker = _worker(rest, python)
     env: dict[str, str] = {}
     if spares:
-        env[SPARES_ENV] = str(spares)
+        env[SPARES_PER_NODE_ENV] = str(spares)
     if keep:
         env[KEEP_ENV] = "1"
     cmd = [python, "-m", "torch.distributed.run", *torchrun_args, "-m", ENTRY_MODULE, "--", *worker]
@@ -144,8 +148,9 @@ def _help() -> str:
 Starts torchrun with every rank behind AccelPact's keeper, so a crashed rank is taken over by a spare
 instead of restarting the job (README, "Hot swap").
 
-  --spares N   the last N of the job's processes are spares (default 0); torchrun's --nproc-per-node
-               counts every process, spares included
+  --spares K   the last K processes of each node are spares (default 0; also --spares-per-node K);
+               torchrun's --nproc-per-node counts every process of a node, spares included, and the
+               training ranks are numbered node after node (one replica per node by default)
   --keep       keep every rank even without spares (ACCELPACT_KEEP=1: a job that opted in to
                micro-batches shrinks on a death; README, "Shrink and grow")
 
@@ -182,7 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``accelpact launch``'s arguments are read by :func:`plan` (torchrun's options pass through), so
     the parser only collects them (``accelpact.cli`` hands this command its argv as given)."""
     parser.usage = USAGE
-    parser.add_argument("argv", nargs=argparse.REMAINDER, help="[TORCHRUN OPTIONS] [--spares N] [--keep] -- SCRIPT.py [ARGS...]")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="[TORCHRUN OPTIONS] [--spares K] [--keep] -- SCRIPT.py [ARGS...]")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -74,7 +74,9 @@ class Topology:
 
     ``spares``: processes started beside the training world to take a crashed rank's identity (hot
     swap, :mod:`accelpact.impl.runtime.hotswap`); they get ranks ``world .. world + spares - 1`` at launch
-    and are not part of the training world (``world``, the groups and the mesh never include them).
+    (the harness's launchers run one node, whose last ranks they are; on several nodes each node holds its
+    own, :class:`~accelpact.impl.runtime.hotswap.SpareLayout`) and are not part of the training world
+    (``world``, the groups and the mesh never include them).
     ``to_json`` names ``spares`` only when non-zero, so a job without spares serializes (and keys
     its cached reference) exactly as before spares existed."""
 
@@ -151,7 +153,8 @@ class Workload:
     how often a durable checkpoint is committed (0: never), (benchmarks) how long each step's
     device time is padded to (``pad_s``, :attr:`accelpact.impl.launch.workload.WorkloadSpec.pad_s`; 0: none),
     and (issue 41) how many micro-batches a step is (``micro_batches``: the worker opts in to shrink and
-    grow, ``attach(micro_batches=M)``, and reads its data by (step, micro-batch); 0: not opted in)."""
+    grow, ``attach(micro_batches=M)``, and reads its data by (step, micro-batch); 0: not opted in), and
+    (issue 44) how its checkpoints are taken (``checkpoint``: ``attach(checkpoint=...)``, sync or async)."""
 
     wrapper: str = "fsdp1-hybrid"
     layers: int = 4
@@ -160,10 +163,11 @@ class Workload:
     checkpoint_every: int = 0
     pad_s: float = 0.0
     micro_batches: int = 0
+    checkpoint: str = "sync"
 
-    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every", "pad_s", "micro_batches")
+    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every", "pad_s", "micro_batches", "checkpoint")
     #: what a scenario file need not say (benchmarks' knobs; the conformance corpus never pads nor opts in)
-    OPTIONAL_IN_SCENARIO = ("pad_s", "micro_batches")
+    OPTIONAL_IN_SCENARIO = ("pad_s", "micro_batches", "checkpoint")
 
     @classmethod
     def parse(cls, raw: Any, where: str = "workload", error: type[FieldError] = FieldError,
@@ -173,16 +177,19 @@ class Workload:
         d.update(w)
         if d["wrapper"] not in WRAPPER_NAMES:
             raise error(f"{where}.wrapper: {d['wrapper']!r} is not one of {list(WRAPPER_NAMES)}")
+        if d["checkpoint"] not in ("sync", "async"):
+            raise error(f"{where}.checkpoint: {d['checkpoint']!r} is not one of ['sync', 'async']")
         return cls(d["wrapper"], check_int(f"{where}.layers", d["layers"], 1, 256, error),
                    check_int(f"{where}.steps", d["steps"], 1, None, error), check_int(f"{where}.seed", d["seed"], 0, None, error),
                    check_int(f"{where}.checkpoint_every", d["checkpoint_every"], 0, None, error),
                    0.0 if d["pad_s"] == 0 and not isinstance(d["pad_s"], bool) else check_seconds(f"{where}.pad_s", d["pad_s"], error),
-                   check_int(f"{where}.micro_batches", d["micro_batches"], 0, None, error))
+                   check_int(f"{where}.micro_batches", d["micro_batches"], 0, None, error), d["checkpoint"])
 
     def to_json(self) -> dict[str, Any]:
         # the knobs left at their default are left out: a job file (and a reference's cache key) of a
         # workload that does not use them reads as before
-        return {k: getattr(self, k) for k in self.FIELDS if k not in ("pad_s", "micro_batches") or getattr(self, k)}
+        return {k: getattr(self, k) for k in self.FIELDS
+                if k not in ("pad_s", "micro_batches", "checkpoint") or getattr(self, k) not in (0, "sync")}
 
     @property
     def recovers(self) -> str:

@@ -13,8 +13,18 @@ group) and starts them all again (``_restart_workers``), or gives up when no res
 crashed rank would thereby end its survivors before a spare could take its place.  The keeper sits
 between the agent and the training process: the agent sees the keeper, the keeper sees the worker.
 
-* ``ACCELPACT_SPARES`` unset or ``0`` (no spares): the keeper ``exec``\\ s the command, so there is no
-  extra process and nothing differs from running the command directly.
+* No spares (``ACCELPACT_SPARES_PER_NODE`` and ``ACCELPACT_SPARES`` unset or ``0``): the keeper ``exec``\\ s
+  the command, so there is no extra process and nothing differs from running the command directly.
+* Spares per node (issue 43; :class:`~accelpact.impl.runtime.hotswap.SpareLayout`):
+  ``ACCELPACT_SPARES_PER_NODE=K`` (``accelpact launch --spares K``) makes the last ``K`` processes of
+  each node spares (``LOCAL_RANK >= LOCAL_WORLD_SIZE - K``).  The keeper gives its worker the identity
+  of its slot: ``RANK`` = ``node * (LOCAL_WORLD_SIZE - K) + LOCAL_RANK`` for a training process, ``W +
+  k`` for spare ``k = node * K + j`` (W the training ranks), with ``ACCELPACT_SPARES`` = the job's total
+  ``S`` (what :func:`accelpact.init` reads) and the launcher's own ``RANK`` in
+  ``ACCELPACT_LAUNCHER_RANK``; ``LOCAL_RANK`` (the device), ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``
+  stay the launcher's.  Everything below speaks of that ``RANK``.  ``ACCELPACT_SPARES=N`` alone
+  (deprecated) still names the spares of a one-node job, the last ``N`` ranks, which is the same
+  thing; on several nodes it is refused (exit 2).
 * Otherwise the command runs as a child in the keeper's process group (the agent's kill of the group
   reaches it directly); SIGTERM and SIGINT sent to the keeper are forwarded to it.
 
@@ -23,7 +33,7 @@ between the agent and the training process: the agent sees the keeper, the keepe
     with that code at once, so torchrun sees exactly what it would see without the keeper and an
     L2 restart happens exactly as without it.
   - The child is killed by a signal (a crash) and this is a training rank
-    (``RANK < WORLD_SIZE - ACCELPACT_SPARES``): the keeper posts a *death notice* on the job's store
+    (``RANK < W = WORLD_SIZE - ACCELPACT_SPARES``): the keeper posts a *death notice* on the job's store
     (:func:`post_death`, under ``attempt{n}/``, n the job's attempt: :mod:`accelpact.impl.launch.attempts`) and stays alive, so the agent
     sees nothing.  The survivors and a spare take over (:mod:`accelpact.impl.runtime.hotswap`).  The keeper
     then waits for the job's end on :data:`ABORT_KEY`: the value :data:`CLOSED` (the job finished
@@ -49,7 +59,8 @@ between the agent and the training process: the agent sees the keeper, the keepe
     fresh spare in the dead worker's place (:func:`refill`): spare ``k`` = ``ACCELPACT_SPARES + n - 1``
     for the n-th refill of the job's attempt (``swap/refill-ids``, so indices stay unique), launcher
     ``RANK`` = ``WORLD_SIZE - ACCELPACT_SPARES + k`` (how :func:`accelpact.init` tells a spare and its
-    index), ``LOCAL_RANK`` the dead worker's (its device).  The spare enters the pool claims read
+    index), ``LOCAL_RANK`` the dead worker's (its device); its node (this keeper's) is recorded
+    (``swap/spare-node/{k}``) so that a claim for a rank of this node takes it first.  The spare enters the pool claims read
     (``swap/refills``) when it says it is ready (a byte on the pipe named by :data:`READY_FD_ENV`,
     :func:`spare_ready`, once it built its model; an incoming claim before then would wait for its
     start), or, gone, when it died before.  The keeper then keeps that spare as it kept its first worker,
@@ -57,7 +68,8 @@ between the agent and the training process: the agent sees the keeper, the keepe
     (its node lost) refills nothing.
 
 Every non-zero exit the keeper decides on its own prints one line on stderr saying why.  A malformed
-``ACCELPACT_SPARES``, ``RANK``, ``WORLD_SIZE`` or ``ACCELPACT_KEEPER_WAIT_S`` exits 2 naming the variable.
+``ACCELPACT_SPARES_PER_NODE``, ``ACCELPACT_SPARES``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE`` or ``ACCELPACT_KEEPER_WAIT_S`` exits 2 naming the variable.
 
 With spares, every keeper imports torch's store client in a background thread while its worker runs
 (so a notice is posted within milliseconds of the death); without spares it imports nothing.
@@ -75,14 +87,18 @@ import time
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 from ..controlplane import (ABORT_KEY, CLOSED, DEATHS_KEY, REFILL_IDS_KEY, REFILLS_KEY, STARTS_KEY, assign_key, death_key,
-                            depose_key, parse_assignment, spare_gone_key)
+                            depose_key, parse_assignment, spare_gone_key, spare_node_key)
+from ..runtime.hotswap import LAUNCHER_RANK_ENV, SPARES_ENV, SPARES_PER_NODE_ENV, LayoutError, SpareLayout  # torch-free
 from . import attempts
 
-__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "DEPRECATION", "READY_FD_ENV", "REFILL_ENV", "SPARES_ENV", "WAIT_ENV", "PoolEntry", "death_key",
-           "deprecated", "main", "post_death", "refill", "spare_died", "spare_ready", "wait_for_end"]
+__all__ = ["ABORT_KEY", "CLOSED", "DEATHS_KEY", "DEPRECATION", "LAUNCHER_RANK_ENV", "READY_FD_ENV", "REFILL_ENV", "SPARES_ENV",
+           "SPARES_PER_NODE_ENV", "WAIT_ENV", "PoolEntry", "death_key", "deprecated", "lay_out", "main", "post_death", "refill",
+           "spare_died", "spare_ready", "wait_for_end"]
 
-#: Environment variable: how many spare processes the job has (0: no keeper process at all).
-SPARES_ENV = "ACCELPACT_SPARES"
+#: Environment variables (:mod:`accelpact.impl.runtime.hotswap`): ``SPARES_PER_NODE_ENV``, the spares of
+#: each node (0 or unset, and no ``SPARES_ENV``: no keeper process at all); ``SPARES_ENV``, the job's total
+#: as the worker reads it (deprecated on the launcher's side); ``LAUNCHER_RANK_ENV``, the worker's
+#: launcher ``RANK`` (its own ``RANK`` is its identity).
 #: Environment variable: after posting a death notice, how long (seconds) the keeper waits for the
 #: job's end at most.
 WAIT_ENV = "ACCELPACT_KEEPER_WAIT_S"
@@ -177,10 +193,15 @@ def _command(argv: Sequence[str]) -> list[str]:
     return cmd
 
 
+#: who this keeper is, once :func:`lay_out` numbered its first worker on several nodes (the launcher's RANK and
+#: the identity it started as: "rank R" or "spare k"); empty: the launcher's RANK is the rank
+_WHO: list[str] = []
+
+
 def _say(msg: str) -> None:
+    who = _WHO[0] if _WHO else f"rank {os.environ.get('RANK', '?')}"
     try:
-        print(f"accelpact keeper (pid {os.getpid()}, rank {os.environ.get('RANK', '?')}): {msg}", file=sys.stderr,
-              flush=True)
+        print(f"accelpact keeper (pid {os.getpid()}, {who}): {msg}", file=sys.stderr, flush=True)
     except OSError:  # stderr gone: the exit code still says it
         pass
 
@@ -378,7 +399,8 @@ class PoolEntry:
             return True
 
 
-def refill(store: Any, job_store: Any, env: Mapping[str, str], spares: int) -> tuple[int, dict[str, str]] | None:
+def refill(store: Any, job_store: Any, env: Mapping[str, str], spares: int,
+           node: int | None = None) -> tuple[int, dict[str, str]] | None:
     """The next spare a keeper starts in a dead worker's place: ``(k, environment)``, or None when the
     job has ended (its abort key holds a value: nothing to refill for).  ``store``: the job's store
     under the attempt's namespace; ``job_store``: without it; ``env``: the keeper's own environment.
@@ -387,10 +409,14 @@ def refill(store: Any, job_store: Any, env: Mapping[str, str], spares: int) -> t
     unique however many keepers refill at once).  The spare's launcher ``RANK`` is ``WORLD_SIZE -
     spares + k``, so :func:`accelpact.init` makes it spare ``k``; its start count (``starts/{RANK}``,
     :mod:`accelpact.impl.launch.attempts`) is brought to the attempt's number first, so that the start
-    it counts names this attempt however many attempts passed without that ``RANK``."""
+    it counts names this attempt however many attempts passed without that ``RANK``.  ``node``: this
+    keeper's node (spares per node), recorded as the new spare's before it can enter the pool, so that a
+    claim for a rank of that node takes it first."""
     if store.check([ABORT_KEY]) and _s(store.get(ABORT_KEY)):
         return None
     k = spares + int(store.add(REFILL_IDS_KEY, 1)) - 1
+    if node is not None:
+        store.set(spare_node_key(k), str(node))
     launcher = _env_int(env, "WORLD_SIZE", 1) - spares + k
     attempt = attempts.current(job_store, env)
     key = STARTS_KEY.format(rank=launcher)
@@ -450,7 +476,8 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """The keeper's logic; returns its exit code (never returns when it ``exec``\\ s)."""
     env = os.environ if env is None else env
     cmd = _command(argv)
-    spares = _env_int(env, SPARES_ENV, 0, default=0)
+    layout, env, node = lay_out(env)
+    spares = layout.spares if layout is not None else 0
     # ACCELPACT_KEEP=1 (issue 41): keep the worker without spares too, so that its death is posted and a
     # job that opted in to micro-batches shrinks instead of torchrun restarting every rank
     if spares == 0 and env.get("ACCELPACT_KEEP", "") in ("", "0"):
@@ -461,13 +488,14 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
             return EXIT_NOT_FOUND
     rank = _env_int(env, "RANK", 0)
     world = _env_int(env, "WORLD_SIZE", 1)
-    if spares >= world:
-        raise UsageError(f"{SPARES_ENV}={spares} leaves no training rank in WORLD_SIZE={world}")
     wait_s = _env_seconds(env, WAIT_ENV, DEFAULT_WAIT_S)
     refilling = _env_int(env, REFILL_ENV, 0, default=1) > 0
     # the worker kept now: this rank's own (a training rank's, or a spare the launcher started), then
     # each spare this keeper started in a dead worker's place
     spare: int | None = None if rank < world - spares else rank - (world - spares)
+    if layout is not None and layout.nodes > 1:
+        first = f"rank {rank}" if spare is None else f"spare {spare}"
+        _WHO[:] = [f"launcher RANK {env[LAUNCHER_RANK_ENV]}, started as {first}"]
     child_env: Mapping[str, str] = env
     entry: PoolEntry | None = None  # the kept worker's pool entry, when this keeper started it
     first_sig = 0  # the signal that killed the first worker that died here
@@ -505,7 +533,8 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
             what += f"; spare {entry.k} died before it was ready: not replaced"
         elif refilling:
             try:
-                nxt = refill(s, s.underlying_store if hasattr(s, "underlying_store") else _job_store(env), env, spares)
+                nxt = refill(s, s.underlying_store if hasattr(s, "underlying_store") else _job_store(env), env, spares,
+                             node=node)
             except Exception as exc:  # noqa: BLE001 - the store lost: the job cannot go on through it
                 _say(f"worker killed by {_signame(sig)} ({what}); could not start a spare in its place ({exc})")
         if nxt is None:
@@ -514,6 +543,27 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         entry = PoolEntry(spare)
         _say(f"worker killed by {_signame(sig)} ({what}); starting spare {spare} in its place "
              f"(RANK={child_env['RANK']})")
+
+
+def lay_out(env: Mapping[str, str]) -> tuple[SpareLayout | None, Mapping[str, str], int | None]:
+    """Spares per node: ``(the job's layout, the environment of this keeper's worker, this keeper's
+    node)`` from the launcher's environment; ``(None, env, None)`` without spares (nothing changes).
+    With spares the worker's ``RANK`` is its slot's identity (:meth:`SpareLayout.worker_rank`),
+    ``ACCELPACT_SPARES`` the job's total, ``ACCELPACT_SPARES_PER_NODE`` the spares of each node and
+    ``ACCELPACT_LAUNCHER_RANK`` the launcher's ``RANK``; the rest is the launcher's.
+    :class:`UsageError` names a malformed variable."""
+    try:
+        layout = SpareLayout.from_env(env)
+        if layout is None:
+            return None, env, None
+        node, local = layout.slot_from_env(env)
+        launcher = int(env["RANK"])
+        rank = layout.worker_rank(node, local)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+    worker = {**env, "RANK": str(rank), SPARES_ENV: str(layout.spares), SPARES_PER_NODE_ENV: str(layout.per_node),
+              LAUNCHER_RANK_ENV: str(launcher)}
+    return layout, worker, node
 
 
 def _posted_death(rank: int, spare: int | None, entry: PoolEntry | None, store: Any) -> str:

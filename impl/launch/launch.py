@@ -16,8 +16,9 @@
   and caches its final snapshots, so many scenarios compare against one run.
 
 Spares (hot swap, ``topology.spares`` = S > 0): :func:`run_torchrun` and :func:`run_local` start
-W + S processes (``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = W + S, ``ACCELPACT_SPARES`` = S; ranks W..W+S-1
-are the spares), and each of them, spares too, runs under a keeper (:mod:`accelpact.impl.launch.keeper`), so
+W + S processes on one node (``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = W + S, ``ACCELPACT_SPARES_PER_NODE`` =
+S; ranks W..W+S-1 are the spares: on one node the spares per node are the last ranks, spec/hotswap.md
+"Spares per node"), and each of them, spares too, runs under a keeper (:mod:`accelpact.impl.launch.keeper`), so
 that a crashed rank's death is not taken for the job's by torchrun, and a dead worker's keeper starts a
 fresh spare in its place (refill: the pool holds S spares again within seconds).  With S = 0 nothing differs.
 
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Sequence
 
 from .job import Job, Topology
-from .keeper import SPARES_ENV  # torch-free
+from .keeper import SPARES_PER_NODE_ENV  # torch-free
 from ..rundir import RunDir
 
 __all__ = [
@@ -345,7 +346,8 @@ def run_torchrun(job: Job, nproc: int | None = None, max_restarts: int = 1, time
 
     With ``job.topology.spares`` = S > 0, torchrun starts ``nproc + S`` processes
     (``--nproc-per-node``; ranks ``nproc ..`` are the spares), the agent's environment has
-    ``ACCELPACT_SPARES=S`` (its workers inherit it), and each process is
+    ``ACCELPACT_SPARES_PER_NODE=S`` (one node: the last S ranks; its keepers give their workers
+    ``ACCELPACT_SPARES=S``), and each process is
     ``python -m accelpact.impl.launch.keeper -- python -m accelpact.testing.worker --job J``: the keeper turns a
     training rank's crash into a death notice instead of a failed worker (see
     :mod:`accelpact.impl.launch.keeper`); fail-stop exits reach torchrun unchanged.  A job whose workload
@@ -403,7 +405,8 @@ def _torchrun_once(path: Path, run: RunDir, nproc: int, max_restarts: int, timeo
     log = run.torchrun_log
     with open(log, "ab") as logf, ProcessSet() as ps:
         # the workers are in the agent's session: leaving the block kills any that outlive it
-        agent = ps.start(cmd, env=worker_env({**({SPARES_ENV: spares} if spares else {}), **(env or {})}), stdout=logf)
+        agent = ps.start(cmd, env=worker_env({**({SPARES_PER_NODE_ENV: spares} if spares else {}), **(env or {})}),
+                         stdout=logf)
         timed_out = ps.wait(timeout_s)
         if timed_out:
             ps.kill()
@@ -421,7 +424,7 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
 
     ``spares`` (default ``job.topology.spares``) = S > 0: S more processes, ranks ``nproc ..
     nproc + S - 1``, the spares; every process gets ``WORLD_SIZE`` = ``LOCAL_WORLD_SIZE`` = ``nproc +
-    S`` and ``ACCELPACT_SPARES`` = S, and each runs under a keeper (``python -m
+    S`` and ``ACCELPACT_SPARES_PER_NODE`` = S (one node), and each runs under a keeper (``python -m
     accelpact.impl.launch.keeper -- python -m accelpact.testing.worker ...``, its worker a child in the
     keeper's process group), as under torchrun, so ``on_start`` gets the keepers' processes and a dead
     worker is refilled.  ``codes`` then has ``nproc + S`` entries.  S = 0: as without spares (but a job
@@ -452,7 +455,7 @@ def run_local(job: Job, nproc: int | None = None, timeout_s: float = 300.0, *, a
                               timeout=timedelta(seconds=max(timeout_s, 1)))
     port = store.port
     served = {STORE_PID_ENV: store.pid} if isinstance(store, StoreServer) else {}
-    with_spares = {SPARES_ENV: s} if s else {}
+    with_spares = {SPARES_PER_NODE_ENV: s} if s else {}
     worker = [sys.executable, "-m", WORKER_MODULE, "--job", str(path)]
     with open(log, "ab") as logf, ProcessSet() as ps:
         for rank in range(total):

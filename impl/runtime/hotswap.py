@@ -33,29 +33,37 @@ Who does what (read beside ``model/protocol.py``'s hot-swap actions):
 
 Store keys (under the attempt's namespace): ``accelpact/swap/deaths`` and ``accelpact/swap/death/{n}``
 (the keeper's notices), ``accelpact/swap/next`` (spares taken), ``accelpact/g{g}/spare/{dead}``
-(the claim: a spare's index, or ``none``), ``accelpact/swap/assign/{k}`` (``{dead}:{g}``, what spare k
-waits for), ``accelpact/swap/state/r{rank}`` (F, RNG and extra state at the rank's last commit).
+(the claim: a spare's index, or ``none``), ``accelpact/swap/taken/{k}`` (the claim that took spare k),
+``accelpact/swap/spare-node/{k}`` (a refilled spare's node), ``accelpact/swap/assign/{k}`` (``{dead}:{g}``, what
+spare k waits for), ``accelpact/swap/state/r{rank}`` (F, RNG and extra state at the rank's last commit).
+
+Spares per node (issue 43; spec/hotswap.md, "Spares per node"): :class:`SpareLayout` says which of the
+launcher's processes are spares (the last ``K`` of each node) and which identity each training process
+takes (``node * training_per_node + local``), so that replicas and shard groups keep their node
+boundaries; a claim takes an idle spare of the dead identity's node first (:func:`claim_order`).
 """
 
 from __future__ import annotations
 
 import datetime
 import io
+import os
 import pickle
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..controlplane import (DEATHS_KEY, NEXT_KEY, REFILLS_KEY, assign_key, claim_key, claimers_key, death_key, depose_key, parse_assignment, spare_gone_key, state_key)
+from ..controlplane import (DEATHS_KEY, NEXT_KEY, REFILLS_KEY, assign_key, claim_key, claimers_key, death_key, depose_key,
+                            parse_assignment, spare_gone_key, spare_node_key, state_key, taken_key)
 from ..threadname import EngineThread
 from . import revoke
 from . import rng as _rng
 from .backends import backend_of, wait_bounded
 from .digest import checksum_hex, state_checksum
 
-__all__ = ["Notices", "SwapError", "SwapNeeded", "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_read",
-           "claim_write", "export_state", "holder_since", "import_state", "pool_size", "publish_state", "read_claims", "read_state",
+__all__ = ["LAUNCHER_RANK_ENV", "LayoutError", "Notices", "SPARES_PER_NODE_ENV", "SpareLayout", "SwapError", "SwapNeeded",
+           "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_order", "claim_read", "claim_write", "export_state", "holder_since", "import_state", "pool_size", "publish_state", "read_claims", "read_state",
            "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
@@ -98,6 +106,175 @@ class SwapRecord:
     role: str                       # "survivor" or "spare"
     durations_ms: dict[str, float] = field(default_factory=dict)
     t_resume: float = 0.0           # time.monotonic() when the release came: training again at F
+
+
+# ------------------------------------------------------------------------------------- spares per node
+#: Environment variable: how many of each node's processes are spares (``accelpact launch --spares K``).
+#: The keeper reads it and gives its worker the job's total in ``ACCELPACT_SPARES`` (what
+#: :func:`accelpact.init` reads).
+SPARES_PER_NODE_ENV = "ACCELPACT_SPARES_PER_NODE"
+#: The job's total of spares (``accelpact.init``'s ``spares`` setting); on the launcher's side, without
+#: :data:`SPARES_PER_NODE_ENV`, the deprecated way to name the spares of a one-node job.
+SPARES_ENV = "ACCELPACT_SPARES"
+#: Set by the keeper for its worker: the ``RANK`` the launcher gave the process (its ``RANK`` is then
+#: the identity :class:`SpareLayout` gives it).
+LAUNCHER_RANK_ENV = "ACCELPACT_LAUNCHER_RANK"
+
+
+class LayoutError(ValueError):
+    """The launcher's environment cannot hold spares per node; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class SpareLayout:
+    """Where a job's spares are (issue 43): ``nodes`` nodes of ``slots`` processes each (torchrun's
+    ``LOCAL_WORLD_SIZE``, spares included), of which the last ``per_node`` of each node
+    (``LOCAL_RANK >= slots - per_node``) are spares: a node's spare slots are its own.
+
+    Identities keep the node boundaries: the training process in slot (node, local) is rank
+    ``node * training_per_node + local``, the spare in slot (node, training_per_node + j) is spare
+    ``node * per_node + j``.  With one replica per node (the default replica count, ``nodes``), replica
+    ``i`` is node ``i``'s training ranks, and each shard group is one node's; the replicate groups
+    span the nodes, one rank each.  On one node this is the launcher's own numbering (the last
+    ``per_node`` ranks are the spares)."""
+
+    nodes: int
+    slots: int
+    per_node: int
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.slots < 1:
+            raise LayoutError(f"spares per node need nodes >= 1 and processes per node >= 1, got {self.nodes}x{self.slots}")
+        if not 0 <= self.per_node < self.slots:
+            raise LayoutError(f"{SPARES_PER_NODE_ENV}={self.per_node} leaves no training rank on a node of {self.slots} "
+                              "processes (--nproc-per-node counts every process, spares included)")
+
+    @property
+    def training_per_node(self) -> int:
+        return self.slots - self.per_node
+
+    @property
+    def world(self) -> int:
+        """The training ranks (W)."""
+        return self.nodes * self.training_per_node
+
+    @property
+    def spares(self) -> int:
+        """The spares of the job (S), all nodes together."""
+        return self.nodes * self.per_node
+
+    def place(self, node: int, local: int) -> tuple[int | None, int | None]:
+        """The identity of the process in slot (``node``, ``local``): ``(rank, None)`` for a training
+        process, ``(None, k)`` for spare ``k``."""
+        if not (0 <= node < self.nodes and 0 <= local < self.slots):
+            raise LayoutError(f"slot (node {node}, LOCAL_RANK {local}) is outside {self.nodes} node(s) of {self.slots}")
+        t = self.training_per_node
+        if local < t:
+            return node * t + local, None
+        return None, node * self.per_node + (local - t)
+
+    def worker_rank(self, node: int, local: int) -> int:
+        """The ``RANK`` the worker in slot (``node``, ``local``) is given: its training rank, or ``W + k``
+        for spare ``k`` (how :func:`accelpact.init` tells a spare and its index)."""
+        rank, k = self.place(node, local)
+        if rank is not None:
+            return rank
+        assert k is not None  # place gives one of the two
+        return self.world + k
+
+    def node_of_rank(self, rank: int) -> int:
+        """The node that holds training rank ``rank``'s slot (its home, whoever holds it now)."""
+        return rank // self.training_per_node
+
+    def node_of_spare(self, k: int) -> int | None:
+        """The node of launch-time spare ``k``; None for a spare a keeper started later (refill: its
+        keeper records its node, :func:`~accelpact.impl.controlplane.spare_node_key`)."""
+        return k // self.per_node if 0 <= k < self.spares else None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "SpareLayout | None":
+        """The layout a launcher's (or a kept worker's) environment describes; None when the job has no
+        spares.  :data:`SPARES_PER_NODE_ENV` names the spares of each node; without it, ``ACCELPACT_SPARES``
+        (deprecated) names them on a one-node job only, where the two agree (a job of several nodes is
+        refused: its spares would all be the last node's).  Both given, ``ACCELPACT_SPARES`` must be
+        their total.  ``WORLD_SIZE`` must be a multiple of ``LOCAL_WORLD_SIZE`` (the same number of
+        processes on every node).  :class:`LayoutError` names the variable."""
+        per, total = _int_var(env, SPARES_PER_NODE_ENV), _int_var(env, SPARES_ENV)
+        if not per and not total:
+            return None
+        world = _int_var(env, "WORLD_SIZE")
+        if world is None or world < 1:
+            raise LayoutError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r}: spares need the launcher's WORLD_SIZE (>= 1)")
+        slots = _int_var(env, "LOCAL_WORLD_SIZE")
+        slots = world if slots is None else slots
+        if slots < 1 or world % slots:
+            raise LayoutError(f"LOCAL_WORLD_SIZE={slots} does not divide WORLD_SIZE={world}: spares per node need the "
+                              "same number of processes on every node (--nproc-per-node)")
+        nodes = world // slots
+        if per is None:
+            assert total is not None
+            if nodes > 1:
+                raise LayoutError(f"{SPARES_ENV}={total} on a job of {nodes} nodes: spares are per node, and the last "
+                                  f"{total} rank(s) would all be the last node's; set {SPARES_PER_NODE_ENV}=K instead "
+                                  "(accelpact launch --spares K: K spares on each node)")
+            per = total
+        elif total is not None and total != nodes * per:
+            raise LayoutError(f"{SPARES_ENV}={total} disagrees with {SPARES_PER_NODE_ENV}={per} on {nodes} node(s) "
+                              f"({nodes * per} spares): unset {SPARES_ENV} (accelpact launch --spares K sets the spares "
+                              "of each node)")
+        if per == 0:
+            return None
+        if per >= slots:
+            name = SPARES_PER_NODE_ENV if _int_var(env, SPARES_PER_NODE_ENV) is not None else SPARES_ENV
+            raise LayoutError(f"{name}={per} leaves no training rank on a node of {slots} processes (LOCAL_WORLD_SIZE; "
+                              "--nproc-per-node counts every process, spares included)")
+        return cls(nodes, slots, per)
+
+    def slot_from_env(self, env: Mapping[str, str]) -> tuple[int, int]:
+        """This process's slot (node, local) from the launcher's ``RANK`` and ``LOCAL_RANK``: torchrun
+        numbers the processes node after node, so node = ``(RANK - LOCAL_RANK) // LOCAL_WORLD_SIZE``."""
+        rank = _int_var(env, "RANK")
+        if rank is None or rank < 0:
+            raise LayoutError(f"RANK={env.get('RANK')!r}: spares need the launcher's RANK (>= 0)")
+        local = _int_var(env, "LOCAL_RANK")
+        if self.nodes == 1:
+            local = rank if local is None else local
+        if local is None or not 0 <= local < self.slots or local > rank or (rank - local) % self.slots:
+            raise LayoutError(f"LOCAL_RANK={env.get('LOCAL_RANK')!r} with RANK={rank} and LOCAL_WORLD_SIZE={self.slots}: "
+                              "not a slot of a launcher that numbers its processes node after node (torchrun)")
+        return (rank - local) // self.slots, local
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise LayoutError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise LayoutError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
+def claim_order(candidates: Iterable[int], home: int | None, node_of: Callable[[int], int | None]) -> list[int]:
+    """The order in which a claim for a dead identity tries the pool's spares: those on the identity's
+    home node (``home``) first, then every other, each part by index.  ``home`` None (one node, or no
+    layout known): by index."""
+    ks = sorted(candidates)
+    if home is None:
+        return ks
+    return sorted(ks, key=lambda k: node_of(k) != home)
+
+
+def _layout_here() -> SpareLayout | None:
+    """The job's layout as this process's keeper gave it (None: unknown or none: claims go by index)."""
+    try:
+        return SpareLayout.from_env(os.environ)
+    except LayoutError:
+        return None
+
 
 
 # ------------------------------------------------------------------------------------- notices
@@ -369,17 +546,22 @@ def pool_covers(store: Any, g: int, dead: Sequence[int], spares: int) -> bool:
     """The decision's ``spare`` fact (model ``hotswap._facts``): the pool holds a spare for every
     dead rank of generation ``g`` whose claim has not begun.  The pool is read before the claims,
     and a claim begins (``claimers_key``) before it takes from the pool, so a claim under way is
-    never counted twice: once as taken, once as still to claim."""
-    taken = int(store.add(NEXT_KEY, 0))
-    left = sum(1 for k in range(taken, pool_size(store, spares)) if not store.check([spare_gone_key(k)]))
+    never counted twice: once as taken, once as still to claim.  A spare on any node counts."""
+    left = sum(1 for k in range(pool_size(store, spares)) if _idle(store, k))
     todo = [d for d in dead if int(store.add(claimers_key(g, d), 0)) == 0]
     return left >= len(todo)
+
+
+def _idle(store: Any, k: int) -> bool:
+    """Spare ``k`` is in the pool: no claim took it and its keeper did not post it gone."""
+    return not store.check([taken_key(k)]) and not store.check([spare_gone_key(k)])
 
 
 def holder_since(store: Any, rank: int) -> int:
     """The generation from which the process now holding ``rank``'s identity holds it: ``g + 1`` for
     the latest claim (of generation ``g``) that assigned a spare to ``rank`` (``swap/assign/{k}`` of
-    every spare taken from the pool so far), else 0 (the rank's own worker)."""
+    every spare taken from the pool so far: each has an index below ``swap/next``), else 0 (the rank's
+    own worker)."""
     since = 0
     for k in range(int(store.add(NEXT_KEY, 0))):
         if store.check([assign_key(k)]):
@@ -389,27 +571,53 @@ def holder_since(store: Any, rank: int) -> int:
     return since
 
 
+def _take(store: Any, g: int, dead: int, spares: int, layout: SpareLayout | None) -> int | None:
+    """Take one idle spare from the pool for ``dead`` (single assignment on ``swap/taken/{k}``), the dead
+    identity's home node's first (:func:`claim_order`; a refilled spare's node is what its keeper
+    recorded); None when the pool is empty.  ``swap/next`` is raised above the index taken."""
+    home = layout.node_of_rank(dead) if layout is not None and layout.nodes > 1 else None
+
+    def node_of(k: int) -> int | None:
+        assert layout is not None
+        n = layout.node_of_spare(k)
+        if n is None and store.check([spare_node_key(k)]):
+            n = int(store.get(spare_node_key(k)).decode())
+        return n
+
+    mark = f"{g}:{dead}"
+    for k in claim_order(range(pool_size(store, spares)), home, node_of):
+        if store.check([spare_gone_key(k)]):  # a spare that died idle is no longer in the pool
+            continue
+        if store.compare_set(taken_key(k), "", mark).decode() != mark:
+            continue  # another claim took it
+        bound = int(store.add(NEXT_KEY, 0))
+        if bound <= k:  # two claims raising it at once may overshoot: it is a bound, never a count
+            store.add(NEXT_KEY, k + 1 - bound)
+        return k
+    return None
+
+
 def claim_write(store: Any, g: int, dead: int, spares: int, point: str = "",
-                on_claim: Callable[[], None] | None = None) -> tuple[bool, int | None]:
+                on_claim: Callable[[], None] | None = None, layout: SpareLayout | None = None) -> tuple[bool, int | None]:
     """The store writes of ``RankClaimSpare`` for ``dead`` in generation ``g``: the first survivor to
-    claim (a counter) takes one spare from the pool (``swap/next``; spares whose keeper posted them
-    gone, :func:`~accelpact.impl.controlplane.spare_gone_key`, are passed over), writes its index into
+    claim (a counter) takes one spare from the pool (:func:`_take`: an idle spare of the dead
+    identity's node first, then one of another node; spares whose keeper posted them gone,
+    :func:`~accelpact.impl.controlplane.spare_gone_key`, are passed over), writes its index into
     ``g{g}/spare/{dead}`` (single assignment: ``none`` when the pool is empty) and tells the spare
     (``swap/assign/{k}``).  Returns (this rank was the claimer, the spare it wrote or None).  No
     wait: the engine takes it under its write/record hold.  ``on_claim``: what the claimer does
-    before any spare can be told (a grow publishes the vacant identity's state at F there)."""
+    before any spare can be told (a grow publishes the vacant identity's state at F there).
+    ``layout``: the job's :class:`SpareLayout` (default: the one this process's keeper gave it in the
+    environment; none: spares by index)."""
     key = claim_key(g, dead)
     if int(store.add(claimers_key(g, dead), 1)) != 1:
         return False, None
     if on_claim is not None:
         on_claim()
-    k = int(store.add(NEXT_KEY, 1)) - 1
-    size = pool_size(store, spares)
-    while k < size and store.check([spare_gone_key(k)]):  # a spare that died idle is no longer in the pool
-        k = int(store.add(NEXT_KEY, 1)) - 1
-    value = str(k) if k < size else "none"
+    k = _take(store, g, dead, spares, layout if layout is not None else _layout_here())
+    value = str(k) if k is not None else "none"
     stood = store.compare_set(key, "", value).decode()
-    if stood == value and value != "none":
+    if stood == value and k is not None:
         store.set(assign_key(k), f"{dead}:{g}:{point}")
         return True, k
     return True, None
