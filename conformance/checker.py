@@ -21,7 +21,10 @@ In the style of etcd raft's and CCF's trace validation (spec/trace-checking.md):
   may also happen as silent (unlogged) steps, at most ``silent_bound`` in a row;
 * the traces are accepted only if EVERY rank's trace is consumed to its end and each rank's
   ``end`` record agrees with the model (etcd's TraceMatched): a matcher that stops early must
-  not report success.
+  not report success;
+* told nothing (:func:`check_told_nothing`, a user's run), the run is cut at its episodes and each
+  episode searched from the states the one before ends in (:class:`EpisodeSearch`), the searches
+  chained lazily; one search (:class:`Search`) is one depth-first search of a stretch of records.
 
 On rejection the :class:`Verdict` explains: the first unmatched record per rank (and why each
 candidate action disagreed), the model states the search could have been in, the actions the model
@@ -33,15 +36,16 @@ from __future__ import annotations
 
 import heapq
 import json
+import random
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, Iterable, Iterator, Mapping, cast
 
 from ..model.batches import share as batch_share
 from ..model.forget import forget_past
 from ..model.contract import EnvelopeError, IN_FLIGHT_PHASES, envelope_from_mapping, without_discard
-from ..model.protocol import ACTIONS, Action, _replicas_in, all_actions, link_arg, true_lookup
+from ..model.protocol import ACTIONS, Action, _replicas_in, all_actions, is_final, link_arg, true_lookup
 from ..model.transitions import actions_for, enabled, successors
 from ..model.state import (
     PC_CRASHED,
@@ -153,7 +157,7 @@ def elastic_from_headers(traces: Mapping[int, RankTrace]) -> dict[str, Any]:
     ``shrink`` and ``micro_batches``: the job opted in (``attach(micro_batches=M)``: the engine's header
     says ``"shrink": true, "micro_batches": M``).  ``refill``: a keeper may have started a fresh spare for
     a dead worker, which no trace records (keepers are not traced; ``KeeperRefill`` is an unlogged model
-    step, :meth:`TraceChecker._refills`).  A header's ``"refill"`` (true/false) says it; a header
+    step, :meth:`Search._refills`).  A header's ``"refill"`` (true/false) says it; a header
     without one: whenever the job had spares or opted in to shrink (a keeper refills by default,
     ``ACCELPACT_REFILL=1``) and the records need it: the job opted in to shrink (its grows take spares
     from the pool), or more spares joined (``SpareJoin`` records) than the job had.  A refill is
@@ -289,7 +293,7 @@ def _refs_stale(rk) -> int:
 #: replaced), and the reads of a decision that stands (a written decision never changes, S2.1):
 #: RankAwaitAgreement (arrived -> agreed) and RankResume (ready -> train in g+1; validation counts a
 #: member as joined in both).  Not RankRebind or RankValidate: they can complete a peer's validation
-#: and so disable its RankTimeout.  Exceptions (TraceChecker._safe): RankGuard ends the window of the
+#: and so disable its RankTimeout.  Exceptions (Search._safe): RankGuard ends the window of the
 #: rank's own FaultCorrupt (which does not disable the guard), so it is not taken alone while that
 #: fault can still strike silently; RankResume ends the episode, see :func:`resume_alone`.
 _LOCAL = ("RankGuard", "RankReplace", "RankAwaitAgreement", "RankResume")
@@ -518,7 +522,7 @@ def _elastic_disagreement(cfg: Config, pre: State, post: State, g: int, rec: Rec
 @dataclass(frozen=True, slots=True)
 class Steps:
     """Model steps that one record stands for, in order (the last is the record's own action): unlogged
-    ``KeeperRefill`` steps the record needed before it (:meth:`TraceChecker._refills`), and the engine's
+    ``KeeperRefill`` steps the record needed before it (:meth:`Search._refills`), and the engine's
     ``RankStartGrow`` record, which is the model's ``RankStartGrow`` (by the rank that opened the grow)
     and that rank's ``RankObserve`` at the boundary, or the observation alone (a rank that found the
     grow open: every rank records ``RankStartGrow``, the grow's single assignment, impl/shrink.py
@@ -587,7 +591,10 @@ class Verdict:
 
 
 class TraceChecker:
-    """Checks the traces of one attempt against one model configuration (see module doc)."""
+    """Checks the traces of one attempt against one model configuration (see module doc): the traces
+    and what the search needs to know of each record, the checks before the search, and the verdict.
+    The search itself is a :class:`Search` of the whole run, or, told nothing, one
+    :class:`EpisodeSearch` per episode (:meth:`_check_episodes`)."""
 
     def __init__(self, cfg: Config, traces: Mapping[int, RankTrace], *, script: Script | None = None,
                  abstraction: Abstraction | None = None, silent_bound: int = 4, max_nodes: int = 500_000,
@@ -650,10 +657,27 @@ class TraceChecker:
         #: (action, generation, count) of the adds no other record of that generation reports the
         #: count of: with no write lost, such a record matches only after exactly count - 1 adds
         self.ordered = frozenset() if drops or cfg.mutant is not None else frozenset(k for k, n in counts.items() if n == 1)
+        #: per generation, the groups whose members' records name the next generation's communicator (a
+        #: RankReplace or RankRebind: they rebuilt it, so their group failed), each with the points its
+        #: members' RankObserve records of that generation name: the silent group failures the search
+        #: tries first (:meth:`Search._silent`)
+        rebuilt: dict[int, dict[int, set[str]]] = {}
+        for r in self.world:
+            for rec in self.recs[r]:
+                comm = rec.state.get("comm")
+                if rec.action in ("RankReplace", "RankRebind") and isinstance(comm, str) and comm_generation(comm) == rec.gen + 1:
+                    rebuilt.setdefault(rec.gen, {}).setdefault(cfg.group_of(r), set())
+        for r in self.world:
+            for rec in self.recs[r]:
+                seen = rebuilt.get(rec.gen, {}).get(cfg.group_of(r))
+                if rec.action == "RankObserve" and seen is not None and isinstance(rec.state.get("point"), str):
+                    seen.add(rec.state["point"])
+        self.rebuilt = {g: {gi: frozenset(ps) for gi, ps in groups.items()} for g, groups in rebuilt.items()}
 
-    def _silent_possible(self, name: str, r: int) -> bool:
-        """Whether ``name`` of rank ``r`` may be taken as a silent step (an unlogged fault)."""
-        if not self.cfg.max_faults or not any(a.name == name and a.rank in (r, None) for a in self.silent):
+    def _silent_possible(self, name: str, r: int, cfg: Config | None = None) -> bool:
+        """Whether ``name`` of rank ``r`` may be taken as a silent step (an unlogged fault) under ``cfg``
+        (default: the checker's; a search's has its own fault budget)."""
+        if not (cfg or self.cfg).max_faults or not any(a.name == name and a.rank in (r, None) for a in self.silent):
             return False
         return self.script is None or any(f.action == name and r in (f.rank, getattr(f, "by", None), None)
                                           for f in self.script.faults)
@@ -724,6 +748,308 @@ class TraceChecker:
 
     # -- successors --------------------------------------------------------------------
 
+    def _claimed_already(self, s: State, r: int, rec: Record, cursors: tuple[int, ...]) -> bool:
+        """A ``RankClaimSpare`` record whose identities (``detail.claims``' keys) the model's one
+        ``RankClaimSpare`` of the rank's generation has claimed already, by a rank that could have made
+        it (alive, in that generation, at a pc the action starts from).  The engine claims each dead
+        (or vacant) identity by its own compare_set and records the claims it won (impl/effects.py
+        ``_claim_spares``), so concurrent detectors may each win some (a real 2x2 HSDP grow: rank 2 the
+        benched holder of identity 0, rank 3 a spare for identity 1); the model claims them all in one
+        step (P16).  The record then stands for no step, as a second member's record of one group
+        failure does.  Each identity is won by one compare_set, so by one record: a record naming an
+        identity that a record already matched (``cursors``: every rank's records consumed so far) named
+        too is two claims of one identity (the seeded bug ``claim-per-survivor``), never a share."""
+        claims = rec.detail.get("claims")
+        ids = _claim_ids(claims) if isinstance(claims, dict) else None
+        if not ids:
+            return False
+        rk = s.ranks[r]
+        g = rk.gen
+        if rec.gen != g or rk.hung or rk.pc not in (ACTIONS["RankClaimSpare"].pcs or ()):
+            return False
+        if not ids <= {d for gg, d, _inc in s.store.claims if gg == g}:
+            return False
+        named = set()
+        for q, c in zip(self.world, cursors, strict=True):
+            for prev in self.recs[q][:c]:
+                if prev.action == "RankClaimSpare" and prev.gen == g and isinstance(prev.detail.get("claims"), dict):
+                    named |= _claim_ids(prev.detail["claims"]) or set()
+        return not ids & named
+
+    def _done(self, node: Node) -> str | None:
+        """None when every trace is consumed and each rank's end agrees with the model."""
+        for r in self.world:
+            if node.cursors[r] != len(self.recs[r]):
+                return f"rank {r} has unconsumed records"
+        s = node.state
+        # the supervisor's teardown (torchrun's agent stops every worker of the attempt once one of them
+        # died or exited, whether it restarts the job or not): a survivor it killed writes no end record,
+        # wherever the protocol had it (T4); the records before still had to match the model.  Not in an
+        # attempt some rank finished ('released', 'left'): that one ended by itself, no teardown came
+        torn = any(rk.pc in (PC_CRASHED, PC_EXITED) for rk in s.ranks) and not any(
+            (self.traces[q].end or {}).get("outcome") in ("released", "left") for q in self.world)
+        for r in self.world:
+            rk = s.ranks[r]
+            end = self.traces[r].end
+            if end is None:
+                # Every exit path writes the end record (exitcodes.exit_now, Pact.close); only a
+                # signal leaves none: the rank's own SIGKILL (crashed), or torchrun killing a worker
+                # that the protocol had not ended (hung or crashed: no exit reason) for its restart.
+                if not (rk.pc == PC_CRASHED or (s.supervisor and not rk.reason) or (torn and not rk.reason)):
+                    return (f"rank {r}'s trace stops without an end record while the model has it {rk.pc} "
+                            "(only a rank killed by a signal may lack one: its own death, or the supervisor's teardown "
+                            "once a peer died or exited; truncated?)")
+                continue
+            out = end.get("outcome")
+            if out == "left":  # its replica left (P19.3): it idled as a spare until the job ended
+                if rk.pc != PC_LEFT:
+                    return f"rank {r} ends 'left' but the model has it {rk.pc} (only a rank whose replica left idles as a spare)"
+                continue
+            if out == "released" and not (rk.pc == PC_TRAIN and not rk.hung):
+                return f"rank {r} ends 'released' but the model has it {rk.pc}"
+            if out == "exited" and rk.pc not in (PC_EXITED,) and not s.supervisor:
+                return f"rank {r} ends 'exited' but the model has it {rk.pc}"
+            if out == "exited" and s.supervisor and rk.reason == "" and rk.pc != PC_EXITED:
+                return f"rank {r} ends 'exited' but the model never ended it"
+        return None
+
+    def _left(self, lo: tuple[int, ...], hi: tuple[int, ...]) -> tuple[int, ...]:
+        """How many records of each class of :data:`CLASSES` lie between cursors ``lo`` and ``hi``."""
+        left = [0] * len(CLASSES)
+        for r in self.world:
+            for k in self.cls[r][lo[r]:hi[r]]:
+                if k >= 0:
+                    left[k] += 1
+        return tuple(left)
+
+    def check(self) -> Verdict:
+        asked = requested_shrinks(self.traces)
+        if asked:
+            return requested_shrink_verdict(asked)
+        if self.prechecks:
+            findings = precheck(self.cfg, self.traces, silent_possible=self._silent_possible)
+            if findings:
+                return self._refute(findings)
+        if self.episodes:
+            cuts = episode_cuts(self.recs)
+            if cuts:
+                return self._check_episodes(cuts)
+        zero = tuple(0 for _ in self.world)
+        start = Node(initial_state(self.cfg), zero, frozenset(), 0, left=self._left(zero, tuple(len(self.recs[r]) for r in self.world)))
+        search = Search(self, self.cfg, self.events, self.total, self.max_nodes)
+        hit = next(search.run([start]), None)
+        if hit is not None:
+            return Verdict(True, f"accepted: {hit.done} records of {len(self.world)} ranks match the model",
+                           len(search.parent), self._path(search.parent, hit))
+        v = self._reject(search)
+        best = search.best[0]
+        v.gen = min((self.recs[r][best.cursors[r]].gen for r in self.world if best.cursors[r] < len(self.recs[r])),
+                    default=None)
+        return v
+
+    def _check_episodes(self, cuts: list["Cut"]) -> Verdict:
+        """The search of a run told nothing, episode by episode (spec/trace-checking.md, "Episodes").
+
+        Generation g's records (an episode: from its observation to every live rank's resume or
+        exit) are searched (:class:`EpisodeSearch`) from every state the search of the records before
+        them ended in, and end in the states the next episode starts from: a run of E episodes costs
+        E searches of one episode each, not one search of their product.  The searches are chained
+        lazily: an episode's search starts from the first state the one before ends in, as soon as
+        it is found, and asks for the next only when it cannot accept from those it has (an honest
+        run is one walk per episode; a rejection still searches every episode from every state).
+        Each episode has its own budget of faults (:func:`episode_budget`; the model state's count
+        starts again at 0), inferred from its own records.  A path the chained searches accept is a
+        path of the model (its episodes' paths concatenated, with the sum of their budgets); that
+        every path of the model that matches the records can be so cut is the lemma in the spec (a
+        rank's steps of generation g never depend on a peer's of a later generation)."""
+        zero = tuple(0 for _ in self.world)
+        s0 = initial_state(self.cfg)
+        #: per episode: the nodes it starts from (drawn from the episode before as that one finds
+        #: them), and the model path to each one's state (for the verdict)
+        sources: list[_Replay] = [_Replay(iter([Node(s0, zero, frozenset(), 0)]))]
+        paths: list[dict[State, list[str]]] = [{s0: []}]
+        #: one fault more for an episode whose successor needs a fault struck inside it (the store's
+        #: loss, which strikes only while an episode runs, met by a later generation's records: the
+        #: one fault that does not commute past the cut, spec/trace-checking.md "Episodes")
+        extra = [0] * len(cuts)
+        chain: list[EpisodeSearch] = []
+        spent: list[EpisodeSearch] = []  # every episode search made, for the node count
+        k = 0
+        while True:
+            del chain[k:], sources[k + 1:], paths[k + 1:]
+            for i in range(k, len(cuts)):
+                ep = EpisodeSearch(self, i, cuts, sources[i], extra[i])
+                chain.append(ep)
+                spent.append(ep)
+                if i + 1 < len(cuts):
+                    paths.append({})
+                    sources.append(_Replay(self._following(ep, paths[i], paths[i + 1])))
+            hit = next(chain[-1].ends(), None)
+            nodes = sum(len(s.parent) for ep in spent for s in ep.searches)
+            if _TRACE_EPISODES:
+                print(f"  {'accepted' if hit is not None else 'not accepted'}; every search so far:")
+                for ep in spent:
+                    for s in ep.searches:
+                        print(f"    {ep.cut.name}: budget {s.cfg.max_faults}, {s.starts} start(s), {len(s.parent)} nodes, "
+                              f"{s.ends} end(s)")
+            if hit is not None:
+                search = chain[-1].searches[-1]
+                return Verdict(True, f"accepted: {hit.done} records of {len(self.world)} ranks match the model "
+                                     f"(generation by generation: {len(cuts)} searches)", nodes,
+                               self._whole(search.parent, hit, paths[-1]))
+            # the episode that failed: the first whose searches found no end, from every state the one before ended in
+            i = next((j for j, ep in enumerate(chain) if ep.used is None), len(chain) - 1)
+            ep = chain[i]
+            if i > 0 and not extra[i - 1] and any(self.recs[e[1]][e[2]].action == "RankLoseStore" for e in ep.events):
+                # the store's loss strikes only while an episode runs (FaultStoreLoss): a rank that meets
+                # it in this generation may have met one struck in the episode before, while it was
+                # still in that one's last steps
+                before = chain[i - 1]
+                assert before.used is not None  # it found the ends episode i started from
+                extra[i - 1] = before.used + 1 - cuts[i - 1].budget
+                k = i - 1
+                continue
+            first = ep.searches[0]
+            v = self._reject(first)
+            lines = v.message.splitlines()
+            lines[0] += (f" (in {ep.cut.name}, episode {i + 1} of {len(cuts)}, searched from {len(sources[i].items)} state(s) "
+                         f"with {ep.low} to {ep.low + len(ep.searches) - 1} fault(s) of its own; shown: with {ep.low})")
+            return Verdict(False, "\n".join(lines), nodes, self._whole(first.parent, first.best[0], paths[i]), v.unmatched,
+                           gen=ep.cut.gen)
+
+    def _following(self, ep: "EpisodeSearch", before: Mapping[State, list[str]], after: dict[State, list[str]]) -> Iterator[Node]:
+        """The nodes the episode after ``ep`` starts from, drawn as ``ep`` finds them: each distinct state
+        ``ep`` ends in, the finished episodes' facts that no step reads forgotten (model/forget.py), its
+        fault count at 0.  ``after`` collects the model path to each (``before``: to ``ep``'s starts)."""
+        for n in ep.ends():
+            st = forget_past(self.cfg, n.state).with_(faults=0)
+            if st not in after:
+                after[st] = self._whole(ep.searches[-1].parent, n, before)
+                yield Node(st, n.cursors, n.fired, 0, done=n.done)
+
+    def _refute(self, findings: list[Finding]) -> Verdict:
+        """A rejection by :func:`~accelpact.conformance.checker_precheck.precheck` (no search)."""
+        lines = ["rejected: no interleaving of the traces is a behaviour of the model (found before the search: "
+                 "a rank's records are not a path of its local steps, or what the store orders is inconsistent)"]
+        lines += [f.line(self.traces[f.rank].end) for f in findings[:16]]
+        if len(findings) > 16:
+            lines.append(f"  ... and {len(findings) - 16} more")
+        unmatched: dict[int, str] = {}
+        for f in findings:
+            if f.record is not None:
+                unmatched.setdefault(f.rank, str(f.record))
+        gens = [f.record.gen for f in findings if f.record is not None]
+        return Verdict(False, "\n".join(lines), 0, [], unmatched, gen=min(gens) if gens else None)
+
+    def _whole(self, parent, node, before: Mapping[State, list[str]]) -> list[str]:
+        """The model path to ``node`` from the run's start: the path to its episode's start state
+        (``before``), then :meth:`_path`."""
+        root = node
+        while parent[root][0] is not None:
+            root = parent[root][0]
+        return list(before.get(root.state, [])) + self._path(parent, node)
+
+    def _path(self, parent, node) -> list[str]:
+        out = []
+        while node is not None:
+            prev, label = parent[node]
+            if label:
+                out.append(label)
+            node = prev
+        return out[::-1]
+
+    def _reject(self, search: "Search") -> Verdict:
+        """The diagnostics of a rejection, read off the furthest nodes of ``search``."""
+        parent, best, done_problem = search.parent, search.best, search.done_problem
+        node = best[0]
+        if search.exhausted:
+            lines = [f"rejected: search budget of {search.limit} nodes exhausted (raise max_nodes; furthest progress "
+                     f"{node.done} records)"]
+        else:
+            lines = ["rejected: no interleaving of the traces is a behaviour of the model"]
+        if done_problem:
+            lines.append(f"  all records matched, but at the end: {done_problem}")
+        small = len(self.world) <= 16
+        reasons: dict[tuple[int, int], str] = {}
+        for b in best if small else best[:1]:
+            for r in self.world:
+                if b.cursors[r] < len(self.recs[r]):
+                    for a, _t, why in search._match(b, r):
+                        if why is not None:
+                            reasons.setdefault((r, b.cursors[r]), f"{a}: {why}")
+        unmatched = {}
+        lines.append(f"  furthest match: {node.done} of {self.total} records")
+        rows = []
+        for r in self.world:
+            c = node.cursors[r]
+            if c < len(self.recs[r]):
+                rec = self.recs[r][c]
+                why = reasons.get((r, c), "no model action of that name is enabled for the rank there")
+                unmatched[r] = str(rec)
+                rows.append(((r, c) not in reasons, r, f"  rank {r}: first unmatched {rec}  -- {why}"))
+            elif small:
+                rows.append((False, r, f"  rank {r}: consumed ({len(self.recs[r])} records)"))
+        if not small:  # large worlds: at most 16 lines, the records the guide puts first
+            order = {(r, i): n for n, (_k, r, i) in enumerate(self.events)}
+            rows.sort(key=lambda row: order.get((row[1], node.cursors[row[1]]), 0))
+        lines += [row for _k, _r, row in rows[:16 if not small else None]]
+        if not small and len(rows) > 16:
+            lines.append(f"  ... and {len(rows) - 16} more ranks with unmatched records")
+        lines.append("  model states it could have been in:")
+        for b in best[:4 if small else 1]:
+            if small:
+                pcs = " ".join(f"r{i}:{rk.pc}/g{rk.gen}{'/hung' if rk.hung else ''}{'/raised' if rk.raised else ''}"
+                               for i, rk in enumerate(b.state.ranks))
+            else:
+                tally: dict[str, int] = {}
+                for rk in b.state.ranks:
+                    k = f"{rk.pc}/g{rk.gen}{'/hung' if rk.hung else ''}{'/raised' if rk.raised else ''}"
+                    tally[k] = tally.get(k, 0) + 1
+                pcs = " ".join(f"{k} x{n}" for k, n in sorted(tally.items()))
+            allowed = [str(a) for a in self.actions if enabled(search.cfg, b.state, a)]
+            shown = ", ".join(allowed[:40]) + (f" and {len(allowed) - 40} more" if len(allowed) > 40 else "")
+            lines.append(f"    {pcs} abort={b.state.store.abort or '-'}; model allows: {shown or 'nothing'}")
+        path = self._path(parent, node)
+        shown_path = path if len(path) <= 200 else path[:50] + [f"... {len(path) - 100} steps ..."] + path[-50:]
+        lines.append("  model path to the furthest match: " + (" -> ".join(shown_path) or "(initial state)"))
+        return Verdict(False, "\n".join(lines), len(parent), path, unmatched)
+
+
+class Search:
+    """One depth-first search, memoised, over a stretch of a run's records (spec/trace-checking.md,
+    "The search"): ``events``, the records it consumes in the guide's order (the whole run's, or one
+    episode's), under ``cfg`` (the checker's configuration, or an episode's with its own fault budget),
+    from the start nodes :meth:`run` is given, sharing one memo (``parent``), at most ``limit`` nodes.
+    ``cut``: a node that consumed ``target`` records is an end of the stretch (an episode's: the next
+    one starts from it) and is not expanded; else it is accepted when every rank's end agrees with the
+    model (:meth:`TraceChecker._done`).  What it reads of the records is the checker's
+    (:class:`TraceChecker`)."""
+
+    def __init__(self, checker: TraceChecker, cfg: Config, events: list[tuple[int, int, int]], target: int,
+                 limit: int, *, cut: bool = False) -> None:
+        self.ck = checker
+        self.cfg = cfg
+        self.events = events
+        self.target = target
+        self.limit = limit
+        self.cut = cut
+        # the checker's, read at every node
+        self.recs, self.cls, self.world, self.script, self.abst = checker.recs, checker.cls, checker.world, checker.script, checker.abst
+        self.by_rank, self.silent, self.silent_bound, self.ordered = checker.by_rank, checker.silent, checker.silent_bound, checker.ordered
+        self.refill_actions, self.silent_faults = checker.refill_actions, checker.silent_faults
+        #: the search's state: parent links (the memo), the furthest nodes, why the furthest complete
+        #: node was not accepted, whether ``limit`` ran out; start nodes and ends met (for the record)
+        self.parent: dict[Node, tuple[Node | None, str]] = {}
+        self.best: list[Node] = []
+        self.done_problem: str | None = None
+        self.exhausted = False
+        self.starts = 0
+        self.ends = 0
+
+    def _silent_possible(self, name: str, r: int) -> bool:
+        """Whether ``name`` of rank ``r`` may be taken as a silent step under this search's budget."""
+        return self.ck._silent_possible(name, r, self.cfg)
+
     def _script_ok(self, node: Node, a: Action) -> tuple[bool, frozenset[int]]:
         if not a.name.startswith("Fault") or self.script is None:
             return True, node.fired
@@ -760,7 +1086,7 @@ class TraceChecker:
         elif rec.action in JOB_WIDE:
             # a job-wide fault (FaultStoreLoss) logged by the rank that triggered it: no actor
             cands = [Action(rec.action)]
-        elif rec.action == "RankClaimSpare" and self._claimed_already(s, r, rec, node.cursors):
+        elif rec.action == "RankClaimSpare" and self.ck._claimed_already(s, r, rec, node.cursors):
             yield (NoStep(f"(r{r} records its share of generation {rec.gen}'s claims, all made by the model's RankClaimSpare)"),
                    Node(s, cursors, node.fired, 0, done=done, left=left), None)
             return
@@ -800,34 +1126,6 @@ class TraceChecker:
                 label = a if len(plan) == 1 and not pre_steps else Steps(pre_steps + plan)
                 yield label, Node(t, cursors, fired, 0, done=done, left=left), why
 
-    def _claimed_already(self, s: State, r: int, rec: Record, cursors: tuple[int, ...]) -> bool:
-        """A ``RankClaimSpare`` record whose identities (``detail.claims``' keys) the model's one
-        ``RankClaimSpare`` of the rank's generation has claimed already, by a rank that could have made
-        it (alive, in that generation, at a pc the action starts from).  The engine claims each dead
-        (or vacant) identity by its own compare_set and records the claims it won (impl/effects.py
-        ``_claim_spares``), so concurrent detectors may each win some (a real 2x2 HSDP grow: rank 2 the
-        benched holder of identity 0, rank 3 a spare for identity 1); the model claims them all in one
-        step (P16).  The record then stands for no step, as a second member's record of one group
-        failure does.  Each identity is won by one compare_set, so by one record: a record naming an
-        identity that a record already matched (``cursors``: every rank's records consumed so far) named
-        too is two claims of one identity (the seeded bug ``claim-per-survivor``), never a share."""
-        claims = rec.detail.get("claims")
-        ids = _claim_ids(claims) if isinstance(claims, dict) else None
-        if not ids:
-            return False
-        rk = s.ranks[r]
-        g = rk.gen
-        if rec.gen != g or rk.hung or rk.pc not in (ACTIONS["RankClaimSpare"].pcs or ()):
-            return False
-        if not ids <= {d for gg, d, _inc in s.store.claims if gg == g}:
-            return False
-        named = set()
-        for q, c in zip(self.world, cursors, strict=True):
-            for prev in self.recs[q][:c]:
-                if prev.action == "RankClaimSpare" and prev.gen == g and isinstance(prev.detail.get("claims"), dict):
-                    named |= _claim_ids(prev.detail["claims"]) or set()
-        return not ids & named
-
     def _refills(self, s: State) -> list[tuple[tuple[Action, ...], State]]:
         """The states a record may be matched from: ``s`` itself, and ``s`` after 1..n of the n
         ``KeeperRefill`` steps the model enables there (P19.4: a keeper starts a fresh spare for its dead
@@ -860,16 +1158,28 @@ class TraceChecker:
         # dead (``detail.dead``), a spare joined as it, or its trace stops without an end record (a
         # SIGKILL from outside, unlogged).  Only an order (the search is exhaustive), but without it the search tried every
         # other silent fault first: real runs told nothing, a 2x2 HSDP shrink took 96,526 nodes (27 now),
-        # three swaps with refills 144,457
+        # three swaps with refills 144,457.  Then the failure of a group whose members' records name a
+        # rebuilt communicator in that generation, at a point they observed (TraceChecker.rebuilt): told
+        # nothing, a 64-rank run otherwise walked an episode under each other group's failure first
         s = node.state
-        steps = sorted(successors(self.cfg, s, self.silent),
-                       key=lambda at: not (at[0].name == "FaultCrash" and at[0].rank is not None
-                                           and (at[0].rank in self.killed
-                                                or at[0].rank in self.named_dead.get(s.ranks[at[0].rank].gen, ()))))
+        steps = sorted(successors(self.cfg, s, self.silent), key=lambda at: self._silent_order(at[0], s))
         for a, t in steps:
             ok, fired = self._script_ok(node, a)
             if ok:
                 yield a, Node(t, node.cursors, fired, node.silent + 1, done=node.done, left=node.left)
+
+    def _silent_order(self, a: Action, s: State) -> tuple[bool, bool, bool]:
+        """The order :meth:`_silent` tries a silent step in (False first): the crash of a rank the records
+        say died; the failure of a group the records say rebuilt its communicator, at a point its members
+        observed; every other step, in the model's order."""
+        ck = self.ck
+        if a.name == "FaultCrash" and a.rank is not None:
+            return (not (a.rank in ck.killed or a.rank in ck.named_dead.get(s.ranks[a.rank].gen, ())), True, True)
+        if a.name == "FaultGroupFail" and ck.rebuilt:
+            g = s.ranks[a.rank].gen if a.rank is not None else max(rk.gen for rk in s.ranks)
+            points = ck.rebuilt.get(g, {}).get(self.cfg.group_of(a.rank if a.rank is not None else self.cfg.affected[0]))
+            return (True, points is None, points is None or a.arg not in points)
+        return (True, True, True)
 
     def _safe(self, node: Node, r: int, quiet: bool) -> bool:
         """Rank r's next record is of a step that commutes with every step that can still happen
@@ -907,49 +1217,12 @@ class TraceChecker:
         f = node.state.store.failed
         return f is not None and all(a is not None and a.arg in (None, f[1]) for a, _t in matches)
 
-    def _done(self, node: Node) -> str | None:
-        """None when every trace is consumed and each rank's end agrees with the model."""
-        for r in self.world:
-            if node.cursors[r] != len(self.recs[r]):
-                return f"rank {r} has unconsumed records"
-        s = node.state
-        # the supervisor's teardown (torchrun's agent stops every worker of the attempt once one of them
-        # died or exited, whether it restarts the job or not): a survivor it killed writes no end record,
-        # wherever the protocol had it (T4); the records before still had to match the model.  Not in an
-        # attempt some rank finished ('released', 'left'): that one ended by itself, no teardown came
-        torn = any(rk.pc in (PC_CRASHED, PC_EXITED) for rk in s.ranks) and not any(
-            (self.traces[q].end or {}).get("outcome") in ("released", "left") for q in self.world)
-        for r in self.world:
-            rk = s.ranks[r]
-            end = self.traces[r].end
-            if end is None:
-                # Every exit path writes the end record (exitcodes.exit_now, Pact.close); only a
-                # signal leaves none: the rank's own SIGKILL (crashed), or torchrun killing a worker
-                # that the protocol had not ended (hung or crashed: no exit reason) for its restart.
-                if not (rk.pc == PC_CRASHED or (s.supervisor and not rk.reason) or (torn and not rk.reason)):
-                    return (f"rank {r}'s trace stops without an end record while the model has it {rk.pc} "
-                            "(only a rank killed by a signal may lack one: its own death, or the supervisor's teardown "
-                            "once a peer died or exited; truncated?)")
-                continue
-            out = end.get("outcome")
-            if out == "left":  # its replica left (P19.3): it idled as a spare until the job ended
-                if rk.pc != PC_LEFT:
-                    return f"rank {r} ends 'left' but the model has it {rk.pc} (only a rank whose replica left idles as a spare)"
-                continue
-            if out == "released" and not (rk.pc == PC_TRAIN and not rk.hung):
-                return f"rank {r} ends 'released' but the model has it {rk.pc}"
-            if out == "exited" and rk.pc not in (PC_EXITED,) and not s.supervisor:
-                return f"rank {r} ends 'exited' but the model has it {rk.pc}"
-            if out == "exited" and s.supervisor and rk.reason == "" and rk.pc != PC_EXITED:
-                return f"rank {r} ends 'exited' but the model never ended it"
-        return None
-
     def _frontier(self, node: Node):
         """Each rank's next record, in the guide's order (:meth:`_guide`), read off the ordered list
         of all records from the node's hint on (amortised O(1) a node on the honest path, not O(|W|))."""
         cur = node.cursors
         pos = node.pos
-        events = self._events
+        events = self.events
         while pos < len(events) and cur[events[pos][1]] > events[pos][2]:
             pos += 1  # consumed: the next node may start after it
         for i in range(pos, len(events)):
@@ -961,7 +1234,7 @@ class TraceChecker:
     def _label(a: Action | None, r: int) -> str:
         return str(a) if a else f"(r{r} logs the group failure again)"
 
-    def _lazy_successors(self, node: Node):
+    def _successors(self, node: Node):
         """The successors of ``node``, records in the guide's order, computed as the search asks
         for them: on the honest path the search takes the first one, so a node costs one model step
         instead of one per rank (what makes 1,024-rank traces affordable).
@@ -981,7 +1254,7 @@ class TraceChecker:
                 matches = [(a, t) for a, t, why in self._match(node, r) if why is None]
                 if matches and self._alone(node, r, matches):
                     for a, t in matches:
-                        yield replace(t, pos=pos), self._label(a, r)
+                        yield Node(t.state, t.cursors, t.fired, t.silent, pos, t.done, t.left), self._label(a, r)
                     return
                 if not matches:
                     continue  # not a successor here
@@ -991,274 +1264,125 @@ class TraceChecker:
         for pos, r in deferred:
             for a, t, why in self._match(node, r):
                 if why is None:
-                    yield replace(t, pos=pos), self._label(a, r)
+                    yield Node(t.state, t.cursors, t.fired, t.silent, pos, t.done, t.left), self._label(a, r)
         for pos, r in frontier:  # past the lookahead: every match, no reduction
             for a, t, why in self._match(node, r):
                 if why is None:
-                    yield replace(t, pos=pos), self._label(a, r)
+                    yield Node(t.state, t.cursors, t.fired, t.silent, pos, t.done, t.left), self._label(a, r)
         for a, t in self._silent(node):
-            yield replace(t, pos=node.pos), f"silent {a}"
+            yield Node(t.state, t.cursors, t.fired, t.silent, node.pos, t.done, t.left), f"silent {a}"
 
-    @property
-    def _events(self) -> list[tuple[int, int, int]]:
-        """The records the search consumes now: every record, or the current episode's
-        (:meth:`_check_episodes`)."""
-        seg = self.__dict__.get("_segment_events")
-        return self.events if seg is None else seg
+    def run(self, starts: Iterable[Node]) -> Iterator[Node]:
+        """Depth-first search that tries records in the guide's order first, from each start node in
+        turn (an episode's: drawn as the episode before finds them), sharing the memo; yields each end
+        of the stretch (``cut``), or the accepting node and stops.
 
-    def _guided(self, starts: list[Node], target: int | None = None, cuts: list[Node] | None = None,
-                budget: int | None = None) -> tuple[Node | None, dict, list[Node], str | None, bool]:
-        """Depth-first search that tries records in the guide's order first.
-
-        The order is only a heuristic for speed: the search is exhaustive (memoised), so the
-        verdict does not depend on timestamps; with honest timestamps it walks straight to the end.
-        From several start nodes (an episode's, :meth:`_check_episodes`) it searches from each in
-        turn, sharing the memo.  With ``cuts`` (an episode that is not the run's last) a node with
-        ``target`` records consumed is collected there and not expanded: the next episode's search
-        starts from every one (the search runs to its end).  Returns (accepting node or None, parent
-        links, the furthest nodes, why the furthest complete node was not accepted, whether the node
-        budget ran out)."""
-        target = self.total if target is None else target
-        limit = self.max_nodes if budget is None else budget
-        parent: dict[Node, tuple[Node | None, str]] = {}
-        best: list[Node] = [starts[0]]
-        done_problem = None
+        The order is only a heuristic for speed: the search is exhaustive (memoised), so the verdict
+        does not depend on timestamps; with honest timestamps it walks straight to the end.  It stops
+        when ``limit`` nodes are met (``exhausted``); the caller reads the furthest nodes
+        (``best``) and why the furthest complete node was not accepted (``done_problem``) off the
+        search for a rejection's diagnostics."""
+        parent, target, limit = self.parent, self.target, self.limit
         for start in starts:
+            self.starts += 1
+            if not self.best:
+                self.best = [start]
             if start in parent:
                 continue
             parent[start] = (None, "")
-            stack = [(start, self._lazy_successors(start))]
+            stack = [(start, self._successors(start))]
             while stack:
                 node, succ = stack[-1]
                 if node.done == target:
-                    if cuts is not None:
-                        cuts.append(node)
+                    if self.cut:
                         stack.pop()
+                        self.ends += 1
+                        yield node
                         continue
-                    problem = self._done(node)
+                    problem = self.ck._done(node)
                     if problem is None:
-                        return node, parent, best, None, False
-                    done_problem = done_problem or problem
+                        self.ends += 1
+                        yield node
+                        return
+                    self.done_problem = self.done_problem or problem
                 for t, label in succ:
                     if t not in parent:
                         if len(parent) >= limit:
-                            return None, parent, best, done_problem, True
+                            self.exhausted = True
+                            return
                         parent[t] = (node, label)
+                        best = self.best
                         if t.done > best[0].done:
-                            best = [t]
+                            self.best = [t]
                         elif t.done == best[0].done and len(best) < 8:
                             best.append(t)
-                        stack.append((t, self._lazy_successors(t)))
+                        stack.append((t, self._successors(t)))
                         break
                 else:
                     stack.pop()
-        return None, parent, best, done_problem, False
 
-    def _left(self, lo: tuple[int, ...], hi: tuple[int, ...]) -> tuple[int, ...]:
-        """How many records of each class of :data:`CLASSES` lie between cursors ``lo`` and ``hi``."""
-        left = [0] * len(CLASSES)
-        for r in self.world:
-            for k in self.cls[r][lo[r]:hi[r]]:
-                if k >= 0:
-                    left[k] += 1
-        return tuple(left)
 
-    def check(self) -> Verdict:
-        asked = requested_shrinks(self.traces)
-        if asked:
-            return requested_shrink_verdict(asked)
-        if self.prechecks:
-            findings = precheck(self.cfg, self.traces, silent_possible=self._silent_possible)
-            if findings:
-                return self._refute(findings)
-        if self.episodes:
-            cuts = episode_cuts(self.recs)
-            if cuts:
-                return self._check_episodes(cuts)
-        zero = tuple(0 for _ in self.world)
-        start = Node(initial_state(self.cfg), zero, frozenset(), 0, left=self._left(zero, tuple(len(self.recs[r]) for r in self.world)))
-        hit, seen, best, done_problem, exhausted = self._guided([start])
-        if hit is not None:
-            return Verdict(True, f"accepted: {hit.done} records of {len(self.world)} ranks match the model",
-                           len(seen), self._path(seen, hit))
-        v = self._reject(seen, best, done_problem, exhausted)
-        v.gen = min((self.recs[r][best[0].cursors[r]].gen for r in self.world if best[0].cursors[r] < len(self.recs[r])),
-                    default=None)
-        return v
+class EpisodeSearch:
+    """The search of one episode (spec/trace-checking.md, "Episodes"): generation ``cuts[index].gen``'s
+    records, from the nodes ``starts`` holds (the states the episode before ended in, or the initial
+    state), under the checker's configuration with the episode's own budget of faults.  The fewest
+    faults its records need first (:func:`episode_budget`, plus ``extra``); one and then two more only
+    where those find no end, never more than the whole run's budget, each deeper :class:`Search` with
+    a quarter of the nodes (more faults, and so fewer steps taken alone: the exception).  ``used``: the
+    budget its ends were found with, None while none was."""
 
-    def _check_episodes(self, cuts: list["Cut"]) -> Verdict:
-        """The search of a run told nothing, episode by episode (spec/trace-checking.md, "Episodes").
+    def __init__(self, checker: TraceChecker, index: int, cuts: list["Cut"], starts: "_Replay", extra: int = 0) -> None:
+        self.ck = checker
+        self.cut = cuts[index]
+        self.last = index == len(cuts) - 1
+        prev = cuts[index - 1].cursors if index else tuple(0 for _ in checker.world)
+        #: the episode's records in the guide's order, and how many of each class
+        self.events = [e for e in checker.events if prev[e[1]] <= e[2] < self.cut.cursors[e[1]]]
+        self.left = checker._left(prev, self.cut.cursors)
+        self.starts = starts
+        self.low = self.cut.budget + extra
+        self.searches: list[Search] = []
+        self.used: int | None = None
 
-        Generation g's records (an episode: from its observation to every live rank's resume or
-        exit) are searched from every state the search of the records before them ended in, and
-        end in the states the next episode starts from: a run of E episodes costs E searches of one
-        episode each, not one search of their product.  Each episode has its own budget of faults
-        (:func:`episode_budget`; the model state's count starts again at 0), inferred from its own
-        records.  A path the chained searches accept is a path of the model (its episodes' paths
-        concatenated, with the sum of their budgets); that every path of the model that matches
-        the records can be so cut is the lemma in the spec (a rank's steps of generation g never
-        depend on a peer's of a later generation)."""
-        base_cfg = self.cfg
-        nodes = 0
-        zero = tuple(0 for _ in self.world)
-        #: per episode: the nodes it starts from, and the model path to each one's state (for the verdict)
-        begins: dict[int, tuple[list[Node], dict[State, list[str]]]] = {
-            0: ([Node(initial_state(base_cfg), zero, frozenset(), 0)], {initial_state(base_cfg): []})}
-        #: one fault more for an episode whose successor needs a fault struck inside it (the store's
-        #: loss, which strikes only while an episode runs, met by a later generation's records: the
-        #: one fault that does not commute past the cut, spec/trace-checking.md "Episodes")
-        extra = [0] * len(cuts)
-        used = [0] * len(cuts)  # the budget each episode's search found its end states with
+    def ends(self) -> Iterator[Node]:
+        """Each node the episode's search ends in (every record of the episode and before consumed), as
+        it finds it; for the run's last episode, the accepting node (and no more)."""
+        ck = self.ck
+        low, most = self.low, ck.cfg.max_faults
+        for budget in range(low, max(low + 1, min(low + 2, most)) + 1):
+            search = Search(ck, ck.cfg.with_(max_faults=budget), self.events, sum(self.cut.cursors),
+                            ck.max_nodes if not self.searches else ck.max_nodes // 4, cut=not self.last)
+            self.searches.append(search)
+            left = self.left
+            for node in search.run(Node(n.state, n.cursors, n.fired, n.silent, n.pos, n.done, left) for n in self.starts):
+                self.used = budget
+                yield node
+            if self.used is not None:
+                return
+
+
+class _Replay:
+    """The items of an iterator, drawn once and kept: each pass over it yields those drawn so far, then
+    draws more (an episode's start nodes, for each of its searches)."""
+
+    def __init__(self, items: Iterator[Node]) -> None:
+        self.items: list[Node] = []
+        self._more: Iterator[Node] | None = items
+
+    def __iter__(self) -> Iterator[Node]:
         i = 0
-        try:
-            while True:
-                cut = cuts[i]
-                last = i == len(cuts) - 1
-                prev = cuts[i - 1].cursors if i else zero
-                self.__dict__["_segment_events"] = [e for e in self.events if prev[e[1]] <= e[2] < cut.cursors[e[1]]]
-                left = self._left(prev, cut.cursors)
-                starts, before = begins[i]
-                starts = [replace(n, left=left) for n in starts]
-                # the fewest faults the episode's records need first (most episodes), more only when
-                # its records cannot be matched with those (a death without a spare: the crash and
-                # the group failure it causes), at most two more and no more than the whole run's
-                # budget (spec/trace-checking.md, "Episodes")
-                low = cut.budget + extra[i]
-                first: tuple[dict, list[Node], str | None, bool, int] | None = None
-                for budget in range(low, max(low + 1, min(low + 2, base_cfg.max_faults)) + 1):
-                    self.cfg = base_cfg.with_(max_faults=budget)
-                    found: list[Node] = []
-                    # a deeper search (more faults, and so fewer steps taken alone) is the exception:
-                    # it gets a quarter of the nodes, and a rejection reports the first search's view
-                    hit, seen, best, done_problem, exhausted = self._guided(starts, sum(cut.cursors), None if last else found,
-                                                                            budget=self.max_nodes if first is None
-                                                                            else self.max_nodes // 4)
-                    first = first or (seen, best, done_problem, exhausted, budget)
-                    nodes += len(seen)
-                    if _TRACE_EPISODES:
-                        print(f"  {cut.name}: budget {budget}, {len(starts)} start(s), {len(seen)} nodes, {len(found)} cut(s)")
-                    if (hit if last else found):
-                        used[i] = budget
-                        break
-                if last and hit is not None:
-                    return Verdict(True, f"accepted: {hit.done} records of {len(self.world)} ranks match the model "
-                                         f"(generation by generation: {len(cuts)} searches)", nodes, self._whole(seen, hit, before))
-                if last or not found:
-                    if i > 0 and not extra[i - 1] and any(self.recs[e[1]][e[2]].action == "RankLoseStore"
-                                                            for e in self._events):
-                        # the store's loss strikes only while an episode runs (FaultStoreLoss): a rank
-                        # that meets it in this generation may have met one struck in the episode
-                        # before, while it was still in that one's last steps
-                        extra[i - 1] = used[i - 1] + 1 - cuts[i - 1].budget
-                        i -= 1
-                        continue
-                    assert first is not None  # the loop ran at least once
-                    seen, best, done_problem, exhausted, least = first
-                    v = self._reject(seen, best, done_problem, exhausted)
-                    lines = v.message.splitlines()
-                    lines[0] += (f" (in {cut.name}, episode {i + 1} of {len(cuts)}, searched from {len(starts)} state(s) "
-                                 f"with {least} to {budget} fault(s) of its own; shown: with {least})")
-                    return Verdict(False, "\n".join(lines), nodes, self._whole(seen, best[0], before), v.unmatched, gen=cut.gen)
-                # the next episode starts from each distinct state this one ended in, the finished
-                # episodes' facts no step reads forgotten (model/forget.py), its fault count at 0
-                nxt: dict[State, list[str]] = {}
-                following: list[Node] = []
-                for n in found:
-                    st = forget_past(base_cfg, n.state).with_(faults=0)
-                    if st not in nxt:
-                        nxt[st] = self._whole(seen, n, before)
-                        following.append(Node(st, n.cursors, n.fired, 0, done=n.done))
-                begins[i + 1] = (following, nxt)
+        while True:
+            if i < len(self.items):
+                yield self.items[i]
                 i += 1
-        finally:
-            self.__dict__.pop("_segment_events", None)
-            self.cfg = base_cfg
-
-    def _refute(self, findings: list[Finding]) -> Verdict:
-        """A rejection by :func:`~accelpact.conformance.checker_precheck.precheck` (no search)."""
-        lines = ["rejected: no interleaving of the traces is a behaviour of the model (found before the search: "
-                 "a rank's records are not a path of its local steps, or what the store orders is inconsistent)"]
-        lines += [f.line(self.traces[f.rank].end) for f in findings[:16]]
-        if len(findings) > 16:
-            lines.append(f"  ... and {len(findings) - 16} more")
-        unmatched: dict[int, str] = {}
-        for f in findings:
-            if f.record is not None:
-                unmatched.setdefault(f.rank, str(f.record))
-        gens = [f.record.gen for f in findings if f.record is not None]
-        return Verdict(False, "\n".join(lines), 0, [], unmatched, gen=min(gens) if gens else None)
-
-    def _whole(self, parent, node, before: Mapping[State, list[str]]) -> list[str]:
-        """The model path to ``node`` from the run's start: the path to its episode's start state
-        (``before``), then :meth:`_path`."""
-        root = node
-        while parent[root][0] is not None:
-            root = parent[root][0]
-        return list(before.get(root.state, [])) + self._path(parent, node)
-
-    def _path(self, parent, node) -> list[str]:
-        out = []
-        while node is not None:
-            prev, label = parent[node]
-            if label:
-                out.append(label)
-            node = prev
-        return out[::-1]
-
-    def _reject(self, parent, best: list[Node], done_problem: str | None, exhausted: bool) -> Verdict:
-        """The diagnostics of a rejection, read off the furthest nodes of the search."""
-        node = best[0]
-        if exhausted:
-            lines = [f"rejected: search budget of {self.max_nodes} nodes exhausted (raise max_nodes; furthest progress "
-                     f"{node.done} records)"]
-        else:
-            lines = ["rejected: no interleaving of the traces is a behaviour of the model"]
-        if done_problem:
-            lines.append(f"  all records matched, but at the end: {done_problem}")
-        small = len(self.world) <= 16
-        reasons: dict[tuple[int, int], str] = {}
-        for b in best if small else best[:1]:
-            for r in self.world:
-                if b.cursors[r] < len(self.recs[r]):
-                    for a, _t, why in self._match(b, r):
-                        if why is not None:
-                            reasons.setdefault((r, b.cursors[r]), f"{a}: {why}")
-        unmatched = {}
-        lines.append(f"  furthest match: {node.done} of {self.total} records")
-        rows = []
-        for r in self.world:
-            c = node.cursors[r]
-            if c < len(self.recs[r]):
-                rec = self.recs[r][c]
-                why = reasons.get((r, c), "no model action of that name is enabled for the rank there")
-                unmatched[r] = str(rec)
-                rows.append(((r, c) not in reasons, r, f"  rank {r}: first unmatched {rec}  -- {why}"))
-            elif small:
-                rows.append((False, r, f"  rank {r}: consumed ({len(self.recs[r])} records)"))
-        if not small:  # large worlds: at most 16 lines, the records the guide puts first
-            order = {(r, i): n for n, (_k, r, i) in enumerate(self.events)}
-            rows.sort(key=lambda row: order.get((row[1], node.cursors[row[1]]), 0))
-        lines += [row for _k, _r, row in rows[:16 if not small else None]]
-        if not small and len(rows) > 16:
-            lines.append(f"  ... and {len(rows) - 16} more ranks with unmatched records")
-        lines.append("  model states it could have been in:")
-        for b in best[:4 if small else 1]:
-            if small:
-                pcs = " ".join(f"r{i}:{rk.pc}/g{rk.gen}{'/hung' if rk.hung else ''}{'/raised' if rk.raised else ''}"
-                               for i, rk in enumerate(b.state.ranks))
-            else:
-                tally: dict[str, int] = {}
-                for rk in b.state.ranks:
-                    k = f"{rk.pc}/g{rk.gen}{'/hung' if rk.hung else ''}{'/raised' if rk.raised else ''}"
-                    tally[k] = tally.get(k, 0) + 1
-                pcs = " ".join(f"{k} x{n}" for k, n in sorted(tally.items()))
-            allowed = [str(a) for a in self.actions if enabled(self.cfg, b.state, a)]
-            shown = ", ".join(allowed[:40]) + (f" and {len(allowed) - 40} more" if len(allowed) > 40 else "")
-            lines.append(f"    {pcs} abort={b.state.store.abort or '-'}; model allows: {shown or 'nothing'}")
-        path = self._path(parent, node)
-        shown_path = path if len(path) <= 200 else path[:50] + [f"... {len(path) - 100} steps ..."] + path[-50:]
-        lines.append("  model path to the furthest match: " + (" -> ".join(shown_path) or "(initial state)"))
-        return Verdict(False, "\n".join(lines), len(parent), path, unmatched)
+                continue
+            if self._more is None:
+                return
+            try:
+                self.items.append(next(self._more))
+            except StopIteration:
+                self._more = None
+                return
 
 
 @dataclass(frozen=True)
@@ -1275,7 +1399,7 @@ class Cut:
         return f"generation {self.gen}"
 
 
-#: print each episode's searches (budget, start states, nodes, end states) while diagnosing a slow check
+#: print each episode's searches (budget, start nodes, nodes, ends) while diagnosing a slow check
 _TRACE_EPISODES = False
 
 
@@ -1453,6 +1577,53 @@ def scheduled_repair(cfg: Config) -> list[tuple[Action, State, State]]:
         for r in ranks:
             do(Action(name, r))
     return path
+
+
+#: model steps :func:`random_run` never takes: the failures of a wait, a detector or the watchdog (each
+#: ends the job, L2), besides every fault and the supervisor's restart
+_UNCALM = ("RankTimeout", "RankSuspect", "RankExpire")
+
+
+def random_run(cfg: Config, rng: random.Random, *, episodes: int = 1,
+               faults: Iterable[Action] | None = None) -> list[tuple[Action, State, State]]:
+    """A model run of ``episodes`` recoveries in a random interleaving, without a search: whenever the
+    job is between episodes (a final state, no restart, every rank past the last failure's generation)
+    and episodes remain, one fault of ``faults``
+    (default: every ``FaultGroupFail`` instance of ``cfg``) that the model enables there, chosen at
+    random; else one enabled step of a rank's protocol (no fault, no restart, none of
+    :data:`_UNCALM`) of a random rank, chosen at random, until no rank has one.  With :func:`project`:
+    the traces of a job of any size whose ranks' records interleave as a real run's may, for benchmarks
+    (``accelpact bench told-nothing``) and tests.  ``ValueError`` when no listed fault is enabled
+    between two episodes."""
+    table = actions_for(cfg)
+    acts = all_actions(cfg)
+    pool = tuple(faults) if faults is not None else tuple(a for a in acts if a.name == "FaultGroupFail")
+    mine: list[list[Action]] = [[] for _ in cfg.world]
+    for a in acts:
+        if a.rank is not None and table[a.name].actor == "rank" and a.name not in _UNCALM:
+            mine[a.rank].append(a)
+    s = initial_state(cfg)
+    path: list[tuple[Action, State, State]] = []
+    ranks = list(cfg.world)
+    left = episodes
+    while True:
+        f = s.store.failed
+        if left and not s.supervisor and is_final(cfg, s) and (f is None or all(rk.gen > f[0] for rk in s.ranks)):
+            can = [a for a in pool if table[a.name].enabled(cfg, s, a.rank, a.arg)]
+            if not can:
+                raise ValueError(f"random_run: none of the faults {[str(a) for a in pool]} is enabled between episodes")
+            step = [rng.choice(can)]
+            left -= 1
+        else:
+            rng.shuffle(ranks)
+            step = next(([rng.choice(en)] for r in ranks
+                         for en in ([a for a in mine[r] if table[a.name].enabled(cfg, s, a.rank, a.arg)],) if en), [])
+            if not step:
+                return path
+        a = step[0]
+        t = table[a.name].step(cfg, s, a.rank, a.arg)
+        path.append((a, s, t))
+        s = t
 
 
 def write_dir(traces: Mapping[int, RankTrace], path: str | Path, attempt: int = 0) -> None:

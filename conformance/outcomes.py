@@ -13,19 +13,20 @@ Pure Python, no torch.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..model.forget import forget_past
 from ..model.protocol import Action, all_actions, is_final
 from ..model.transitions import successors
 from ..model.state import PC_TRAIN, Config, State, initial_state
 from ..model.symmetry import Symmetry
-from .checker import _LOCAL, resume_alone
+from .checker import _LOCAL, _in_failed_group, _inside_episode, resume_alone
 from .mapping import Script, model_config, script_for
 from .scenario import Scenario, ScenarioError
 
 __all__ = [
-    "Outcome", "check_expectation", "classify_final", "forget_past", "model_outcomes", "rank_traces",
+    "Outcome", "check_expectation", "classify_final", "model_outcomes", "rank_traces",
     "scenario_final", "scripted_successors",
 ]
 
@@ -64,60 +65,53 @@ def scripted_successors(cfg: Config, script: Script, node: tuple[State, frozense
             yield a, (t, fired)
 
 
-def forget_past(s: State) -> State:
-    """Drop store and history entries of generations every rank has left.
-
-    With fenced keys (every configuration without the ``no-fence`` mutant) no action reads an
-    entry of an older generation, so the projection preserves enabledness and endings; it keeps
-    the outcome search linear in the number of successive episodes instead of exponential
-    (which rank happened to arrive last in episode 1 does not matter in episode 2).
-    """
-    low = min(rk.gen for rk in s.ranks)
-    if low == 0:
-        return s
-    st = s.store
-    st = replace(
-        st,
-        revoked=frozenset(g for g in st.revoked if g >= low),
-        arrivals=frozenset(a for a in st.arrivals if a[0] >= low),
-        last_arriver=tuple(a for a in st.last_arriver if a[0] >= low),
-        agree=tuple(a for a in st.agree if a[0] >= low),
-        ready=frozenset(a for a in st.ready if a[0] >= low),
-        last_ready=tuple(a for a in st.last_ready if a[0] >= low),
-        release=tuple(a for a in st.release if a[0] >= low),
-    )
-    return replace(
-        s,
-        store=st,
-        resumed=frozenset(x for x in s.resumed if x[0] >= low),
-        agreed=frozenset(x for x in s.agreed if x[0] >= low),
-        exits=frozenset(x for x in s.exits if x[0] >= low),
-        validated=frozenset(v for v in s.validated if v[0] >= low),
-        witnessed=frozenset(g for g in s.witnessed if g >= low),
-    )
+def _moves(cfg: Config, acts: tuple[Action, ...]) -> tuple[tuple[tuple[Action, ...], ...], tuple[Action, ...]]:
+    """The action instances of each rank (indexed by rank) and those of no rank (job-wide: a group's
+    failure with ``failing="one"``, the store's loss, the supervisor's restart), each in ``acts``' order."""
+    per: list[list[Action]] = [[] for _ in cfg.world]
+    job: list[Action] = []
+    for a in acts:
+        (job if a.rank is None else per[a.rank]).append(a)
+    return tuple(tuple(x) for x in per), tuple(job)
 
 
-def _ample(cfg: Config, node: tuple[State, frozenset[int]], succ: list, corrupt: bool) -> list:
-    """Partial-order reduction of the outcome search: the successors of one rank whose every
-    enabled step is local (:data:`~accelpact.conformance.checker._LOCAL`: it touches only the rank's
-    own variables and history, and no other step's enabledness reads them; tests/test_checker_soundness.py
-    checks that they commute with every step beside them), if some rank has such steps only, else
-    every successor.  Every other rank's and job-wide step commutes with them, so every ending
+def _alone(cfg: Config, s: State, r: int, a: Action, corrupt: bool, quiet: bool) -> bool:
+    """Whether rank r's enabled step ``a`` may be taken alone (:func:`_ample`): a local step
+    (:data:`~accelpact.conformance.checker._LOCAL`: it touches only the rank's own variables and
+    history, and no other step's enabledness reads them), but the guard while a FaultCorrupt can still
+    strike (the guard ends its window) and a resume that may disable the store's loss
+    (:func:`~accelpact.conformance.checker.resume_alone`); or, once every scripted fault has fired
+    (``quiet``), the observation of a rank outside the episode's failed groups (it reads the revoke
+    or its own failure flag and writes nothing a peer reads: the trace checker takes it alone too)."""
+    name = a.name
+    if name == "RankGuard":
+        return not corrupt
+    if name == "RankResume":
+        return resume_alone(cfg, s, r)
+    if name in _LOCAL:
+        return True
+    return name == "RankObserve" and quiet and _inside_episode(s, r) and not _in_failed_group(cfg, s, r)
+
+
+def _ample(cfg: Config, script: Script, node: tuple[State, frozenset[int]], moves, corrupt: bool) -> list:
+    """The successors of ``node`` the reduced outcome search takes (partial-order reduction): the
+    steps of the first rank whose every enabled step may be taken alone (:func:`_alone`), if some
+    rank has such steps only, else every successor.  Every other rank's and job-wide step commutes
+    with them (tests/test_checker_soundness.py checks the pairs on random runs), so every ending
     reachable from the node is reachable through them (an ample set; the model's runs are finite:
-    no cycle can postpone them for ever).  Not a guard while a FaultCorrupt can still strike the
-    rank (the guard ends its window), nor a resume that may disable the store's loss
-    (:func:`~accelpact.conformance.checker.resume_alone`)."""
-    s = node[0]
-    mine: dict[int, list] = {}
-    for x in succ:
-        r = x[0].rank
-        if r is not None:
-            mine.setdefault(r, []).append(x)
-    for r, xs in mine.items():
-        if all(a.name in _LOCAL and not (a.name == "RankGuard" and corrupt)
-               and not (a.name == "RankResume" and not resume_alone(cfg, s, r)) for a, _t in xs):
+    no cycle can postpone them for ever).  A rank's steps are computed rank by rank: a node with
+    such a rank costs that rank's enabledness, not the world's."""
+    per_rank, job = moves
+    s, fired = node
+    quiet = len(fired) == len(script.faults)
+    out: list = []
+    for r, acts in enumerate(per_rank):
+        xs = list(scripted_successors(cfg, script, node, acts))
+        if xs and all(_alone(cfg, s, r, a, corrupt, quiet) for a, _t in xs):
             return xs
-    return succ
+        out += xs
+    out += scripted_successors(cfg, script, node, job)
+    return out
 
 
 def classify_final(s: State) -> str:
@@ -156,16 +150,17 @@ def model_outcomes(sc: Scenario, *, max_states: int = 400_000, traces: bool = Fa
     sym = Symmetry(cfg) if all(f.rank is None for f in script.faults) else None
     start: tuple[State, frozenset[int]] = (initial_state(cfg), frozenset())
     seen = {start}
+    #: the successors met so far as the model made them (before the canonical form): most are met
+    #: again by another interleaving, and a set lookup is far cheaper than the canonical form
+    met: set[tuple[State, frozenset[int]]] = set()
     queue = deque([start])
     outcomes: set[str] = set()
     reasons: set[str] = set()
     deadlocks = 0
     corrupt = any(a.name == "FaultCorrupt" for a in acts) and any(f.action == "FaultCorrupt" for f in script.faults)
+    moves = _moves(cfg, acts)
     while queue:
         node = queue.popleft()
-        succ = list(scripted_successors(cfg, script, node, acts))
-        if reduce and succ:
-            succ = _ample(cfg, node, succ, corrupt)
         if scenario_final(cfg, script, node):
             outcomes.add(classify_final(node[0]))
             if node[0].supervisor:
@@ -173,11 +168,15 @@ def model_outcomes(sc: Scenario, *, max_states: int = 400_000, traces: bool = Fa
                 if node[0].store.abort:
                     reasons.add(node[0].store.abort)
             continue
+        succ = _ample(cfg, script, node, moves, corrupt) if reduce else list(scripted_successors(cfg, script, node, acts))
         if not succ and not is_final(cfg, node[0]):
             deadlocks += 1
         for _a, (t, f) in succ:
-            t = forget_past(t)
-            t = (sym.canonical(t) if sym is not None else t, f)
+            raw = (forget_past(cfg, t), f)
+            if raw in met or raw in seen:
+                continue
+            met.add(raw)
+            t = (sym.canonical(raw[0]) if sym is not None else raw[0], f)
             if t not in seen:
                 if len(seen) >= max_states:
                     raise ScenarioError(f"scenario {sc.name!r}: more than {max_states} model states; reduce the topology or faults")
