@@ -40,6 +40,7 @@ lint: $(STAMP)
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/accelpact
 	cp accelpact/*.py $(TYPECHECK)/accelpact/
 	ln -s ../../../accelpact/testing $(TYPECHECK)/accelpact/testing
+	ln -s ../../../accelpact/integrations $(TYPECHECK)/accelpact/integrations
 	for d in model impl conformance bench; do ln -s ../../../$$d $(TYPECHECK)/accelpact/$$d; done
 	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/lint-imports --no-cache $(CURDIR)/pyproject.toml
 	MYPYPATH=$(TYPECHECK) $(BIN)/mypy -p accelpact

@@ -35,6 +35,7 @@ PLAN: dict[str, tuple[list[str] | None, list[str], bool]] = {
     "leaks": (["--quick"], [], True),
     "repair": (["--quick"], [], True),
     "guard": (["--quick"], [], True),
+    "checkpoint": (["--quick"], ["--pad-s", "0.3"], False),
     "goodput": (["--quick"], [], True),
     "recovery": (None, ["--repeat", "5"], False),
 }

@@ -14,6 +14,7 @@ REGISTRY: dict[str, str] = {
     "explore": "accelpact.bench.explore",
     "recovery": "accelpact.bench.recovery",
     "check": "accelpact.bench.check",
+    "told-nothing": "accelpact.bench.told_nothing",
     "rebind": "accelpact.bench.rebind",
     "validate": "accelpact.bench.validate",
     "transfer": "accelpact.bench.transfer",
@@ -27,6 +28,7 @@ REGISTRY: dict[str, str] = {
     "detect": "accelpact.bench.detect",
     "hunt": "accelpact.bench.hunt",
     "scale": "accelpact.bench.scale",
+    "checkpoint": "accelpact.bench.checkpoint",
 }
 
 

@@ -85,6 +85,8 @@ def guard_rank(ctx, wrapper: str, nodes: int, rpn: int, dim: int, layers: int, s
 
         pact.discard = True
         pact._fence = timed_fence
+    else:  # the engine without the fence, as a job that cannot discard runs it (attach discards FSDP2 and DDP in place)
+        pact.discard = False
 
     def one(arm: str) -> float:
         s = steps[arm]

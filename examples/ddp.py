@@ -31,6 +31,8 @@ def main() -> None:
             loss.backward()
             optim.step()
             optim.zero_grad(set_to_none=True)
+        if run.discarded:  # a communicator failure in forward or backward: the step was discarded in place
+            continue       # (its data comes from the step number alone: nothing to rewind)
         report = run.boundary(loss.detach())
         if report is not None:
             print(f"rank {job.rank}: step {step}: data-parallel group repaired in {report.total_ns / 1e6:.1f} ms")

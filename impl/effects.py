@@ -22,6 +22,7 @@ group of the episode is over the ranks of g+1 (``SwapFacts.active``; the control
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Any, Callable
@@ -41,7 +42,7 @@ from .exitcodes import claim_exit, code_for, exit_now, holding_exit
 from .hooks import Hooks
 from .runtime import hotswap as _swap
 from .runtime import rng as _rng
-from .runtime.adapters import adapter_for
+from .runtime.adapters import adapter_for, adopt_group_name
 from .runtime.backends import backend_of, wait_bounded
 from .runtime.digest import checksum_hex, state_checksum
 from .runtime.retire import retire_off_path
@@ -57,6 +58,15 @@ class RebindError(RuntimeError):
 
 class ValidationError(RuntimeError):
     """Phase 6: the validation collective or the replica digests disagree."""
+
+
+def rebuild_in_place(job: Any, extra: Any) -> tuple[Any, Any]:
+    """The ``Rebuild.build`` of a job attached without ``rebuild=`` whose wrapper resets in place
+    (:meth:`accelpact.impl.runtime.adapters.base.Adapter.in_place_problem` is None: FSDP2): a marker,
+    never called.  A discard's ``RankRebind`` then keeps the wrapper and the optimizer: it resets the
+    wrapper's iteration state and rebinds every reference to the groups it rebuilt
+    (:meth:`Effects._rebind_in_place`)."""
+    raise AssertionError("rebuild_in_place is a marker: Effects._rebind keeps the wrapper instead of calling it")
 
 
 #: The exits the engine records itself: the model's exit reason -> its action.
@@ -108,6 +118,12 @@ class Effects:
     _r_record: Any
     _retiring: list
     _episode: Episode | None
+    #: a discard in place, between ``RankReplace`` and ``RankRebind``: the groups of generation g the
+    #: wrapper may hold (kind -> group), their c10d names and the job's DeviceMesh, as they were before
+    #: the rebuild retired them (:meth:`_rebind_in_place` rebinds each to its successor)
+    _in_place_old: tuple[dict, dict, Any] | None = None
+    #: the engine's own objects, where a walk of the module for cached references stops (Pact's)
+    _own_objects: Callable[[], tuple]
 
     @property
     def frontier(self) -> int:  # pragma: no cover - every engine defines it
@@ -297,6 +313,8 @@ class Effects:
         t = time.monotonic_ns()
         g_next = ep.g + 1
         if ep.swap is not None:
+            if ep.swap.rebuild is rebuild_in_place:
+                self._in_place_old = self._groups_held(ep)
             ep.swap.job.groups.rebuild_all(ep.swap.job.rank, g_next, ep.swap.held, active=ep.swap.active)
             ep.swap.held = ()
             return Done({"groups": sorted(ep.swap.job.groups.training) + ["default", "control", "checkpoint"], "swap": True,
@@ -316,6 +334,20 @@ class Effects:
             state["wide"] = g_next
         return Done({"groups": built, "wide": bool(ep.wide_failed), "duration_ns": time.monotonic_ns() - t}, state)
 
+    def _groups_held(self, ep: Episode) -> tuple[dict, dict, Any]:
+        """Before a discard in place rebuilds every group: the training groups of generation g (R from
+        the engine, which holds it apart from the job's record), their c10d names (the rebuild
+        unregisters them) and the job's DeviceMesh."""
+        import torch.distributed.distributed_c10d as c10d
+
+        sw = ep.swap
+        assert sw is not None
+        old = dict(sw.job.groups.training)
+        if self._pg is not None:
+            old[self.groups.name] = self._pg
+        names = {k: c10d._world.pg_names.get(pg) for k, pg in old.items()}
+        return old, names, sw.job.groups.mesh
+
     def _new_members(self, ep: Episode) -> tuple[tuple[int, ...], str]:
         """R's members in g+1 (the same as in g) and its name in store keys."""
         return self.groups.members, self.groups.key
@@ -329,6 +361,8 @@ class Effects:
         committed state into it; then every rank of W waits until all have rebuilt (a spare's first
         build is slow: :meth:`_transfer_state` waits for it under the phase deadline, not inside a transfer)."""
         t = time.monotonic_ns()
+        if ep.swap is not None and ep.swap.rebuild is rebuild_in_place:
+            return self._rebind_in_place(ep)
         if ep.swap is not None:
             sw = ep.swap
             sw.module, sw.optimizer = sw.rebuild(sw.job, sw.extra)
@@ -352,6 +386,78 @@ class Effects:
         del old_pg
         self._retiring = [ev for ev in self._retiring if not ev.is_set()] + [retire_off_path(retiring)]
         return Done({"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t}, {"refs_stale": stale})
+
+    def _rebind_in_place(self, ep: Episode) -> Done:
+        """``RankRebind`` of a discard in place (a job without ``rebuild=`` whose wrapper resets in
+        place, spec/protocol.md P17.3): the same wrapper and optimizer go on.  The wrapper's state of
+        the aborted iteration is dropped (:meth:`_reset_wrapper`); every cached reference to a group
+        of generation g reachable from the module (the adapter's sites and the walker's, as a repair
+        finds R's) names its successor of g+1, which takes its c10d name (DeviceMesh and DTensor
+        resolve groups by name), verified: a stale reference is a :class:`RebindError`; the job's
+        DeviceMesh is the module's again; RNG back to F; the old groups are let go off the critical
+        path.  The committed state is the wrapper's own: nothing of a step abandoned before its commit
+        fence touched the parameters or the optimizer state (P17.2), and ``RankDiscardStep`` dropped
+        the gradients."""
+        t = time.monotonic_ns()
+        sw = ep.swap
+        assert sw is not None and self._in_place_old is not None
+        old, names, mesh = self._in_place_old
+        self._in_place_old = None
+        self._reset_wrapper(self.module)
+        rebound = sum(self._rebind_group(kind, pg, sw.job.groups.training.get(kind), names.get(kind), mesh, ep.g)
+                      for kind, pg in old.items())
+        if mesh is not None:
+            sw.job.groups.mesh = mesh  # job.mesh is the module's mesh, its registry on the new groups
+        box = list(old.values())  # the last references to generation g's groups here: dropped off the path
+        old.clear()
+        self._retiring = [ev for ev in self._retiring if not ev.is_set()] + [retire_off_path(box)]
+        _rng.restore(sw.rng, getattr(sw.job, "device", None))
+        self._restore_extra(sw)
+        sw.module, sw.optimizer, sw.old = self.module, self.optimizer, None
+        sw.kind = wrapper_of(self.module).recovers
+        ep.refs_rebound = rebound
+        return Done({"rebuilt": False, "in_place": True, "refs_rebound": rebound,
+                     "duration_ns": time.monotonic_ns() - t}, {"refs_stale": 0})
+
+    def _rebind_group(self, kind: str, old_pg: Any, new_pg: Any, name: str | None, mesh: Any, g: int) -> int:
+        """One group of a discard in place: every reference to ``old_pg`` reachable from the module (and
+        in ``mesh``'s registry) rebound to ``new_pg``, which takes the c10d ``name`` ``old_pg`` had;
+        the references rebound, or a :class:`RebindError` naming those left."""
+        from .runtime.adapters import find_references, site_set
+
+        if new_pg is None or new_pg is old_pg:
+            return 0
+        module, stop = self.module, self._own_objects()
+        sites = list(self.adapter.discover(module, old_pg))
+        known = site_set(sites)
+        sites += [s for s in find_references(module, old_pg, stop=stop) if (s.owner_id, s.kind, s.key) not in known]
+        if mesh is not None:  # the job's mesh, where the module does not reach it (its registry names the groups)
+            known = site_set(sites)
+            sites += [s for s in _mesh_registry_sites(mesh, old_pg) if (s.owner_id, s.kind, s.key) not in known]
+        if sites:
+            self.adapter.rebind(module, sites, old_pg, new_pg)
+        adopt_group_name(old_pg, new_pg, name=name)
+        check = self.adapter.verify_sites(sites, old_pg, new_pg)
+        left = find_references(module, old_pg, stop=stop)
+        if not check.ok or left:
+            raise RebindError(f"discard in place: {int(check.stale) + len(left)} cached reference(s) still name the "
+                              f"generation-{g} {kind} group after rebinding: {check.detail or [s.path for s in left[:6]]}")
+        return len(sites)
+
+    def _reset_wrapper(self, module: Any) -> None:
+        """The wrapper's per-iteration state of the aborted forward or backward dropped, in place
+        (:meth:`accelpact.impl.runtime.adapters.base.Adapter.reset_iter_state`; FSDP2:
+        ``FSDPModule.reset_iter_state``)."""
+        self.adapter.reset_iter_state(module)
+
+    def _restore_extra(self, sw: Any) -> None:
+        """A discard in place: ``run.restored_extra`` becomes the rank's extra state at F (what
+        ``extra_state()`` returned at the last committed boundary), so that the loop, which has no
+        ``rebuild(job, extra)`` to be handed it, sets its data loader back to F before the step comes
+        again."""
+        training = getattr(sw.job, "training", None)
+        if sw.role == "survivor" and training is not None:
+            training.restored_extra = copy.deepcopy(sw.extra)
 
     def _rebind_sites(self, old_pg: Any, new_pg: Any) -> tuple[int, int]:
         """Rebind every known site from ``old_pg`` to ``new_pg`` and verify: (stale, total); a stale
@@ -630,3 +736,10 @@ class Effects:
         moved = _swap.transfer(job.groups.training[sw.kind], members, src, self.rank, sw.module if holds else None,
                                sw.optimizer if holds else None, job.device, self.deadline_s)
         return Done({"to": dead, "bytes": moved, "duration_ns": time.monotonic_ns() - t}) if self.rank == src else None
+
+
+def _mesh_registry_sites(mesh: Any, old_pg: Any) -> list:
+    """The entries of ``mesh``'s (and its root mesh's) group registry that hold ``old_pg``."""
+    from .runtime.adapters.fsdp1 import _mesh_sites
+
+    return _mesh_sites(mesh, old_pg, "job.mesh", set())

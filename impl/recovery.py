@@ -51,7 +51,7 @@ from .runtime import revoke as _revoke
 from .controlplane import ControlPlane
 from .deadlines import DEFAULT_DEADLINE_S, default_step_deadline
 from .detector import Detector
-from .effects import Effects, RebindError, ValidationError
+from .effects import Effects, RebindError, ValidationError, rebuild_in_place
 from . import shrink as _shrink
 from .episode import REPAIR, SWAP, Episode, Exited, Left, Rebuild, RecoveryReport, SwapFacts, drive
 from .exitcodes import claim_exit
@@ -90,6 +90,12 @@ REVOKE_CHECK_S = 0.02
 #: With spares: how long the failure detector's suspicion of a peer waits for the keeper's death
 #: notice (after asking it to depose the peer: a stopped process is killed first) before it ends the job.
 NOTICE_WAIT_S = 3.0
+
+#: After an in-flight failure with spares: how long each wait for a death notice lasts before the
+#: peers' heartbeats are read again (:meth:`Pact._await_notices`), and the most active ranks whose
+#: heartbeats are read for it (beyond, the whole ``hotswap.NOTICE_GRACE_S`` is waited).
+NOTICE_POLL_S = 0.2
+BEAT_CHECK_MAX = 64
 
 #: How much sooner than R's NCCL collective timeout a wait on R gives up: more than two of NCCL's
 #: watchdog polls (100 ms), so the engine's own timeout raises before NCCL's watchdog can abort the
@@ -160,15 +166,18 @@ class Pact(Effects):
         self.rank = control.rank
         self.trace = trace if trace is not None else NullTrace()
         self.envelope = envelope if envelope is not None else default_envelope()
-        #: how an episode rebuilds the model (a hot swap, a discard in place, P16/P17); None: forward and
-        #: backward are L2 (the contract's cells narrowed), and so is a death
+        #: how an episode rebuilds the model (a hot swap, a discard in place, P16/P17; its ``build``
+        #: :func:`~accelpact.impl.effects.rebuild_in_place`: a discard keeps the wrapper and resets it); None:
+        #: forward and backward are L2 (the contract's cells narrowed), and so is a death
         self.rebuild = rebuild
         self.discard = rebuild is not None
         #: phase 4 of every episode on every rank (P18.3): builds the groups over all of W of a generation,
         #: returning (their names, the new control group, socket records by group name); None: none to build
         self.wide = wide
         if rebuild is None:
-            self.envelope = without_discard(self.envelope, "no in-place discard: the job was attached without rebuild=")
+            self.envelope = without_discard(self.envelope, "no in-place discard: the job was attached without rebuild= "
+                                                           "and its wrapper cannot reset an aborted step in place "
+                                                           "(or discard_in_place is off)")
         self.key = key or ObservationKey(DEFAULT_PLATFORM, DEFAULT_PROFILE, "boundary", DEFAULT_OBJECTIVE)
         notice = unqualified_notice(self.envelope, self.key.platform)
         if notice:  # an unqualified platform: every failure there is L2; say so once, at attach
@@ -263,9 +272,9 @@ class Pact(Effects):
     def step(self, step: int):
         """Wraps forward, backward and ``optimizer.step()``.  An exception inside is an in-flight
         failure: with spares and a death notice, a hot swap (P16); in forward or backward of an engine
-        that can discard (``rebuild``) and where the envelope says L1, a discard in place (P17); either
-        episode rebuilds the model and hands it on (``Rebuild.then``), and the exception ends here (the
-        step is discarded).  Otherwise the contract rejects it and every rank exits 70.  Arms the
+        that can discard (``rebuild``: the user's, or the wrapper's reset in place) and where the envelope
+        says L1, a discard in place (P17); either episode rebuilds the groups and hands the model (rebuilt,
+        or the same one reset) on (``Rebuild.then``), and the exception ends here (the step is discarded).  Otherwise the contract rejects it and every rank exits 70.  Arms the
         watchdog's step deadline (``step_deadline_s``), which :meth:`boundary` disarms."""
         self._step = step
         self.watchdog.arm(self.step_deadline_s)
@@ -533,7 +542,7 @@ class Pact(Effects):
         if self.notices is None:
             return
         try:
-            dead = self.notices.wait_new()
+            dead = self._await_notices()
         except Exception:  # noqa: BLE001 - store lost: the usual path (RankLoseStore)
             return
         members = getattr(self.control, "members", None)
@@ -544,6 +553,29 @@ class Pact(Effects):
         self.watchdog.disarm()
         self._observe(point, exc, cause="death", dead=list(dead))  # a member at the boundary has recorded it already
         raise _swap.SwapNeeded(point, dead, exc) from exc
+
+    def _await_notices(self) -> tuple[int, ...]:
+        """The death notices not yet handled, waiting for one only while a death could still be
+        unnoticed.  Not at all once a revoke of this generation stands: a peer observed the failure
+        first and waited for the notices then (a keeper posts within milliseconds of a death).
+        Otherwise up to ``hotswap.NOTICE_GRACE_S``, ended early once every active peer is seen beating
+        after the failure (:meth:`Detector.beating`: a process that died publishes no heartbeat, so no
+        notice is coming); a stopped or dead peer keeps the whole grace.  Beyond
+        :data:`BEAT_CHECK_MAX` ranks the heartbeats are not read (the grace is waited out)."""
+        notices = self.notices
+        assert notices is not None
+        if self.control.revoked(self.gen, self.groups.key):
+            return notices.wait_new(grace_s=0.0)
+        members = tuple(getattr(self.control, "members", range(self.control.world_size)))
+        peers = [m for m in members if m != self.rank] if self.detector is not None and len(members) <= BEAT_CHECK_MAX else None
+        deadline = time.monotonic() + _swap.NOTICE_GRACE_S
+        while True:
+            left = deadline - time.monotonic()
+            dead = notices.wait_new(grace_s=max(0.0, min(left, NOTICE_POLL_S)))
+            if dead or left <= 0:
+                return dead
+            if peers is not None and self.detector is not None and self.detector.beating(peers) >= set(peers):
+                return notices.wait_new(grace_s=0.0)  # a notice posted while the beats were read
 
     def _on_suspect(self, peer: int, kind: str, detected_at_ns: int) -> None:
         """The detector's suspicion, handled on a thread of its own (:meth:`_handle_suspect`).  The
@@ -627,8 +659,10 @@ class Pact(Effects):
         discard, and where; its ``RankObserve`` is recorded): ``SWAP_STEPS`` (the contract on the
         dead-rank key, ``RankClaimSpare``, ``RankDiscardStep`` of a step in flight, ``RankGuard``, then
         every group of the job rebuilt in g+1, the model rebuilt on them by ``Rebuild.build`` from the
-        state at F, the spares' state sent, validation, the release); then this engine retires and
-        ``Rebuild.then`` attaches the next one to the rebuilt model.  Any failure ends the rank, and
+        state at F, or, a discard without ``rebuild=`` (``build`` is
+        :func:`~accelpact.impl.effects.rebuild_in_place`), the same wrapper reset and rebound onto them,
+        the spares' state sent, validation, the release); then this engine retires and
+        ``Rebuild.then`` attaches the next one to the rebuilt (or reset) model.  Any failure ends the rank, and
         with it the job (L2)."""
         rb = self.rebuild
         assert rb is not None  # a death or a discard is an episode only where a rebuild was given
@@ -636,8 +670,10 @@ class Pact(Effects):
         state = rb.begin()
         self.suspend()
         t = time.monotonic_ns()
+        in_place = rb.build is rebuild_in_place  # the wrapper goes on: its state is reset, not moved (Effects._rebind)
         sw = SwapFacts(role="survivor", point=need.point, dead=tuple(sorted(need.dead)), job=rb.job, rebuild=rb.build,
-                       extra=state.get("extra"), rng=state.get("rng"), old=(self.module, self.optimizer), held=(self._pg,),
+                       extra=state.get("extra"), rng=state.get("rng"),
+                       old=None if in_place else (self.module, self.optimizer), held=(self._pg,),
                        mode=getattr(need, "mode", ""))
         ep = Episode(self.gen, True, tuple(range(self.groups.count)), t, t, need.error, swap=sw)
         self._episode = ep

@@ -293,7 +293,7 @@ def run_job(job: Job) -> int:
     training = aj.attach(checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
                          extra_state=lambda: holder["app"].cursor, trace_header=header, hooks=hooks, rebuild=build,
                          warmup=workload.vocab_size,  # a spare reads the corpus while it idles
-                         micro_batches=wl.micro_batches or None)
+                         micro_batches=wl.micro_batches or None, checkpoint=wl.checkpoint)
     if training is None:  # a spare the job never needed
         result.update(outcome="finished", exit_code=0, t_end=time.monotonic(), spare_used=False)
         return 0

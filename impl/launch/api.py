@@ -68,6 +68,7 @@ from accelpact.model.contract import default_envelope, load_envelope
 from ..controlplane import ABORT_KEY, PREFIX, ControlPlane, progress_key
 from ..deadlines import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_DEADLINE_S
 from ..exitcodes import code_for, exit_now
+from ..effects import rebuild_in_place
 from ..recovery import retired_watchdogs
 from ..spare import SpareEngine
 from ..rundir import RunDir
@@ -77,6 +78,7 @@ from ..runtime.backends import prebuilt_env_problem
 from ..runtime.checkpoint import CheckpointManager, latest_committed
 from ..runtime.groups import JobGroups, build_job_groups, build_recorded_groups
 from ..runtime.retire import settle_threads
+from ..runtime.adapters import adapter_for
 from ..runtime.wrappers import wrapper, wrapper_of
 from ..trace import NullTrace, Trace
 from . import attempts, workload
@@ -108,7 +110,11 @@ class Settings:
     slower than its peers by less than the collective timeout is a slow healthy rank, never hung; a
     job that wants hangs found sooner, and whose steps are never that uneven, sets it lower);
     ``spares``: how many of the launcher's processes are spares (the last ``spares`` ranks of
-    ``WORLD_SIZE``; hot swap, spec/hotswap.md); ``spare_wait_s``: how long an unused spare idles."""
+    ``WORLD_SIZE``; hot swap, spec/hotswap.md); ``spare_wait_s``: how long an unused spare idles;
+    ``discard_in_place``: without ``rebuild=``, discard a communicator failure in forward or backward
+    on the same wrapper where it can reset in place (FSDP2, DDP; spec/protocol.md P17.3), which costs
+    the commit fence every step (P17.2: an all-reduce over W); false: such a failure is L2 and no fence
+    runs."""
 
     backend: str | None = None
     replicas: int | None = None
@@ -119,6 +125,7 @@ class Settings:
     trace_dir: str | None = None
     envelope: str | None = None
     detect: bool = True
+    discard_in_place: bool = True
     dead_after_s: float | None = None
     hang_threshold_s: float | None = None
     hang_floor_s: float | None = None
@@ -150,7 +157,7 @@ def _check(name: str, value: Any, where: str) -> Any:
             if name == "backend":
                 _backend(value)
             return value
-        if name == "detect":
+        if name in ("detect", "discard_in_place"):
             if isinstance(value, bool):
                 return value
             if str(value).lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -211,6 +218,8 @@ class Session:
     #: with no spare left is L2 as before), and a requested shrink (step, replica) of a fault-free run
     _micro_batches: int | None = None
     _shrink_at: tuple[int, int] | None = None
+    #: issue 44: how checkpoints are taken, ``attach(checkpoint=...)``: "sync" or "async"
+    _checkpoint_mode: str = "sync"
 
     @property
     def backend(self) -> str:
@@ -291,7 +300,7 @@ class Session:
                trace_header: Mapping[str, Any] | None = None, hooks: Any = None,
                rebuild: Callable[["Session", Any], tuple[Any, Any]] | None = None,
                warmup: Callable[[], Any] | None = None, micro_batches: int | None = None,
-               shrink_at: Any = None) -> "Training | None":
+               shrink_at: Any = None, checkpoint: str = "sync") -> "Training | None":
         """Attach the recovery engine to a wrapped ``model`` and its ``optimizer``.
 
         Restores the latest committed checkpoint under ``checkpoint_dir`` first (model, optimizer,
@@ -311,6 +320,11 @@ class Session:
         dead rank's identity and returns the training at that rank's frontier, or returns None when
         the job ended without needing it.  ``warmup()``: what a spare runs while it idles, before
         any claim (load your data, import your model's code) so that a swap does not wait for it.
+        Without ``rebuild``, a communicator failure in forward or backward is still discarded in place
+        where the wrapper can reset its aborted iteration (FSDP2, DDP: :func:`in_place_rebuild`; the
+        setting ``discard_in_place``): the same model goes on, ``run.discarded`` is true,
+        ``run.restored_extra`` is ``extra_state()``'s value at F and the step comes again; FSDP1 needs
+        ``rebuild`` for that (spec/protocol.md P17.3), else such a failure is L2.
 
         ``micro_batches=M`` (issue 41, needs ``rebuild``): opt in to shrink and grow.  A step is then
         ``M`` micro-batches shared among the replicas (``run.micro_batches(step)``, ``run.loss_weight``,
@@ -319,9 +333,17 @@ class Session:
         later brings it back at a committed boundary.  ``shrink_at=(step, replica)`` (or
         ``ACCELPACT_SHRINK_AT=step:replica``): a fault-free run's requested shrink at the boundary where
         F == step (tests and references compare a real death with it).
+
+        ``checkpoint``: ``"sync"`` (the default: the whole save at the due boundary) or ``"async"``
+        (``dcp.async_save``: the state is copied to CPU memory at the boundary and written while the
+        next steps run; the last durable checkpoint is still the one every rank finished and
+        acknowledged, :mod:`accelpact.impl.runtime.checkpoint`).
         """
         if self.training is not None:
             raise ApiError("attach: this job already has an attached model; one model per job")
+        if checkpoint not in ("sync", "async"):
+            raise ApiError(f"attach: checkpoint={checkpoint!r}: must be 'sync' or 'async'")
+        self._checkpoint_mode = checkpoint
         self._opt_in(micro_batches, shrink_at, rebuild)
         if self.spares and rebuild is None:
             raise ApiError(f"attach: this job has {self.spares} spare(s): pass rebuild=fn, where fn(job, extra) builds the "
@@ -341,10 +363,12 @@ class Session:
             if c is not None:
                 restored = ckpt.load(c, model, optimizer)
                 start, restored_extra, resumed_from = c, restored.cursor, c
+        # without rebuild=, a wrapper that resets an aborted step in place (FSDP2, DDP) discards on itself (P17.3)
+        discard = rebuild if rebuild is not None else in_place_rebuild(model) if self.settings.discard_in_place else None
         # whether a failure in forward or backward can be discarded in place (P17): the checker's envelope
-        trace = self._trace(model, start, {"discard": rebuild is not None, **(trace_header or {})})
+        trace = self._trace(model, start, {"discard": discard is not None, **(trace_header or {})})
         training = Training(job=self, pact=None, checkpoints=ckpt, start_step=start, resumed_from=resumed_from,
-                            restored_extra=restored_extra, extra_state=extra_state, wrapper="", rebuild=rebuild,
+                            restored_extra=restored_extra, extra_state=extra_state, wrapper="", rebuild=discard,
                             hooks=hooks)
         self.training = training
         training._engage(model, optimizer, generation=self.generation, frontier=start, trace=trace)
@@ -381,7 +405,7 @@ class Session:
             raise ApiError("attach: checkpoint_every needs checkpoint_dir (where the DCP checkpoints go)")
         return CheckpointManager(checkpoint_dir, every=checkpoint_every, rank=self.rank, world=self.world,
                                  store=dist.PrefixStore("ckpt", self.attempt_store), group=self.checkpoint_group,
-                                 commit_timeout_s=self.settings.collective_timeout_s)
+                                 commit_timeout_s=self.settings.collective_timeout_s, mode=self._checkpoint_mode)
 
     @functools.cached_property
     def contract(self) -> tuple[str, Any]:
@@ -469,11 +493,9 @@ class Session:
         self.training = training
         frontier = published["frontier"]
         training._engage(module, optimizer, generation=g + 1, frontier=frontier, trace=trace)
-        if point == "boundary" and ckpt is not None and ckpt.due(frontier):
-            # the death struck at the boundary of F: the survivors go on to that boundary's checkpoint
-            # (collective over W), which this spare's identity never reached; tagged with the swap's
-            # generation like the survivors' saves (Training._save)
-            training._save(frontier, extra_state() if extra_state is not None else None)
+        # the save the survivors take after this release, which this identity never reached (a death at
+        # the boundary of a due F; an async save lost in the episode), tagged with the swap's generation
+        training._save_on_join(point, g)
         return training
 
     def _prebuild(self, rebuild: Callable[["Session", Any], tuple[Any, Any]]) -> bool:
@@ -545,6 +567,8 @@ class Session:
             raise ApiError(f"job.close(): the last step ({run._open}) was never closed by run.boundary(loss): write "
                            "run.boundary(loss) after each `with run.step(step):` block, the last one too (its "
                            "optimizer step is not committed without it: not repaired, not checkpointed)")
+        if run is not None:
+            run.settle_checkpoint()  # an async save in flight ends before the checkpoint group's last use
         dist.barrier(group=self.checkpoint_group)
         if self.training is not None:
             pact = self.training.pact
@@ -561,6 +585,18 @@ class Session:
                 print(f"accelpact: job.close(): engine thread(s) {left} still running after 10 s; the interpreter's "
                       "teardown may abort the process (exit -6) if one is inside a C++ call then", file=sys.stderr, flush=True)
         dist.destroy_process_group()  # every group, in order, before the interpreter's teardown
+
+
+def in_place_rebuild(model: Any) -> Callable[["Session", Any], tuple[Any, Any]] | None:
+    """What a job attached without ``rebuild=`` discards with: :func:`accelpact.impl.effects.rebuild_in_place`
+    (the marker of a discard that keeps the wrapper, resets its aborted iteration and rebinds it onto
+    the rebuilt groups) where the model's wrapper can reset in place
+    (:meth:`accelpact.impl.runtime.adapters.base.Adapter.in_place_problem`: FSDP2 on torch 2.13); None
+    elsewhere (FSDP1, DDP: a failure in forward or backward is then L2 unless ``rebuild=`` is given;
+    spec/protocol.md P17.3 says why)."""
+    if adapter_for(model).in_place_problem(model) is not None:
+        return None
+    return rebuild_in_place
 
 
 def identity_message(spare: int, rank: int, launcher_rank: str | None) -> str:
@@ -646,13 +682,15 @@ def init(backend: str | None = None, *, replicas: int | None = None, mesh: Any =
     rank, world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
     local_rank = _env_int(env, "LOCAL_RANK", rank)
     local_world = _env_int(env, "LOCAL_WORLD_SIZE", world)
-    if s.spares:  # the launcher's last `spares` processes are spares; the training world is the rest
+    # one replica per node by default: the launcher's nodes, spares counted on both sides (each node holds
+    # its own, issue 43: the training ranks over the training ranks per node)
+    nodes = max(1, world // max(1, local_world))
+    if s.spares:  # RANK >= WORLD_SIZE - spares are spares (as the keeper numbers them); the training world is the rest
         if s.spares >= world:
             raise ApiError(f"spares={s.spares} leaves no training rank in WORLD_SIZE={world}: the launcher starts the "
                            "training ranks and the spares together (torchrun --nproc-per-node ranks+spares)")
         world -= s.spares
-        local_world = min(local_world, world)
-    n = s.replicas if s.replicas is not None else max(1, world // max(1, local_world))
+    n = s.replicas if s.replicas is not None else nodes
     if world % n:
         raise ApiError(f"replicas={n} does not divide WORLD_SIZE={world}: each replica must hold the same number of "
                        "shards (set replicas= or ACCELPACT_REPLICAS)")

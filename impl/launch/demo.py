@@ -78,6 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault-at", choices=IN_FLIGHT, default="backward", help="in-flight point of the L2 failure")
     p.add_argument("--fault-kind", choices=INFLIGHT_KINDS, default="exception", help="kind of the L2 failure")
     p.add_argument("--checkpoint-every", type=int, default=2, help="durable DCP checkpoint every N steps (default 2)")
+    p.add_argument("--checkpoint", choices=("sync", "async"), default="sync",
+                   help="how the checkpoints are taken: attach(checkpoint=...) (default sync)")
     p.add_argument("--backend", choices=BACKEND_NAMES, default="gloo", help="collective backend (default gloo, CPU)")
     p.add_argument("--out", default="runs/demo", help="output folder for results, traces, checkpoints, plot")
     p.add_argument("--timeout", type=float, default=300.0, help="bound on each launch in seconds (default 300)")
@@ -107,7 +109,8 @@ def validate_args(args: argparse.Namespace) -> None:
 
 def _base_job(args: argparse.Namespace, out: Path, scenario: str, faults: list[dict], spares: int = 0) -> Job:
     return Job(topology=Topology(args.nodes, args.ranks_per_node, spares=spares),
-               workload=Workload(args.wrapper, args.layers, args.steps, 0, args.checkpoint_every),
+               workload=Workload(args.wrapper, args.layers, args.steps, 0, args.checkpoint_every,
+                                 checkpoint=getattr(args, "checkpoint", "sync")),
                out=str(out), scenario=scenario, backend=args.backend, trace=True,
                # a collective timeout below the deadline: an op a revoke left blocked (bench/README.md
                # "K6") fails within the peers' wait at the arrival, so the episode is still repaired in place

@@ -5,6 +5,17 @@ closes the step at the committed boundary (the engine's repair, then the checkpo
 episode that rebuilds the model (a hot swap, a discard in place) is the engine's: it asks this loop
 for the state published at F as it begins (:meth:`Training._begin`) and hands it the rebuilt model
 when it released (:meth:`Training._continue`), and the step it discarded comes again.
+
+Asynchronous checkpoints (``attach(checkpoint="async")``; :mod:`accelpact.impl.runtime.checkpoint`):
+at a due boundary the save is staged and launched (:meth:`Training._save`, ``how="launch"``) and
+the next step runs while it is written.  Ordering: a save in flight is waited for (its outcome read,
+:meth:`Training._drain`) before anything can rebuild the groups it runs on: at the next boundary,
+before the engine's boundary (a repair there, or a swap, rebuilds the checkpoint group); as an
+episode in a step begins (:meth:`Training._begin`); at ``job.close()`` (:meth:`Training.settle_checkpoint`).
+A lost save (it failed, or was abandoned) is not durable and is never an exception out of
+``run.boundary``: the checkpoint is taken again, synchronously (``how="retake"``), after the engine's
+boundary (or after the release of the episode it overlapped), of the frontier then, with the sync
+path's repair-and-save-again on a failure of its own.
 """
 
 from __future__ import annotations
@@ -20,9 +31,9 @@ from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey
 from ..controlplane import PREFIX, WIDE_ENTRY, ControlPlane, progress_key
 from ..episode import Rebuild
 from ..recovery import PactGroups, attach
-from ..runtime import hotswap
+from ..runtime import hotswap, revoke
 from ..runtime import rng as _rng
-from ..runtime.checkpoint import CheckpointError, SaveFailed
+from ..runtime.checkpoint import Abandon, CheckpointError, SaveFailed
 from ..runtime.retire import collect_off_path
 from ..runtime.wrappers import wrapper, wrapper_of
 from .. import shrink as _shrink
@@ -81,6 +92,7 @@ class Training:
     benched: bool = False
     _notices: Any = None
     _watcher: Any = None
+    _progress: Any = None
     _published: Any = None
     #: the step :meth:`step` opened that no :meth:`boundary` has closed yet (None: none open)
     _open: int | None = None
@@ -88,6 +100,9 @@ class Training:
     #: (:func:`accelpact.impl.runtime.retire.collect_off_path`; at the second: at the first, some of the old
     #: generation's groups are still reachable, tests/test_episode_leaks.py)
     _collect_due: int = 0
+    #: an async save lost as an episode in a step began (:meth:`_begin`): the step it was of, taken
+    #: again once that episode released (:meth:`step`)
+    _owed: int | None = None
 
     # ---- the engine --------------------------------------------------------------------------
     def _engage(self, model: Any, optimizer: Any, *, generation: int, frontier: int, trace: Any) -> None:
@@ -128,8 +143,10 @@ class Training:
         # restart replays up to the F the failure interrupted (the worker's result, the benchmarks)
         # (the hook holds the store and the pact, never this job: the job holds the training groups,
         # and phase 5's check would find them, through the module's hooks, as stale references)
-        optimizer.register_step_post_hook(_progress_hook(job.store, progress_key(job.attempt, job.rank),
-                                                         self.pact))
+        if self._progress is not None:  # a discard in place keeps the optimizer: one publisher at a time
+            self._progress.remove()
+        self._progress = optimizer.register_step_post_hook(_progress_hook(job.store, progress_key(job.attempt, job.rank),
+                                                                          self.pact))
         # from here the engine owns R: keeping the generation-0 communicator here would keep it alive
         # (threads, sockets) after a repair retires it; job.replicate_group asks the engine
         job.groups.training.pop(pg.name, None)
@@ -191,6 +208,11 @@ class Training:
         with pact.step(step):
             yield self
         self.discarded = self.pact is not pact  # an episode rebuilt the model: the step comes again
+        owed, self._owed = self._owed, None
+        if owed is not None and not self.left and self.job.groups.active is None:
+            # an async save in flight was lost as this step's episode began (_begin): taken again now,
+            # after the release, by every rank (a spare in a dead rank's identity too: _save_on_join)
+            self._save(owed, self.extra_state() if self.extra_state is not None else None, how="retake")
 
     def boundary(self, loss: Any = None):
         """After the commit: the engine's boundary (a repair, if any, happens here and its
@@ -202,24 +224,40 @@ class Training:
         if self._collect_due:  # the second commit after a rebuild: the old generation is unreachable by then
             self._collect_due -= 1
             if not self._collect_due:
-                collect_off_path()
+                detector = getattr(self.pact, "detector", None)  # the collection's pause is announced to peers
+                collect_off_path(quiet=detector.quiet if detector is not None else None)
         if self.job.spares:
             self._publish()
         elif self.rebuild is not None:
             self._keep_for_discard()
+        # an async save in flight ends before the engine's boundary, which may rebuild its group; a lost
+        # one is owed in this generation before that boundary's episode, if any, can swap in a spare
+        lost = self._drain(rearm=True)
+        if lost is not None:
+            self.checkpoints.owe(self.pact.gen, self.pact.frontier)
         report = self.pact.boundary(loss)  # None after a hot swap here (a death noticed at the boundary)
         if self.left:  # a requested shrink took this rank's replica out at this boundary
             return None
         frontier = self.pact.frontier
         # a shrunk job saves no checkpoint (issue 41): the last one, of the whole job, stays the one an L2
         # restart resumes from (every rank's state is in it); saving resumes once the job grew back
-        if self.checkpoints is not None and self.checkpoints.due(frontier) and self.job.groups.active is None:
-            cursor = self.extra_state() if self.extra_state is not None else None
-            report = self._save(frontier, cursor) or report
+        if self.checkpoints is not None and self.job.groups.active is None:
+            if lost is not None:  # every rank read the same outcome: every rank takes it again, now
+                cursor = self.extra_state() if self.extra_state is not None else None
+                report = self._save(frontier, cursor, how="retake") or report
+            elif self.checkpoints.due(frontier):
+                cursor = self.extra_state() if self.extra_state is not None else None
+                report = self._save(frontier, cursor, how="launch" if self.checkpoints.mode == "async" else "sync") \
+                    or report
         return report
 
-    def _save(self, frontier: int, cursor: Any):
-        """The checkpoint of ``frontier``.  A fault during the save is an episode like any other.  A save
+    def _save(self, frontier: int, cursor: Any, how: str = "sync"):
+        """The checkpoint of ``frontier``: ``how`` is ``sync`` (the whole save here), ``launch`` (an
+        async save staged and launched here, its outcome read at the next boundary: :meth:`_drain`) or
+        ``retake`` (a lost async save taken again, synchronously; before each try it is said on the
+        store as owed in the try's generation, so that a spare taking a rank's identity in the episode
+        of a failed try takes it too: :meth:`_save_on_join`).  A fault during the save (for a launch,
+        during its staging) is an episode like any other.  A save
         that meets a failed group over all of W is the engine's observation at the boundary
         (spec/protocol.md P18.4): every rank repairs (the checkpoint group is rebuilt with the other
         groups over W) and saves again.  A rank of W that dies during the save (a crash; a stopped or
@@ -235,6 +273,13 @@ class Training:
         for _try in range(SAVE_TRIES):
             pact = self.pact
             try:
+                if how == "launch":
+                    self.checkpoints.launch(frontier, pact.module, pact.optimizer, cursor=cursor, tag=pact.gen,
+                                            abandoned=self._save_abandoned(pact), stage_interrupt=self._save_interrupt,
+                                            interrupt=self._checkpoint_interrupt(self.job.groups.checkpoint_record))
+                    return report  # self.saved gets it once its outcome is read (_drain)
+                if how == "retake":
+                    self.checkpoints.owe(pact.gen, frontier)
                 took = self.checkpoints.save(frontier, pact.module, pact.optimizer, cursor=cursor, tag=pact.gen,
                                              abandoned=self._save_abandoned(pact), interrupt=self._save_interrupt)
             except SaveFailed as exc:
@@ -248,6 +293,65 @@ class Training:
         raise CheckpointError(f"checkpoint of step {frontier}: every one of {SAVE_TRIES} saves failed, each repaired in "
                               f"place; the last: {failed}") from failed
 
+    def _drain(self, rearm: bool = False) -> BaseException | None:
+        """Wait for the async save in flight, if any, and read its outcome (the same on every rank:
+        :meth:`accelpact.impl.runtime.checkpoint.CheckpointManager.finish`): None when it committed (or
+        none was in flight), else its failure (:class:`SaveFailed`, :class:`CheckpointError`), which
+        the caller turns into a retake, never into an exception.  Called by every rank at the same
+        points (module doc), always before an episode rebuilds the checkpoint group the save runs on.
+        The wait is not the step's: the step deadline is disarmed for it (``rearm``: armed again after
+        it, for the boundary's own collectives that follow)."""
+        ck = self.checkpoints
+        if ck is None or ck.pending is None:
+            return None
+        step = ck.pending.step
+        self.pact.watchdog.disarm()
+        try:
+            took = ck.finish()
+        except (SaveFailed, CheckpointError) as exc:
+            return exc
+        finally:
+            if rearm:
+                self.pact.watchdog.arm(self.pact.step_deadline_s)
+        self.saved.append((step, took))
+        return None
+
+    def settle_checkpoint(self) -> None:
+        """At ``job.close()``, on every rank before its last collectives: the async save in flight is
+        waited for; a lost one is taken again there, synchronously (:meth:`_save`), of the last F."""
+        lost = self._drain()
+        if lost is not None and not self.left and self.job.groups.active is None and self.checkpoints is not None:
+            self._save(self.pact.frontier, self.extra_state() if self.extra_state is not None else None, how="retake")
+
+    def _save_on_join(self, point: str, generation: int) -> None:
+        """A spare that took a dead rank's identity in the episode of ``generation`` (at F, ``point``):
+        the save its survivors take after that release, which it must take with them (every save is
+        collective).  A save owed after that episode (:meth:`accelpact.impl.runtime.checkpoint.CheckpointManager.owe`:
+        a lost async save, or a retake whose try the death failed) is taken again synchronously, as the
+        survivors do; else a death at the boundary of a due F leaves the survivors going on to that
+        boundary's checkpoint (sync, or launched in async mode), which this identity never reached."""
+        ck, frontier = self.checkpoints, self.pact.frontier
+        if ck is None or self.job.groups.active is not None:
+            return
+        if ck.mode == "async" and ck.owed(generation) == frontier:
+            how = "retake"
+        elif point == "boundary" and ck.due(frontier):
+            how = "launch" if ck.mode == "async" else "sync"
+        else:
+            return
+        self._save(frontier, self.extra_state() if self.extra_state is not None else None, how=how)
+
+    @staticmethod
+    def _checkpoint_interrupt(record: Any) -> Callable[[], None]:
+        """A background save's ``interrupt()``: the sockets of the checkpoint group it runs on (``record``,
+        that group's, taken at the launch) shut down, so that a collective of the save blocked on a dead
+        or stopped peer fails at once.  Only that group: the training thread is using the others."""
+        def interrupt() -> None:
+            if record is not None:
+                revoke.hard_close_all([record])
+
+        return interrupt
+
     def _save_abandoned(self, pact: Any) -> Callable[[], Any]:
         """The save's ``abandoned()`` in ``pact``'s generation (two store requests a call): a peer's save
         failed (the wide revoke of the generation stands), or, in a job that reads the keepers' death
@@ -255,8 +359,6 @@ class Training:
         worker crashed, or was deposed (killed by its keeper) after a survivor's failure detector
         declared it dead or hung.  Otherwise a declared rank ends every survivor through its watchdog
         (``RankSuspect``)."""
-        from ..runtime.checkpoint import Abandon
-
         notices = self._notices
 
         def abandoned() -> Any:
@@ -276,8 +378,6 @@ class Training:
         control and checkpoint groups: DCP's collectives, FSDP1's state-dict gathers), so a collective
         of the save blocked on a dead or stopped peer fails at once.  The episode that follows (a swap,
         a repair) builds every one of them anew."""
-        from ..runtime import revoke
-
         revoke.hard_close_all(self.job.groups.wide_records())
 
     # ---- an episode that rebuilds the model -----------------------------------------------------
@@ -290,16 +390,38 @@ class Training:
     def _keep_for_discard(self) -> None:
         """Without spares, what a discard in place needs at F (P17), kept locally: the RNG state (the CPU
         generator and the CUDA generator of the rank's device, :func:`accelpact.impl.runtime.rng.capture`)
-        and a copy of the extra state (the data cursor), taken at each committed boundary."""
-        extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
-        self._published = {"rng": _rng.capture(getattr(self.job, "device", None)), "extra": extra,
-                           "frontier": self.pact.frontier}
+        and a copy of the extra state (the data cursor), taken at each committed boundary.  Kept as it
+        is while F does not move (after a discard the loop sets its loader back only once the step
+        exits), and at attach after an L2 restart the extra state is the checkpoint's
+        (``restored_extra``: the loop sets its loader from it only after ``attach`` returns)."""
+        frontier, kept = self.pact.frontier, getattr(self, "_published", None)
+        if kept is not None and kept.get("frontier") == frontier:
+            return
+        if kept is None and getattr(self, "resumed_from", None) is not None:
+            extra = copy.deepcopy(self.restored_extra)
+        else:
+            extra = copy.deepcopy(self.extra_state()) if self.extra_state is not None else None
+        self._published = {"rng": _rng.capture(getattr(self.job, "device", None)), "extra": extra, "frontier": frontier}
 
     def _begin(self) -> dict:
         """``Rebuild.begin``: as the engine's episode begins, the death-notice watcher of the old
-        generation stops, and the state published at F is handed over (``extra``, ``rng``)."""
+        generation stops, and the state published at F is handed over (``extra``, ``rng``).  An async
+        save still in flight (launched at the boundary of F, in a step's episode) is waited for first:
+        the episode rebuilds the checkpoint group it runs on.  A peer blocked in it on a dead or stopped
+        rank fails within a slice of the death notice or of a peer's withdrawal; one that completes
+        stands.  If it was lost, it is owed after this episode (:meth:`CheckpointManager.owe`, read by
+        a spare taking an identity in it) and taken again once the episode released (:meth:`step`)."""
         if self._watcher is not None:
             self._watcher.stop(join=False)
+        ck = self.checkpoints
+        if ck is not None and ck.pending is not None:
+            frontier, gen = ck.pending.step, self.pact.gen
+            if self._drain() is not None:
+                self._owed = frontier
+                try:
+                    ck.owe(gen, frontier)
+                except Exception:  # noqa: BLE001 - store lost: the watchdog ends the rank (RankLoseStore)
+                    pass
         published = self._published or {}
         return {"extra": copy.deepcopy(published.get("extra")), "rng": published.get("rng")}
 

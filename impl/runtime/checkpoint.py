@@ -22,17 +22,49 @@ the optimizer step committed (at the boundary), through a *healthy* process grou
 collectives on it; never through a communicator that failed).  Call :meth:`load` on every rank
 after the job is built and before the first training step.
 
+Asynchronous saves (``mode="async"``, ``attach(checkpoint="async")``): :meth:`CheckpointManager.launch`
+takes the same checkpoint with ``torch.distributed.checkpoint.async_save``.  At the boundary, on the
+caller's thread, it gathers the state dict (FSDP1's collectives included), *stages* it (DCP's
+``BlockingAsyncStager`` copies every tensor, DTensor and ShardedTensor into fresh, pageable CPU
+memory, and deep-copies any other value, before async_save returns, so the next step may mutate the
+parameters and the optimizer state at once) and serializes the per-rank file (RNG and data cursor as
+they are at the boundary).  Memory: one CPU copy of this rank's share of the model and optimizer
+state, as ``get_state_dict`` returns it (FSDP: its shards; DDP: the whole replica; AdamW: about three
+times the parameters' bytes), plus the rank file, held from the launch until the background save
+ends, then freed (nothing is cached between saves); at most one save is in flight.  The rest runs
+off the training thread: DCP's planning, writes and collectives on async_save's executor thread,
+then, on this module's ``accelpact-ckpt-finish`` thread, the per-rank file, the acknowledgement and
+(rank 0) the marker, exactly as a synchronous save does them.  Durable means the
+same in both modes: the marker, written only after every rank's DCP write completed (its future) and
+every rank acknowledged; a save still in flight when a rank dies is not durable, and an L2 restart
+resumes from the previous committed checkpoint.
+
+Which group, and when it is waited for.  The background save runs its collectives on the checkpoint
+group of the generation it was launched in (``group`` at the launch, held by the save).  Every
+episode rebuilds that group (``JobGroups.rebuild_wide`` in a repair, ``rebuild_all`` in a swap or a
+discard) and retires the old one, so a save must never be in flight when an episode begins: the
+caller waits for it (:meth:`CheckpointManager.finish`) at the next boundary before the engine's
+boundary (which may repair), as an episode in a step begins (``Rebuild.begin``) and at the job's end
+(``impl/launch/training.py``).  While it runs, ``abandoned()`` is asked once per
+:data:`ACK_SLICE_S` (a peer's failed save, a death notice, a peer's withdrawal of this save), and
+``interrupt()`` makes a collective blocked on a dead or stopped peer fail at once, as in a synchronous
+save.  A failure of the background save is its outcome, never raised on the training thread before
+:meth:`~CheckpointManager.finish`: the rank withdraws its acknowledgement (every rank then reads the
+same outcome, the acknowledgement protocol's) and :meth:`~CheckpointManager.finish` raises it.
+
 torch is imported inside functions so that ``latest_committed`` works without torch.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
 import json
 import os
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
 
@@ -42,9 +74,11 @@ from . import rng as _rng
 from .backends import recorded_errors
 
 __all__ = [
+    "MODES",
     "Abandon",
     "CheckpointError",
     "CheckpointManager",
+    "PendingSave",
     "Restored",
     "SaveFailed",
     "committed_steps",
@@ -53,6 +87,9 @@ __all__ = [
 ]
 
 MARKER = "COMMITTED"
+#: how a checkpoint is taken (``attach(checkpoint=...)``): ``sync`` (``dcp.save`` at the boundary) or
+#: ``async`` (``dcp.async_save``: staged at the boundary, written in the background; module doc)
+MODES = ("sync", "async")
 #: One slice of the acknowledgement wait (seconds): how soon ``abandoned()`` is seen, and how many
 #: store requests a long wait costs (one ``wait`` and one ``abandoned()`` per slice per rank).
 ACK_SLICE_S = 1.0
@@ -233,6 +270,28 @@ def _restore_optim_key_order(optimizer, order: list[list[str]] | None) -> None:
         optimizer.state[p] = {k: st[k] for k in keys}
 
 
+@dataclass(eq=False)
+class PendingSave:
+    """A save in flight (:meth:`CheckpointManager.launch`): its step, the try's ``tag``, its folder,
+    this rank's serialized per-rank file, async_save's future, what it asks (``abandoned``) and does
+    (``interrupt``) while it runs, and, once ``done`` is set, its outcome: ``took`` (seconds from the
+    launch to the commit) or ``error`` (:class:`SaveFailed` or :class:`CheckpointError`)."""
+
+    step: int
+    tag: int
+    folder: Path
+    rank_file: bytes
+    future: Any
+    abandoned: Callable[[], Any]
+    interrupt: Callable[[], Any] | None
+    t0: float
+    staged_s: float
+    took: float | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    thread: Any = None
+
+
 @dataclass(frozen=True)
 class Restored:
     """What :meth:`CheckpointManager.load` put back: the step C and this rank's data cursor."""
@@ -256,9 +315,11 @@ class CheckpointManager:
 
     def __init__(self, root: str | os.PathLike, *, every: int, rank: int, world: int, store=None, group=None,
                  commit_timeout_s: float | None = None, group_errors: Callable[[], dict[str, str]] | None = None,
-                 device: Any = None) -> None:
+                 device: Any = None, mode: str = "sync") -> None:
         if every < 0:
             raise ValueError(f"CheckpointManager: every must be >= 0 (0 disables checkpoints), got {every}")
+        if mode not in MODES:
+            raise ValueError(f"CheckpointManager: mode={mode!r}: must be one of {list(MODES)}")
         if world > 1 and store is None:
             raise ValueError("CheckpointManager: a store is needed to acknowledge saves when world > 1")
         self.root = Path(root)
@@ -274,6 +335,11 @@ class CheckpointManager:
         self.group_errors = group_errors if group_errors is not None else _process_group_errors
         #: the rank's device, whose CUDA RNG state the rank file keeps (None: the module's, else the current one)
         self.device = device
+        #: ``sync`` (:meth:`save`) or ``async`` (:meth:`launch` then :meth:`finish`): which one the
+        #: training loop takes at a due boundary (the manager itself serves both)
+        self.mode = mode
+        #: the save in flight (:meth:`launch`), until :meth:`finish` read its outcome
+        self.pending: PendingSave | None = None
         self.timings: list[dict] = []
 
     def due(self, step: int) -> bool:
@@ -295,7 +361,6 @@ class CheckpointManager:
         answers, ``interrupt()`` (given: shut down the sockets of the groups the save runs on) makes a
         collective blocked on the dead or stopped peer fail at once.  A failed collective of the save,
         or an abandoned save, raises :class:`SaveFailed` (with the dead ranks, if any)."""
-        import torch
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -332,18 +397,196 @@ class CheckpointManager:
         # the guard may have interrupted the groups just as the collectives completed: the save goes on,
         # and the acknowledgements decide (one outcome on every rank, _acknowledge_and_commit)
         t_dcp = time.perf_counter()
+        _atomic_write(folder / f"rank{self.rank}.pt", self._rank_file(step, module, optimizer, cursor))
+        self._acknowledge_and_commit(step, folder, tag, abandoned)
+        t1 = time.perf_counter()
+        self.timings.append({"step": step, "mode": "sync", "dcp_s": t_dcp - t0, "total_s": t1 - t0})
+        return t1 - t0
+
+    def _rank_file(self, step: int, module, optimizer, cursor: Any) -> bytes:
+        """This rank's ``rank{r}.pt`` as bytes: step, rank, world, the RNG states (CPU, and CUDA of the
+        rank's device), the data cursor and the optimizer's key order, as they are now."""
+        import torch
+
         rng = _rng.capture(self.device if self.device is not None else _module_device(module))
         local = {"step": step, "rank": self.rank, "world": self.world, "rng": rng["cpu"], "cuda_rng": rng["cuda"],
                  "cursor": cursor, "optim_key_order": _optim_key_order(optimizer)}
-        import io
-
         buf = io.BytesIO()
         torch.save(local, buf)
-        _atomic_write(folder / f"rank{self.rank}.pt", buf.getvalue())
-        self._acknowledge_and_commit(step, folder, tag, abandoned)
-        t1 = time.perf_counter()
-        self.timings.append({"step": step, "dcp_s": t_dcp - t0, "total_s": t1 - t0})
-        return t1 - t0
+        return buf.getvalue()
+
+    # ------------------------------------------------------------------ async save
+    def launch(self, step: int, module, optimizer, cursor: Any = None, *, tag: int = 0,
+               abandoned: Callable[[], Any] | None = None, interrupt: Callable[[], Any] | None = None,
+               stage_interrupt: Callable[[], Any] | None = None) -> float:
+        """Start the save of step ``step`` with ``dcp.async_save`` and return once it is staged (seconds
+        taken; the module doc says what runs where and what the staging copy costs).  Collective at the
+        boundary like :meth:`save` (FSDP1's state-dict gathers run here, on the caller's thread); the
+        rest runs in the background until :meth:`finish` reads its outcome, which every rank must call
+        before any episode rebuilds the groups and before the next launch.
+
+        ``tag``, ``abandoned()`` and ``interrupt()`` as for :meth:`save`; while the background save
+        runs, ``abandoned()`` also answers when a peer withdrew this save (its background save failed),
+        and the first answer calls ``interrupt()`` (give one that shuts down only the group the save
+        runs on: the training thread is using the others).  While the state dict is gathered here (FSDP1's
+        collectives, on the default group) a guard asks ``abandoned()`` as :meth:`save`'s does and calls
+        ``stage_interrupt()`` (the groups over W, as :meth:`save`'s ``interrupt``).  A failure here, before
+        anything runs in the background, raises :class:`SaveFailed` at once, as :meth:`save` does; a
+        failure in the background is the save's outcome (:meth:`finish`)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if self.pending is not None:
+            raise CheckpointError(f"checkpoint step {step}: the save of step {self.pending.step} is still in flight; "
+                                  "finish() it first (one save in flight at a time)")
+        t0 = time.perf_counter()
+        folder = step_dir(self.root, step)
+        folder.mkdir(parents=True, exist_ok=True)
+        guard = _SaveGuard(abandoned, stage_interrupt) \
+            if self.world > 1 and abandoned is not None and stage_interrupt is not None else None
+        try:
+            if guard is not None:
+                guard.start()
+            model_sd, optim_sd = get_state_dict(module, optimizer)
+        except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException
+            if guard is not None and guard.stop() is not None:
+                why = _abandon(guard.fired)
+                raise SaveFailed(f"checkpoint step {step}: abandoned in its state-dict gather: {why.why} ({exc!r})"[:600],
+                                 why.dead) from None
+            raise SaveFailed(f"checkpoint step {step}: a collective of the state-dict gather failed: {exc!r}"[:600]) from None
+        finally:
+            if guard is not None:
+                guard.stop()
+        if bad := self.group_errors():  # as in save(): NCCL's watchdog may have aborted FSDP1's gathers silently
+            raise SaveFailed(f"checkpoint step {step}: a collective of the state-dict gather failed silently: process "
+                             f"group(s) {bad} recorded an error; nothing of this save is committed"[:600])
+        rank_file = self._rank_file(step, module, optimizer, cursor)
+        # staged synchronously (a copy to CPU) before async_save returns: from here the training may change
+        # the parameters and the optimizer state.  BlockingAsyncStager, not async_save's default stager:
+        # it copies FSDP1's ShardedTensors too (the default one asks a ShardedTensor for its data_ptr)
+        future = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder),
+                                process_group=self.group, async_stager=BlockingAsyncStager())
+        del model_sd, optim_sd
+        t_staged = time.perf_counter()
+        p = PendingSave(step=step, tag=tag, folder=folder, rank_file=rank_file, future=future,
+                        abandoned=self._watch(step, tag, abandoned), interrupt=interrupt, t0=t0, staged_s=t_staged - t0)
+        p.thread = EngineThread(target=self._finish_in_background, args=(p,), name="accelpact-ckpt-finish", daemon=True)
+        self.pending = p
+        p.thread.start()
+        return p.staged_s
+
+    def finish(self) -> float | None:
+        """Wait for the save in flight (:meth:`launch`) to end, on every rank at the same point; None when
+        none is.  Returns its seconds from the launch to the commit (it is durable: every rank
+        acknowledged, rank 0 wrote the marker), or raises its failure: :class:`SaveFailed` (a collective
+        of the save failed, or the save was abandoned: a peer's failed save, a death, a peer's
+        withdrawal) or :class:`CheckpointError` (the acknowledgements' bound passed).  Every rank reads
+        the same outcome.  The wait is bounded by the save's own bounds: its collectives by the
+        checkpoint group's timeout (sooner through ``interrupt()``), its acknowledgements by
+        ``commit_timeout_s``."""
+        p = self.pending
+        if p is None:
+            return None
+        p.done.wait()
+        p.thread.join()
+        self.pending = None
+        if p.error is not None:
+            raise p.error
+        assert p.took is not None
+        self.timings.append({"step": p.step, "mode": "async", "stage_s": p.staged_s, "total_s": p.took})
+        return p.took
+
+    def _watch(self, step: int, tag: int, abandoned: Callable[[], Any] | None) -> Callable[[], Any]:
+        """What a background save asks: ``abandoned()`` (the caller's), else whether a peer withdrew
+        this try (its ``gone`` key: its own background save failed, :meth:`_give_up`)."""
+        gone = self._keys(step, tag)[2]
+
+        def watched() -> Any:
+            why = abandoned() if abandoned is not None else None
+            if why:
+                return why
+            if self.world > 1 and self.store.check([gone]):
+                return Abandon(f"a peer withdrew the save of step {step} (its save failed)")
+            return None
+
+        return watched
+
+    def _finish_in_background(self, p: PendingSave) -> None:
+        """The background save's second half (module doc): DCP's outcome, then the per-rank file, the
+        acknowledgement and the commit; its outcome on ``p``."""
+        try:
+            p.took = self._complete(p)
+        except BaseException as exc:  # noqa: BLE001 - any failure (DCP's CheckpointException is a BaseException) is the save's outcome, raised by finish()
+            p.error = exc if isinstance(exc, (SaveFailed, CheckpointError)) else \
+                SaveFailed(f"checkpoint step {p.step}: the background save failed: {exc!r}"[:600])
+        finally:
+            p.done.set()
+
+    def _complete(self, p: PendingSave) -> float:
+        """Wait for async_save's future (asking ``abandoned()`` once per slice: the first answer calls
+        ``interrupt()``), then as :meth:`save` after its DCP write.  A failure withdraws this rank from
+        the try first (:meth:`_give_up`), so that no peer waits for its acknowledgement."""
+        fired: Any = None
+        while not concurrent.futures.wait([p.future], timeout=ACK_SLICE_S).done:
+            if fired is not None or p.interrupt is None or self.world == 1:
+                continue
+            try:
+                why = p.abandoned()
+            except Exception:  # noqa: BLE001 - store lost: the watchdog ends the rank (RankLoseStore)
+                continue
+            if why:
+                fired = why
+                p.interrupt()
+        try:
+            p.future.result()
+        except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException: every failure of DCP's save
+            self._give_up(p)
+            if fired is not None:
+                why = _abandon(fired)
+                raise SaveFailed(f"checkpoint step {p.step}: abandoned in its collectives: {why.why} ({exc!r})"[:600],
+                                 why.dead) from None
+            raise SaveFailed(f"checkpoint step {p.step}: a collective of the background save failed: {exc!r}"[:600]) from None
+        if bad := self.group_errors():
+            self._give_up(p)
+            raise SaveFailed(f"checkpoint step {p.step}: a collective of the save failed silently: process group(s) "
+                             f"{bad} recorded an error; nothing of this save is committed"[:600])
+        _atomic_write(p.folder / f"rank{self.rank}.pt", p.rank_file)
+        self._acknowledge_and_commit(p.step, p.folder, p.tag, p.abandoned)
+        return time.perf_counter() - p.t0
+
+    def _give_up(self, p: PendingSave) -> None:
+        """A rank whose background save failed before its acknowledgement withdraws the try (adds
+        :data:`WITHDRAWN`; its own acknowledgement is missing, so the try is withdrawn on every rank and
+        ``gone`` is set): a peer waiting for the acknowledgements, or blocked in a collective with this
+        rank, sees it within a slice (:meth:`_watch`)."""
+        if self.world == 1:
+            return
+        key, everyone, gone = self._keys(p.step, p.tag)
+        try:
+            self._withdraw(key, everyone, gone, time.monotonic())
+        except Exception:  # noqa: BLE001 - store lost: the watchdog ends the rank (RankLoseStore)
+            pass
+
+    @staticmethod
+    def _keys(step: int, tag: int) -> tuple[str, str, str]:
+        """The acknowledgement count of one try, its "every rank acknowledged" key and its "withdrawn" key."""
+        return f"ckpt/step-{step}/g{tag}/done", f"ckpt/step-{step}/g{tag}/all", f"ckpt/step-{step}/g{tag}/gone"
+
+    def owe(self, generation: int, step: int) -> None:
+        """Say on the store that the checkpoint of ``step`` is owed after the episode of ``generation``
+        (a save that was lost, or one being taken again, when that episode began): a spare that takes a
+        rank's identity in it reads it (:meth:`owed`) and takes that save with the survivors."""
+        if self.store is not None:
+            self.store.set(f"ckpt/owed/g{generation}", str(step))
+
+    def owed(self, generation: int) -> int | None:
+        """The step whose checkpoint is owed after the episode of ``generation`` (:meth:`owe`), or None."""
+        key = f"ckpt/owed/g{generation}"
+        if self.store is None or not self.store.check([key]):
+            return None
+        return int(self.store.get(key).decode())
 
     def _acknowledge_and_commit(self, step: int, folder: Path, tag: int = 0, abandoned: Any = None) -> None:
         """Every rank adds 1 to ``ckpt/step-{n}/g{tag}/done`` and waits until every rank did (every
@@ -378,9 +621,7 @@ class CheckpointManager:
         the failure detector declares dead or hung ends this process itself (the watchdog exits every
         survivor, ``RankSuspect``), so the wait ends with it."""
         if self.world > 1:
-            key = f"ckpt/step-{step}/g{tag}/done"
-            everyone = f"ckpt/step-{step}/g{tag}/all"
-            gone = f"ckpt/step-{step}/g{tag}/gone"
+            key, everyone, gone = self._keys(step, tag)
             count = int(self.store.add(key, 1))
             if count == self.world:
                 self.store.set(everyone, str(count))

@@ -70,10 +70,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recovery-share", type=float, default=None, help="share of faults struck during an episode (default 0.2)")
     p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(SOAK_KINDS)})")
     p.add_argument("--deadline", type=float, default=None, help="each recovery phase's wait on peers, seconds (default 20)")
+    p.add_argument("--collective-timeout", type=float, default=None,
+                   help=f"the training groups' collective timeout, seconds (default {d.collective_timeout_s:g}): what bounds "
+                        "a gloo op a revoke cannot wake (bench/README.md, K6)")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="a step's micro-batches: the worker opts in to shrink and grow (a death with no spare idle "
                         "shrinks the job, no restart; README 'Shrink and grow'); default: the replica count; "
                         "0: not opted in (a death with no spare idle restarts the job)")
+    p.add_argument("--checkpoint", choices=("sync", "async"), default=None,
+                   help="how the worker's checkpoints are taken: attach(checkpoint=...) (default sync)")
     p.add_argument("--seeded-bug", default=None, help="run a deliberately broken engine (tests: the judge must fail)")
     p.add_argument("--replay", default=None, help="a saved schedule.json to run again (its seed, configuration and faults)")
     p.add_argument("--out", default="runs/soak", help="output folder (default runs/soak)")
@@ -89,8 +94,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 #: flag (its argparse dest) -> SoakConfig field: the same name, but for two that carry their unit
-_FLAGS = {**{f: f for f in SoakConfig.__dataclass_fields__ if f not in ("fault_every_s", "deadline_s")},
-          "fault_every": "fault_every_s", "deadline": "deadline_s"}
+_FLAGS = {**{f: f for f in SoakConfig.__dataclass_fields__ if f not in ("fault_every_s", "deadline_s", "collective_timeout_s")},
+          "fault_every": "fault_every_s", "deadline": "deadline_s", "collective_timeout": "collective_timeout_s"}
 
 
 def config_from_args(args: argparse.Namespace) -> SoakConfig:
@@ -170,8 +175,9 @@ def soak(cfg: SoakConfig, out: Path, *, schedule: Any = None, ref_cache: str | N
     run_dir = out / "run"
     job = Job(topology=Topology(cfg.nodes, cfg.ranks_per_node, spares=cfg.spares),
               workload=Workload(cfg.wrapper, cfg.layers, cfg.steps, 0, cfg.checkpoint_every,
-                                micro_batches=cfg.micro_batch_count), out=str(run_dir),
-              scenario=f"soak-seed{cfg.seed}", trace=True, deadline_s=cfg.deadline_s, seeded_bug=cfg.seeded_bug)
+                                micro_batches=cfg.micro_batch_count, checkpoint=cfg.checkpoint), out=str(run_dir),
+              scenario=f"soak-seed{cfg.seed}", trace=True, deadline_s=cfg.deadline_s,
+              collective_timeout_s=cfg.collective_timeout_s, seeded_bug=cfg.seeded_bug)
     console.print(f"fault-free reference of {cfg.steps} steps ...", highlight=False)
     ref = run_reference(job, ref_cache or DEFAULT_CACHE, timeout_s=max(600.0, cfg.steps * 1.0))
 

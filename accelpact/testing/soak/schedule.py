@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ...impl.deadlines import DEFAULT_COLLECTIVE_TIMEOUT_S
 from ...impl.runtime.wrappers import WRAPPER_NAMES
 from ...model.faults import SOAK_KINDS
 from ..seeded import SEEDED_BUGS
@@ -84,10 +85,16 @@ class SoakConfig:
     kinds: tuple[str, ...] = tuple(SOAK_KINDS)
     seeded_bug: str | None = None
     deadline_s: float = 20.0
+    #: the training groups' collective timeout (``Job.collective_timeout_s``): what bounds a gloo op that a
+    #: revoke cannot wake (bench/README.md, K6), and so the episode it holds up (the peers wait for the
+    #: straggler that long); well above every slow or stopped rank a soak draws (at most 5 s)
+    collective_timeout_s: float = 60.0
     #: issue 41: the step's micro-batch count the worker opts in with (``Workload.micro_batches``: a death
     #: with no spare idle shrinks the job instead of restarting it); None: the replica count (a step
     #: computes what it did without the opt-in; a shrunk replica takes the vacant share), 0: not opted in
     micro_batches: int | None = None
+    #: issue 44: how the worker's checkpoints are taken (``Workload.checkpoint``: sync or async)
+    checkpoint: str = "sync"
 
     def check(self) -> "SoakConfig":
         """Raise :class:`SoakError` naming the flag of the first bad value."""
@@ -116,6 +123,8 @@ class SoakConfig:
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 1:
             raise SoakError(f"--checkpoint-every must be an integer >= 1 (an L2 restart resumes from the last one), "
                             f"got {self.checkpoint_every!r}")
+        if self.checkpoint not in ("sync", "async"):
+            raise SoakError(f"--checkpoint must be sync or async, got {self.checkpoint!r}")
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 10):
             raise SoakError(f"--steps must be an integer >= 10 (or omitted: chosen from a measured step time), got {self.steps!r}")
         if isinstance(self.fault_every_s, bool) or not isinstance(self.fault_every_s, (int, float)) or not self.fault_every_s >= 5:
@@ -129,6 +138,10 @@ class SoakConfig:
             raise SoakError(f"--seeded-bug must be one of {list(SEEDED_BUGS)}, got {self.seeded_bug!r}")
         if isinstance(self.deadline_s, bool) or not isinstance(self.deadline_s, (int, float)) or not self.deadline_s > 0:
             raise SoakError(f"--deadline must be a number of seconds > 0, got {self.deadline_s!r}")
+        ct = self.collective_timeout_s
+        if isinstance(ct, bool) or not isinstance(ct, (int, float)) or not ct >= 10:
+            raise SoakError(f"--collective-timeout must be a number of seconds >= 10 (above every slow or stopped "
+                            f"rank a soak draws), got {ct!r}")
         mb = self.micro_batches
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or (mb != 0 and mb < self.replicas)):
             raise SoakError(f"--micro-batches must be 0 (not opted in) or an integer >= the job's {self.replicas} replicas "
@@ -171,6 +184,8 @@ class SoakConfig:
         d = dict(raw)
         # a schedule saved before issue 41's opt-in ran without micro-batches: replayed, it runs so again
         d.setdefault("micro_batches", 0)
+        # and one saved before the soak chose its collective timeout ran with the job's default
+        d.setdefault("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
         if "kinds" in d:
             if not isinstance(d["kinds"], (list, tuple)):
                 raise SoakError(f"{where}.kinds: must be a list of fault kinds, got {d['kinds']!r}")

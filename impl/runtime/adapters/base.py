@@ -52,6 +52,22 @@ class Adapter:
     def discover(self, module: Any, old_pg: Any) -> list[RefSite]:
         return find_references(module, old_pg)
 
+    def in_place_problem(self, module: Any) -> str | None:
+        """Why a forward or backward of ``module`` that a communicator failure aborted cannot be
+        discarded in place, on the same wrapper (None: it can, :meth:`reset_iter_state`).  Where it
+        cannot, the discard needs ``attach(rebuild=...)``: the wrapper is built anew and the committed
+        state moved into it (spec/protocol.md P17.3).  By default: a wrapper this adapter does not
+        know how to reset."""
+        return (f"the {self.name} adapter knows no way to reset its wrapper's per-iteration state after a forward or "
+                "backward was aborted")
+
+    def reset_iter_state(self, module: Any) -> None:
+        """Drop the wrapper's per-iteration state of a forward or backward that a communicator failure
+        aborted (a discard in place, spec/protocol.md P17.3): afterwards the wrapper is idle, as at a
+        committed boundary, and its next forward starts a fresh iteration.  Gradients are the engine's
+        (``RankDiscardStep`` drops the optimizer's).  Only where :meth:`in_place_problem` is None."""
+        raise NotImplementedError(self.in_place_problem(module) or f"{self.name}: no in-place reset")
+
     def release(self, module: Any, keep: Any = None) -> int:
         """``module``'s wrapper is being dropped (a hot swap or a discard rebuilt the model): remove
         what a step that never finished its backward left registered on autograd's side, where the
@@ -167,19 +183,23 @@ def unregister_group(pg: Any) -> None:
     c10d._world.pg_to_tag.pop(pg, None)
 
 
-def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
+def adopt_group_name(old_pg: Any, new_pg: Any, name: str | None = None) -> str | None:
     """Give ``new_pg`` the c10d identity (name, rank mapping) of ``old_pg`` and drop ``old_pg`` from
     c10d's registries; the c10d registry is one more cached reference (DeviceMesh resolves its
     groups by name) and, dropping the old group's entries, c10d no longer keeps it alive.
-    No-op when ``old_pg`` is unregistered or the default group, or ``new_pg`` is a bare backend.
-    Returns the adopted name."""
+    ``name``: the name ``old_pg`` had, for an old group already unregistered (an episode that
+    rebuilt every group retires the old ones before their references are rebound); None: read it
+    from c10d.  No-op when ``old_pg`` has no name or is the default group, or ``new_pg`` is a bare
+    backend.  Returns the adopted name."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     w = c10d._world
-    name = w.pg_names.get(old_pg)
+    name = w.pg_names.get(old_pg) if name is None else name
     if name is None or not isinstance(new_pg, dist.ProcessGroup) or old_pg is new_pg:
         return None
+    if name in w.pg_names.values() and w.pg_names.get(new_pg) != name and w.pg_names.get(old_pg) != name:
+        return None  # the name belongs to a third group now: taking it would break that group's lookups
     if old_pg is c10d.GroupMember.WORLD:  # never unregister the default group: dist.* would break
         return None
     mapping = w.pg_group_ranks.get(new_pg) or w.pg_group_ranks.get(old_pg) or {}
@@ -188,7 +208,7 @@ def adopt_group_name(old_pg: Any, new_pg: Any) -> str | None:
     unregister_group(old_pg)
     if new_pg in w.pg_names:
         unregister_group(new_pg)
-    new_pg._set_group_name(name)
+    new_pg._set_group_name(c10d.GroupName(name))
     register_group(new_pg, name, ranks, store, backend=backend_of(new_pg).name)  # NCCL: "nccl", "cuda:nccl"
     return name
 

@@ -25,6 +25,36 @@ class DDPAdapter(Adapter):
 
         return wraps_with(module, DDP)
 
+    def in_place_problem(self, module: Any) -> str | None:
+        """None where the Reducer has its reset (``_reset_state``, torch 2.1+): DDP is discarded in
+        place (:meth:`reset_iter_state`)."""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        for m in module.modules():
+            if isinstance(m, DDP) and not callable(getattr(getattr(m, "reducer", None), "_reset_state", None)):
+                return f"torch {torch.__version__}: DDP's Reducer has no _reset_state (torch 2.1+)"
+        return None
+
+    def reset_iter_state(self, module: Any) -> None:
+        """The Reducer's state of an aborted iteration, reset (``Reducer._reset_state``, what
+        ``DistributedDataParallel._update_process_group`` calls).  A backward whose bucket all-reduce
+        failed raises from the Reducer's final callback after it cleared its own flags, but a failure
+        that ends the backward earlier (a communication hook or an autograd hook that raises, as an
+        aborted NCCL communicator's enqueue does) leaves ``expect_autograd_hooks_`` and
+        ``require_finalize_`` set, C++ state that Python cannot read: the next forward would refuse to
+        run ("Expected to have finished reduction in the prior iteration").  The reset clears them, and
+        also asks for one more bucket rebuild: the rerun's backward records the order its gradients
+        become ready and the next forward rebuilds the buckets from it (a broadcast of rank 0's layout
+        on the new group), the same layout as the first rebuild made from the same graph.  Bit-identity
+        after it: tests/test_inflight_three_calls.py (several buckets)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        for m in module.modules():
+            if isinstance(m, DDP):
+                m._has_rebuilt_buckets = False
+                m.reducer._reset_state()
+
     def discover(self, module: Any, old_pg: Any, root_name: str = "model") -> list[RefSite]:
         from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -85,6 +85,22 @@ class FSDP1Adapter(Adapter):
 
         return wraps_with(module, FSDP)
 
+    def in_place_problem(self, module: Any) -> str | None:
+        """FSDP1 is not discarded in place: it has no reset of an iteration that a failure aborted
+        (torch 2.13 gives FSDP2 ``reset_iter_state``, nothing to FSDP1), and the state such a forward
+        or backward leaves is private and spread over every unit: the units' ``training_state`` and
+        their handles' ``_training_state``, the flat parameters left unsharded (and the original
+        parameters left as views of them, :func:`_drop_unsharded_views`), the post-backward hooks
+        registered on autograd's ``AccumulateGrad`` nodes that only the backward's final callback
+        removes (``_post_backward_hook_state``), the root's queued-callback flag, the handles'
+        prefetch flags and the execution-order record that FSDP1 checks every iteration
+        (``_exec_order_data``).  Setting each by hand would be a reimplementation of FSDP1's own
+        finalization, unchecked by torch; so a discard rebuilds the wrapper (``attach(rebuild=...)``)."""
+        return ("FSDP1 has no reset of a forward or backward that a failure aborted (torch 2.13 has FSDP2's "
+                "FSDPModule.reset_iter_state only): its per-iteration state (training states, unsharded flat parameters, "
+                "post-backward hooks on autograd's nodes, prefetch flags, the execution-order record) is private, so a "
+                "discard in place rebuilds the wrapper: attach(rebuild=...)")
+
     def release(self, module: Any, keep: Any = None) -> int:
         """Break the cycles a backward that raised leaves through autograd's C++ side, which the
         garbage collector cannot traverse, so that the old wrapper and its groups are freed (soak K3;
