@@ -66,7 +66,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, TypeVar, cast
 
 from ..deadlines import step_wait_bound
 from ..threadname import EngineThread
@@ -85,6 +85,8 @@ __all__ = [
     "latest_committed",
     "step_dir",
 ]
+
+T = TypeVar("T")
 
 MARKER = "COMMITTED"
 #: how a checkpoint is taken (``attach(checkpoint=...)``): ``sync`` (``dcp.save`` at the boundary) or
@@ -160,6 +162,26 @@ class _SaveGuard:
                 self.fired = why
                 self.interrupt()
                 return
+
+
+def _guarded(collectives: Callable[[], T], guard: "_SaveGuard | None", step: int, abandoned_in: str, failed_in: str) -> T:
+    """Run a save's ``collectives`` under its ``guard`` (started first, stopped after, whatever
+    happens): a failure is :class:`SaveFailed`, naming the dead ranks where the guard had fired."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        if guard is not None:
+            guard.start()
+        return collectives()
+    except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException
+        if guard is not None and guard.stop() is not None:
+            why = _abandon(guard.fired)
+            raise SaveFailed(f"checkpoint step {step}: abandoned in its {abandoned_in}: {why.why} ({exc!r})"[:600],
+                             why.dead) from None
+        raise SaveFailed(f"checkpoint step {step}: a collective of the {failed_in} failed: {exc!r}"[:600]) from None
+    finally:
+        if guard is not None:
+            guard.stop()
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -362,7 +384,6 @@ class CheckpointManager:
         collective blocked on the dead or stopped peer fail at once.  A failed collective of the save,
         or an abandoned save, raises :class:`SaveFailed` (with the dead ranks, if any)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         t0 = time.perf_counter()
@@ -370,22 +391,13 @@ class CheckpointManager:
         folder.mkdir(parents=True, exist_ok=True)
         guard = _SaveGuard(abandoned, interrupt) if self.world > 1 and abandoned is not None and interrupt is not None \
             else None
-        try:
-            if guard is not None:
-                guard.start()
+        def collectives() -> None:
             # FSDP1's optim_state_dict runs collectives of its own (broadcast_object_list on the default
             # group): a failure there is the save's failure too (see bench/README.md, K1)
             model_sd, optim_sd = get_state_dict(module, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
-        except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException
-            if guard is not None and guard.stop() is not None:
-                why = _abandon(guard.fired)
-                raise SaveFailed(f"checkpoint step {step}: abandoned in its collectives: {why.why} ({exc!r})"[:600],
-                                 why.dead) from None
-            raise SaveFailed(f"checkpoint step {step}: a collective of the save failed: {exc!r}"[:600]) from None
-        finally:
-            if guard is not None:
-                guard.stop()
+
+        _guarded(collectives, guard, step, "collectives", "save")
         # NCCL in TORCH_NCCL_ASYNC_ERROR_HANDLING=2 aborts a failed collective's communicator from its
         # watchdog and raises nothing: DCP's and FSDP1's collectives (the default group, the checkpoint
         # group) may have "returned" garbage.  Every process group's recorded error is read before the
@@ -434,7 +446,6 @@ class CheckpointManager:
         anything runs in the background, raises :class:`SaveFailed` at once, as :meth:`save` does; a
         failure in the background is the save's outcome (:meth:`finish`)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.staging import BlockingAsyncStager
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -446,19 +457,8 @@ class CheckpointManager:
         folder.mkdir(parents=True, exist_ok=True)
         guard = _SaveGuard(abandoned, stage_interrupt) \
             if self.world > 1 and abandoned is not None and stage_interrupt is not None else None
-        try:
-            if guard is not None:
-                guard.start()
-            model_sd, optim_sd = get_state_dict(module, optimizer)
-        except (RuntimeError, CheckpointException) as exc:  # CheckpointException is a BaseException
-            if guard is not None and guard.stop() is not None:
-                why = _abandon(guard.fired)
-                raise SaveFailed(f"checkpoint step {step}: abandoned in its state-dict gather: {why.why} ({exc!r})"[:600],
-                                 why.dead) from None
-            raise SaveFailed(f"checkpoint step {step}: a collective of the state-dict gather failed: {exc!r}"[:600]) from None
-        finally:
-            if guard is not None:
-                guard.stop()
+        model_sd, optim_sd = _guarded(lambda: get_state_dict(module, optimizer), guard, step,
+                                      "state-dict gather", "state-dict gather")
         if bad := self.group_errors():  # as in save(): NCCL's watchdog may have aborted FSDP1's gathers silently
             raise SaveFailed(f"checkpoint step {step}: a collective of the state-dict gather failed silently: process "
                              f"group(s) {bad} recorded an error; nothing of this save is committed"[:600])
