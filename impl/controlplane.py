@@ -359,6 +359,15 @@ class ControlPlane:
         self._decide(self.revoke_key(g, group), RETIRED)
         self._log_revoke(g, RETIRED)
 
+    def revoked_by(self, g: int, group: str) -> int | None:
+        """The rank whose ``RankObserve`` revoked ``group`` in g (the single assignment of
+        :meth:`publish_revoke`), or None: not revoked (or retired)."""
+        key = self.revoke_key(g, group)
+        if not self.store.check([key]):
+            return None
+        head = bytes(self.store.get(key)).decode(errors="replace").partition("/")[0]
+        return int(head) if head.isdigit() else None
+
     def revoked(self, g: int, group: str) -> bool:
         return bool(self.store.check([self.revoke_key(g, group)]))
 

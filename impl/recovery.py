@@ -556,15 +556,17 @@ class Pact(Effects):
 
     def _await_notices(self) -> tuple[int, ...]:
         """The death notices not yet handled, waiting for one only while a death could still be
-        unnoticed.  Not at all once a revoke of this generation stands: a peer observed the failure
-        first and waited for the notices then (a keeper posts within milliseconds of a death).
+        unnoticed.  Not at all once a peer's revoke of this generation stands: that peer observed the
+        failure first and waited for the notices then (a keeper posts within milliseconds of a death);
+        a revoke this rank wrote itself (a member's observation at the boundary) is no such sign.
         Otherwise up to ``hotswap.NOTICE_GRACE_S``, ended early once every active peer is seen beating
         after the failure (:meth:`Detector.beating`: a process that died publishes no heartbeat, so no
         notice is coming); a stopped or dead peer keeps the whole grace.  Beyond
         :data:`BEAT_CHECK_MAX` ranks the heartbeats are not read (the grace is waited out)."""
         notices = self.notices
         assert notices is not None
-        if self.control.revoked(self.gen, self.groups.key):
+        by = self.control.revoked_by(self.gen, self.groups.key)
+        if by is not None and by != self.rank:
             return notices.wait_new(grace_s=0.0)
         members = tuple(getattr(self.control, "members", range(self.control.world_size)))
         peers = [m for m in members if m != self.rank] if self.detector is not None and len(members) <= BEAT_CHECK_MAX else None

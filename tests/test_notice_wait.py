@@ -35,8 +35,8 @@ class FakeDetector:
         return set(peers) & self.alive
 
 
-def engine(notices, detector, *, revoked=False, world=4, rank=0):
-    control = types.SimpleNamespace(world_size=world, revoked=lambda g, key: revoked)
+def engine(notices, detector, *, revoked_by=None, world=4, rank=0):
+    control = types.SimpleNamespace(world_size=world, revoked_by=lambda g, key: revoked_by)
     return types.SimpleNamespace(notices=notices, detector=detector, control=control, gen=3, rank=rank,
                                  groups=types.SimpleNamespace(key="replicate0"))
 
@@ -47,10 +47,18 @@ def short_grace(monkeypatch):
     monkeypatch.setattr(recovery, "NOTICE_POLL_S", 0.05)
 
 
-def test_a_standing_revoke_reads_the_notices_once_without_waiting():
+def test_a_peers_standing_revoke_reads_the_notices_once_without_waiting():
     n = FakeNotices()
-    assert recovery.Pact._await_notices(engine(n, FakeDetector(set()), revoked=True)) == ()
+    assert recovery.Pact._await_notices(engine(n, FakeDetector(set()), revoked_by=2)) == ()
     assert n.graces == [0.0]
+
+
+def test_a_revoke_this_rank_wrote_itself_still_waits_for_the_notice():
+    """A member that observed at the boundary revoked R itself before it asked for notices: its own
+    revoke says nothing about a peer having waited (a conformance scenario's crash at the boundary
+    with a spare then went L2 instead of a swap)."""
+    n, d = FakeNotices(dead=(1,), posted_after=2), FakeDetector({2, 3})
+    assert recovery.Pact._await_notices(engine(n, d, revoked_by=0)) == (1,)
 
 
 def test_every_peer_beating_ends_the_wait_before_the_grace():
