@@ -211,9 +211,12 @@ def _strike_when_slow(out: Path, where: str, slow_rank: int, fault, after_s: flo
 
 
 def _results(text: str) -> dict[int, dict]:
+    """Each rank's result line.  torchrun's agent merges its workers' output, so another rank's text
+    can follow a result on the same line: each object is decoded from its start up to its own end."""
     out = {}
-    for m in re.finditer(r"save-fault-result (\{.*\})", text):
-        r = json.loads(m.group(1))
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"save-fault-result (?=\{)", text):
+        r, _ = decoder.raw_decode(text, m.end())
         out[r["rank"]] = r
     return out
 
