@@ -17,12 +17,35 @@ at init and one ``if`` per group build.  With it set, this process counts, by in
 * **process-group creations**: :func:`count_group`, one line in ``Backend.build_group`` (every
   group an episode builds) and in ``groups._new_group`` (``dist.new_group`` at init; a non-member's
   ``NON_GROUP_MEMBER`` result is counted apart).
-* **collectives**: the ``torch.distributed.ProcessGroup`` methods every Python-level collective goes
-  through (``dist.all_reduce`` -> ``group.allreduce``, FSDP's ``all_gather_into_tensor`` ->
-  ``group._allgather_base``, the engine's flag -> ``group.allreduce`` / ``send`` / ``recv``) are
-  wrapped and counted per (operation, group size), with the sequential rounds of gloo's algorithm
-  (:data:`GLOO_ROUNDS`).  Not covered: collectives issued from C++ (DDP's Reducer, functional
-  collectives through ``torch.ops._c10d_functional``), and the backends' own internal messages.
+* **collectives and point-to-point operations**: every ``torch.distributed.ProcessGroup`` method
+  through which a Python caller reaches a group's backend (:data:`GLOO_ROUNDS`, one row each) is
+  wrapped and counted under its own name per group size, ``coll/<origin>/<thread>/<method>@<n>``, with
+  the sequential rounds of gloo's algorithm for it (``rounds/...``, :func:`rounds`).  The names are
+  the methods ``torch.distributed``'s functions call, not the functions': on torch 2.13 and 2.14
+  ``dist.all_gather_into_tensor`` (and ``_all_gather_base``) reach ``all_gather_single``,
+  ``dist.reduce_scatter_tensor`` (and ``_reduce_scatter_base``) ``reduce_scatter_single``, the
+  ``_coalescing_manager`` ``all_gather_single_coalesced`` / ``reduce_scatter_single_coalesced`` /
+  ``allreduce_coalesced``, ``dist.all_gather`` and ``all_gather_object`` ``allgather``,
+  ``dist.broadcast`` and ``broadcast_object_list`` ``broadcast``, ``dist.send`` / ``isend`` ``send``,
+  ``dist.recv`` / ``irecv`` ``recv`` (``recv_anysource`` without a source), ``batch_isend_irecv``
+  one ``send`` / ``recv`` per entry on gloo (no coalescing there), ``dist.all_to_all_single``
+  ``all_to_all_single``.  FSDP2 (``fully_shard``) all-gathers with ``all_gather_single`` and
+  reduce-scatters with ``reduce_scatter_single``; FSDP1 reduce-scatters with ``reduce_scatter_single``
+  and all-gathers with ``all_gather_single``, or with ``allgather`` (into a list of chunks) when its
+  flat parameter is on CPU, as on gloo; HSDP's replicate all-reduce is ``allreduce``; the engine's
+  failure flag, commit fence and hot swap are ``allreduce`` / ``send`` / ``recv``.  Deprecated aliases
+  (``_allgather_base``, ``_reduce_scatter_base``, ``allgather_into_tensor_coalesced``,
+  ``reduce_scatter_tensor_coalesced``) are wrapped too, for a caller that names them directly;
+  torch's own functions do not.  A method of the table that this torch does not bind is skipped.
+
+  **Not seen** (nothing Python can wrap): what C++ issues on a group, which never passes through the
+  Python ``ProcessGroup`` object: DDP's Reducer (its gradient all-reduces, and at construction the
+  parameter-shape check and the module-state broadcast, ``_broadcast_coalesced``: a DDP step with the
+  default reduction counts nothing; one with a Python comm hook counts what the hook calls, as the
+  workload's ``ddp_per_gradient`` hook's ``allreduce``), functional collectives
+  (``torch.ops._c10d_functional``: DTensor redistribution, compiled code), collectives called on a
+  bare backend (``ProcessGroupGloo`` without its ``ProcessGroup``), and the backends' internal
+  messages.
 * **connections**: new socket inodes (``/proc/self/fd/* -> socket:[N]``) between two snapshots:
   real sockets, whatever opened them (gloo pairs, store clients).  A socket opened and closed between
   two snapshots is not seen.
@@ -46,7 +69,7 @@ import re
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import sockets as _sockets
 
@@ -58,41 +81,82 @@ __all__ = [
 #: the switch: a folder for the per-process snapshot files
 ENV = "ACCELPACT_COUNT"
 
-#: sequential rounds (message steps on the critical path) of one gloo collective over a group of n,
-#: from gloo's algorithms as torch 2.13 calls them (spec/scale-costs.md, "Rounds per collective")
-GLOO_ROUNDS: dict[str, str] = {
-    "allreduce": "2(n-1): ring (gloo/allreduce.cc: UNSPECIFIED -> ring)",
-    "allreduce_coalesced": "2(n-1): ring",
-    "allgather": "n-1: ring (gloo/allgather.cc)",
-    "_allgather_base": "n-1: ring",
-    "allgather_coalesced": "n-1: ring",
-    "allgather_into_tensor_coalesced": "n-1: ring",
-    "reduce_scatter": "2(n-1): torch's gloo reduce_scatter is a ring all-reduce then a local slice",
-    "_reduce_scatter_base": "2(n-1): as reduce_scatter (ProcessGroupGloo::reduce_scatter_tensor_coalesced)",
-    "reduce_scatter_tensor_coalesced": "2(n-1): as reduce_scatter",
-    "broadcast": "ceil(log2 n): binomial tree (gloo/broadcast.cc)",
-    "barrier": "ceil(log2 n): dissemination barrier (gloo/barrier.cc)",
-    "send": "1 per send (a point-to-point message; recv is its other end, 0)",
-    "recv": "0 (counted at the send)",
-    "alltoall": "n-1", "alltoall_base": "n-1", "gather": "n-1", "scatter": "n-1", "reduce": "n-1",
-}
-
 
 def _log2ceil(n: int) -> int:
     return max(0, (n - 1).bit_length())
 
 
-def rounds(op: str, n: int) -> int:
-    """Sequential rounds of ``op`` over a group of ``n`` (:data:`GLOO_ROUNDS`); 0 for n <= 1."""
-    if n <= 1 or op == "recv":
-        return 0
-    if op == "send":
-        return 1
-    if op in ("broadcast", "barrier"):
-        return _log2ceil(n)
-    if op.startswith("allreduce") or "reduce_scatter" in op:
-        return 2 * (n - 1)
+def _ring(n: int) -> int:
     return n - 1
+
+
+def _ring_allreduce(n: int) -> int:
+    return 2 * (n - 1)
+
+
+def _two(n: int) -> int:
+    return 2
+
+
+def _one(n: int) -> int:
+    return 1
+
+
+def _zero(n: int) -> int:
+    return 0
+
+
+#: every ``ProcessGroup`` method that communicates, as torch 2.13 / 2.14 bind them: (rounds over a group
+#: of n, how gloo runs it).  Rounds are the sequential message steps on the critical path of gloo's
+#: algorithm as torch calls it (spec/scale-costs.md, "Rounds per collective").
+_OPS: dict[str, tuple[Callable[[int], int], str]] = {
+    "allreduce": (_ring_allreduce, "2(n-1): ring (gloo/allreduce.cc: UNSPECIFIED -> ring)"),
+    "allreduce_coalesced": (_ring_allreduce, "2(n-1): one ring all-reduce over the flattened tensors"),
+    "allgather": (_ring, "n-1: ring (gloo/allgather.cc)"),
+    "all_gather_single": (_ring, "n-1: c10d::_allgather_base_ -> ProcessGroupGloo::_allgather_base -> allgather, "
+                                 "ring"),
+    "_allgather_base": (_ring, "n-1: deprecated alias of all_gather_single"),
+    "allgather_coalesced": (_ring, "n-1: one ring all-gather over the flattened inputs"),
+    "all_gather_single_coalesced": (_ring, "n-1: ProcessGroupGloo::allgather_into_tensor_coalesced -> "
+                                           "allgather_coalesced, one ring all-gather"),
+    "allgather_into_tensor_coalesced": (_ring, "n-1: deprecated alias of all_gather_single_coalesced"),
+    "reduce_scatter": (_ring_allreduce, "2(n-1): torch's gloo reduce_scatter is a ring all-reduce then a local slice"),
+    "reduce_scatter_single": (_ring_allreduce, "2(n-1): c10d::_reduce_scatter_base_ -> ProcessGroupGloo::"
+                                               "reduce_scatter_tensor_coalesced: a ring all-reduce, then the local "
+                                               "slice"),
+    "_reduce_scatter_base": (_ring_allreduce, "2(n-1): deprecated alias of reduce_scatter_single"),
+    "reduce_scatter_single_coalesced": (_ring_allreduce, "2(n-1): one ring all-reduce per tensor, all queued at "
+                                                         "once (k tensors: up to k x 2(n-1) if they do not "
+                                                         "overlap; counted once)"),
+    "reduce_scatter_tensor_coalesced": (_ring_allreduce, "2(n-1): deprecated alias of reduce_scatter_single_coalesced"),
+    "broadcast": (_log2ceil, "ceil(log2 n): binomial tree (gloo/broadcast.cc)"),
+    "barrier": (_log2ceil, "ceil(log2 n): dissemination barrier (gloo/barrier.cc)"),
+    "monitored_barrier": (_two, "2: every rank to rank 0, rank 0 back to each (ProcessGroupGloo::monitoredBarrier; "
+                                "rank 0 handles 2(n-1) messages)"),
+    "send": (_one, "1 per send (a point-to-point message; recv is its other end, 0)"),
+    "recv": (_zero, "0 (counted at the send)"),
+    "recv_anysource": (_zero, "0 (counted at the send)"),
+    "alltoall": (_ring, "n-1"),
+    "alltoall_base": (_ring, "n-1"),
+    "all_to_all_single": (_ring, "n-1: c10d::alltoall_base_ -> ProcessGroupGloo::alltoall_base"),
+    "gather": (_ring, "n-1"),
+    "gather_single": (_ring, "n-1: as gather (torch 2.14; gloo does not implement it and raises)"),
+    "gather_into_tensor": (_ring, "n-1: as gather (torch 2.14)"),
+    "scatter": (_ring, "n-1"),
+    "reduce": (_ring, "n-1"),
+}
+
+#: the rounds of each operation over a group of n, as text (:data:`_OPS`)
+GLOO_ROUNDS: dict[str, str] = {op: text for op, (_, text) in _OPS.items()}
+
+
+def rounds(op: str, n: int) -> int:
+    """Sequential rounds of ``op`` (a :data:`GLOO_ROUNDS` name) over a group of ``n``; 0 for n <= 1.
+    ValueError for an operation not in the table."""
+    entry = _OPS.get(op)
+    if entry is None:
+        raise ValueError(f"no rounds known for operation {op!r}; known: {', '.join(sorted(_OPS))}")
+    return entry[0](n) if n > 1 else 0
 
 
 # ------------------------------------------------------------------------------------------ state
@@ -284,21 +348,16 @@ def count_group(obj: Any, backend: str = "") -> Any:
     return obj
 
 
-_COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_coalesced",
-                "allgather_into_tensor_coalesced", "reduce_scatter", "_reduce_scatter_base",
-                "reduce_scatter_tensor_coalesced", "broadcast", "barrier", "send", "recv", "alltoall", "alltoall_base",
-                "gather", "scatter", "reduce")
-
-
 def install() -> None:
-    """Wrap the ``ProcessGroup`` collective methods (once per process; only when counting is on)."""
+    """Wrap the ``ProcessGroup`` methods of :data:`GLOO_ROUNDS` that this torch binds (once per process;
+    only when counting is on)."""
     global _installed
     if _installed or not enabled():
         return
     import torch.distributed as dist
 
     cls = dist.ProcessGroup
-    for op in _COLLECTIVES:
+    for op in _OPS:
         orig = getattr(cls, op, None)
         if orig is None:
             continue
