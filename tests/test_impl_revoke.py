@@ -127,6 +127,83 @@ def test_an_op_posted_on_a_revoked_group_fails_within_the_revoked_timeout(ranks,
     assert res[0]["seconds"] < 30.0, f"rank 0's op on its revoked group took {res[0]['seconds']:.1f} s (group timeout 60 s)"
 
 
+def engine_groups_revoked(ctx, group_timeout_s: float, wait_s: float) -> None:
+    """Both ranks build gloo groups as the engine builds them, each with the timeout ``group_timeout_s``:
+    the default group (``init_process_group`` inside :func:`revoke.recorded`, as ``accelpact.init``), a
+    ``new_group`` (the control and checkpoint groups at init), a :meth:`Backend.build_group` group (every
+    rebuilt group), and a ``new_group`` given :func:`revoke.record_group` (a user's mesh group).  Rank 0
+    revokes each through :func:`revoke.hard_close` of its record with the sockets left out (the op below
+    can then end only by its timeout, as one on a pair that never sees its peer's shutdown: K6), then
+    posts an all-reduce on each; rank 1 never joins them and stays until rank 0 is done (its exit would
+    close the connections).  Rank 0 writes, per group, how its op ended within ``wait_s`` (a wait bound
+    far below ``group_timeout_s``) and the group's timeout read back from torch."""
+    import dataclasses
+    import time
+
+    import torch.distributed as dist
+
+    from accelpact.impl.runtime import revoke
+    from accelpact.impl.runtime.backends import backend
+
+    be, td = backend("gloo"), datetime.timedelta(seconds=group_timeout_s)
+    _, default_rec = revoke.recorded(lambda: dist.init_process_group(
+        "gloo", store=dist.PrefixStore("eg", ctx.store), rank=ctx.rank, world_size=ctx.world, timeout=td))
+    groups = {"default": (dist.distributed_c10d._get_default_group(), default_rec)}
+    groups["new_group"] = revoke.recorded(lambda: dist.new_group(list(range(ctx.world)), backend="gloo", timeout=td))
+    groups["build_group"] = be.build_group(dist.PrefixStore("eg/built", ctx.store), ctx.rank, ctx.world, name="eg/built",
+                                           global_ranks=list(range(ctx.world)), connect_timeout_s=30.0,
+                                           timeout_s=group_timeout_s)
+    mesh_like = dist.new_group(list(range(ctx.world)), backend="gloo", timeout=td)
+    groups["record_group"] = (mesh_like, revoke.record_group(mesh_like, "gloo"))
+    for pg, _ in groups.values():  # every group works, and the peer is connected on each
+        pg.allreduce([torch.ones(1)]).wait()
+    ctx.store.add("eg/ready", 1)
+    ctx.store.wait(["eg/ready"], datetime.timedelta(seconds=30))
+    while ctx.store.add("eg/ready", 0) < ctx.world:
+        time.sleep(0.01)
+    if ctx.rank != 0:
+        ctx.store.wait(["eg/done"], datetime.timedelta(seconds=wait_s + 60))
+        os._exit(0)
+    before = {k: be.timeout_of(pg) for k, (pg, _) in groups.items()}
+    works = {}
+    for k, (pg, rec) in groups.items():
+        revoke.hard_close(dataclasses.replace(rec, sockets=()))  # the revoke, less its socket shutdown
+        works[k] = pg.allreduce([torch.ones(1)])  # posted after the revoke; rank 1 never joins it
+    deadline = time.monotonic() + wait_s
+    out = {}
+    for k, work in works.items():
+        try:
+            work.wait(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            outcome = "returned"
+        except RuntimeError as exc:
+            outcome = f"raised: {exc}"
+        out[k] = {"outcome": outcome, "completed": work.is_completed(), "before": before[k],
+                  "after": be.timeout_of(groups[k][0])}
+    (ctx.out / "engine-groups.json").write_text(json.dumps(out))
+    ctx.store.set("eg/done", "1")
+    os._exit(0)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_a_revoke_shortens_the_timeout_of_every_kind_of_group_the_engine_builds(ranks, tmp_path):
+    """The revoke gives every group the engine revokes :data:`revoke.REVOKED_TIMEOUT_S`, not only a bare
+    ``ProcessGroupGloo``: the default group, a ``new_group``, a :meth:`Backend.build_group` group and one
+    recorded with :func:`revoke.record_group`, each built with a 300 s timeout.  An all-reduce posted on
+    each after its revoke, which the peer never joins, fails by its timeout (raised, the op completed)
+    within the 30 s the test waits, and torch reads the short timeout back.  With the record's weak
+    reference to a temporary backend wrapper (the defect), each op is still pending when the wait ends."""
+    run = ranks.run(engine_groups_revoked, 2, timeout_s=100, group_timeout_s=300.0, wait_s=30.0)
+    assert run.codes == {0: 0, 1: 0}, run.explain()
+    res = json.loads((tmp_path / "engine-groups.json").read_text())
+    assert set(res) == {"default", "new_group", "build_group", "record_group"}, res
+    for kind, x in res.items():
+        assert x["before"] == 300.0, (kind, x)  # built with the group timeout, read back from torch
+        assert x["after"] == revoke.REVOKED_TIMEOUT_S, (kind, x)
+        assert x["completed"] and x["outcome"].startswith("raised"), (kind, x)  # the op ended, not the wait
+        assert "timed out" in x["outcome"].lower(), (kind, x)  # by its timeout: the peer never joined
+
+
 def test_hard_close_skips_reused_fd():
     """An fd recorded for a freed group that now names another socket is left alone."""
     a, b = socket.socketpair()

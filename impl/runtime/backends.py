@@ -247,6 +247,8 @@ class Backend:
         if self.revoke == "abort":
             raw.eager_connect_single_device(dev)  # ncclCommInitRank now, bounded by the store exchange
             rec = record_group(pg, self.name)
+        else:  # the bare backend's Python object dies with this call: a revoke reaches it through pg
+            rec.bind(pg)
         raw.set_timeout(datetime.timedelta(seconds=timeout_s))  # later ops: the training timeout
         counting.count_group(pg, self.name)  # bench scale (ACCELPACT_COUNT only)
         return pg, rec

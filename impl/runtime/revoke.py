@@ -29,7 +29,8 @@ import stat
 from typing import Callable, Sequence, TypeVar
 
 from .backends import backend as _backend
-from .sockets import SocketRecord, connected_tcp, established_inodes, record_group, record_sockets, socket_inodes
+from .sockets import SocketRecord, connected_tcp, established_inodes, record_sockets, socket_inodes
+from .sockets import record_group as _record_group
 
 __all__ = ["REVOKED_TIMEOUT_S", "SocketRecord", "aborted", "recorded", "record_group", "hard_close", "hard_close_all", "socket_inodes", "established_inodes", "connected_tcp"]
 
@@ -41,6 +42,16 @@ def recorded(build: Callable[[], T], backend: str = "gloo") -> tuple[T, SocketRe
     :data:`~accelpact.impl.runtime.backends.BACKENDS`) and record its new connected sockets
     (:func:`~accelpact.impl.runtime.sockets.record_sockets`)."""
     return record_sockets(build, backend, aborts=_backend(backend).revoke == "abort")
+
+
+def record_group(group, backend: str = "nccl") -> SocketRecord:
+    """A record for a group whose sockets were not recorded (NCCL; a user's mesh): an abort goes through
+    the group.  On a ``sockets`` backend (gloo) no socket is known, so its revoke can only give the
+    group's later ops :data:`REVOKED_TIMEOUT_S` (:meth:`SocketRecord.bind`)."""
+    rec = _record_group(group, backend)
+    if _backend(backend).revoke != "abort":
+        rec.bind(group)
+    return rec
 
 
 def aborted(record: SocketRecord | None) -> bool:
@@ -128,8 +139,10 @@ REVOKED_TIMEOUT_S = 1.0
 
 def _shorten(record: SocketRecord) -> None:
     """Give ``record``'s gloo backend the timeout :data:`REVOKED_TIMEOUT_S` for its later ops
-    (``ProcessGroupGloo::setTimeout`` sets the options' and every context's timeout, which each new op
-    takes; spec/torch-facts.md)."""
+    (``ProcessGroupGloo::setTimeout`` sets the options' and every context's timeout, which each op
+    posted afterwards takes; spec/torch-facts.md).  An op already posted keeps the timeout it was
+    posted with (gloo's waits take theirs when they start).  The backend is reached through the
+    record's weak reference, alive while the group's Python object is (:meth:`SocketRecord.bind`)."""
     raw = record.backend_ref() if record.backend_ref is not None else None
     if raw is None:
         return
