@@ -9,7 +9,7 @@ PYTEST_WORKERS ?= 2
 # seconds per nightly configuration (0: explore each to the end)
 NIGHTLY_BUDGET ?= 600
 
-.PHONY: demo test test-fast lint explore nightly bench soak clean
+.PHONY: demo test test-fast lint explore nightly bench soak clean test-torch214
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -54,11 +54,31 @@ explore: $(STAMP)
 # 2. every test marked @pytest.mark.nightly("why") with ACCELPACT_NIGHTLY=1: the slow manifest pins and the
 #    fast ones' full searches, the corpus regenerated from the model, the mutants on the manifest, FailBench F2
 #    on 3x2, the soaks, the benchmarks, the 8-rank and duplicate multi-process runs;
-# 3. the whole conformance corpus (`pytest conformance/ --full`), FAST included.
+# 3. the whole conformance corpus (`pytest conformance/ --full`), FAST included;
+# 4. the fast suite under torch 2.14.1 (test-torch214, below).
 nightly: $(STAMP)
 	$(BIN)/python -m accelpact.model.engine_nightly --budget $(NIGHTLY_BUDGET) --json build/nightly.json
 	ACCELPACT_NIGHTLY=1 $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25 -m nightly tests conformance
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25 conformance --full -k scenario_conforms
+	$(MAKE) test-torch214
+
+# The fast gloo suite (what `make test` runs) under the next torch, from a second venv (issue 43; bench/README.md,
+# "torch 2.14.1 trial"): torch 2.14.1 is a CUDA wheel on these machines' disk that runs on the CPU (about 5.5 GB
+# installed).  The project is installed with torch pinned in the same pip call so that pip keeps 2.14.1, with the
+# extras the default suite needs (test; plot: the demo's timeline.png and the report's figures).
+VENV214  := .venv-torch214
+TORCH214 ?= torch==2.14.1
+STAMP214 := $(VENV214)/.installed
+
+$(STAMP214): pyproject.toml
+	$(PY) -m venv $(VENV214)
+	$(VENV214)/bin/pip install -q "$(TORCH214)"
+	$(VENV214)/bin/pip install -q -e '.[torch,test,plot]' "$(TORCH214)"
+	$(VENV214)/bin/python -c "import sys, torch; v = torch.__version__.split('+')[0]; sys.exit(0 if '$(TORCH214)'.endswith(v) else f'$(VENV214): torch {v}, not $(TORCH214)')"
+	touch $(STAMP214)
+
+test-torch214: $(STAMP214)
+	$(VENV214)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=25
 
 bench: $(STAMP)
 	$(BIN)/accelpact bench explore

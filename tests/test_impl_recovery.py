@@ -456,28 +456,29 @@ def test_fsdp1_hsdp_8_ranks_repaired_in_place(ranks):
         assert ("RankRebind" in run.actions(r)) == (r % 2 == 1)
 
 
-def test_strategy_chosen_by_capability_not_version():
-    """RankReplace: native reconfigure only when the group object has it."""
+def test_strategy_is_replace_and_rebind_and_native_reconfigure_is_judged_by_support_not_by_the_method():
+    """RankReplace: the engine rebuilds R (ReplaceAndRebind) on every torch; torch 2.14's in-place
+    reconfigure is not chosen (spec/nccl.md, "Versions"), and whether a group has it is its
+    ``supports_reconfigure``, not the presence of a ``reconfigure`` method (2.14 binds one on every group)."""
     import torch.distributed as dist
 
     from accelpact.impl.runtime.replace import NativeReconfigure, ReplaceAndRebind, choose_strategy
 
     class WithReconfigure:
-        def reconfigure(self, store, rank, size, timeout):
-            self.args = (rank, size)
+        def reconfigure(self, opts):
+            raise RuntimeError("Backend nccl does not support reconfigure")
 
     class Plain:
         pass
 
-    native = choose_strategy(WithReconfigure())
-    assert isinstance(native, NativeReconfigure) and not native.needs_rebind
+    assert not NativeReconfigure.available(WithReconfigure())
     plain = choose_strategy(Plain())
     assert isinstance(plain, ReplaceAndRebind) and plain.needs_rebind
-    # a real torch group: the expectation comes from torch itself (does this group have the
-    # capability?), so it holds on every torch version and is checked on every one
+    assert type(choose_strategy(WithReconfigure())) is ReplaceAndRebind
+    # a real torch group: whether it supports reconfigure is torch's word (absent before 2.14)
     real = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
-    expected = NativeReconfigure if callable(getattr(real, "reconfigure", None)) else ReplaceAndRebind
-    assert type(choose_strategy(real)) is expected
+    assert NativeReconfigure.available(real) is (getattr(real, "supports_reconfigure", None) is True)
+    assert type(choose_strategy(real)) is ReplaceAndRebind
     with pytest.raises(ValueError, match="not a member"):
         plain.replace(None, 1, (0, 1), 2, None, 1.0)
 
