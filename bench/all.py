@@ -36,6 +36,7 @@ PLAN: dict[str, tuple[list[str] | None, list[str], bool]] = {
     "repair": (["--quick"], [], True),
     "guard": (["--quick"], [], True),
     "checkpoint": (["--quick"], ["--pad-s", "0.3"], False),
+    "memory": (["--quick"], [], False),
     "goodput": (["--quick"], [], True),
     "recovery": (None, ["--repeat", "5"], False),
 }

@@ -29,6 +29,7 @@ REGISTRY: dict[str, str] = {
     "hunt": "accelpact.bench.hunt",
     "scale": "accelpact.bench.scale",
     "checkpoint": "accelpact.bench.checkpoint",
+    "memory": "accelpact.bench.memory",
 }
 
 

@@ -42,11 +42,14 @@ current) and ``init_process_group("nccl", device_id=cuda:0)``.
     Checks: no repair, generation 0, finite losses, the parameters' shards on the device, the guard
     clean, no group with a recorded backend error.
 ``swap_blob_exchange`` (bound 50 s)
-    The hot swap's exchange on a 1-rank NCCL group: :func:`accelpact.impl.runtime.hotswap.broadcast_in_place`
-    of a CPU int64 (the blob size) and a CPU uint8 blob (1 MiB) through the device and written back
-    into the CPU tensors (the value a receiver would read), of a CUDA tensor broadcast as it is; and
-    :func:`accelpact.impl.runtime.hotswap.transfer` as the source (manifest, AdamW's CPU ``step``, the state
-    tensors).  Checks: the written-back values, the placement, the bytes moved, the state unchanged.
+    The hot swap's point-to-point exchange between two NCCL ranks on the one GPU (each its own
+    ``NCCL_HOSTID``, channels over loopback sockets: :data:`ONE_GPU_PAIR_ENV`):
+    :func:`accelpact.impl.runtime.hotswap.exchange_in_place` of a CPU int64 (the blob size) and a CPU
+    uint8 blob (1 MiB) through the device and written back into the receiver's CPU tensors, of a CUDA
+    tensor sent as it is; then :func:`accelpact.impl.runtime.hotswap.transfer` from rank 0 (two AdamW
+    steps, its CPU ``step`` included) into rank 1's fresh model.  Checks: the written-back values,
+    the placement, the state received into the spare's own parameter storage and equal to the
+    source's (the two state checksums).
 ``state_checksum`` (bound 50 s)
     :func:`accelpact.impl.runtime.digest.state_checksum` on CUDA (model and AdamW state): an int64 vector on
     the device, the same twice, the same as a CPU copy's, changed by one flipped bit and restored.
@@ -93,7 +96,7 @@ from accelpact.impl.runtime import digest, revoke, rng
 from accelpact.impl.runtime.checkpoint import CheckpointManager
 from accelpact.impl.runtime.backends import NCCL_ENV, backend, backend_error, backend_of, recorded_errors, wait_bounded
 from accelpact.impl.runtime.digest import checksum_hex, state_checksum
-from accelpact.impl.runtime.hotswap import broadcast_in_place, transfer
+from accelpact.impl.runtime.hotswap import exchange_in_place, transfer
 from accelpact.impl.trace import Trace
 from accelpact.model.contract import DEFAULT_OBJECTIVE, ObservationKey, default_envelope
 from accelpact.testing import run_ranks
@@ -304,14 +307,15 @@ def get_error_binding() -> dict[str, Any]:
             "Backend": hasattr(c10d.Backend, "get_error"), "problem": backend("nccl").error_query_problem()}
 
 
-def _start(ctx, backend_name: str = "nccl", timeout_s: float = 120.0):
-    """``prepare_process(0)`` and the default group (world size 1) on ``backend_name``: (backend, device)."""
+def _start(ctx, backend_name: str = "nccl", timeout_s: float = 120.0, world: int = 1):
+    """``prepare_process(0)`` (every rank on the one device) and the default group of ``world`` ranks
+    on ``backend_name``: (backend, device)."""
     import torch.distributed as dist
 
     be = backend(backend_name)
     dev = be.prepare_process(0)
-    dist.init_process_group(be.name, store=dist.PrefixStore("pg/", ctx.store), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=timeout_s), **be.init_kwargs(dev))
+    dist.init_process_group(be.name, store=dist.PrefixStore("pg/", ctx.store), rank=ctx.rank if world > 1 else 0,
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s), **be.init_kwargs(dev))
     return be, dev
 
 
@@ -491,49 +495,60 @@ def fsdp2_boundary(ctx, backend: str = "nccl", steps: int = 2, deadline_s: float
     })
 
 
+#: what two NCCL ranks on one GPU need (spec/nccl.md, "Several ranks on one GPU"): NCCL refuses two
+#: ranks of a communicator on one device of one host, so each rank claims its own host id and every
+#: channel goes over loopback sockets
+ONE_GPU_PAIR_ENV = {"NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}
+
+
 def swap_blob_exchange(ctx, backend: str = "nccl", timeout_s: float = 30.0) -> dict:
-    """Sub-check ``swap_blob_exchange``: see the module doc."""
+    """Sub-check ``swap_blob_exchange`` (two ranks on the one device): see the module doc."""
+    import os
+
     import torch
     import torch.distributed as dist
 
-    be, dev = _start(ctx, backend, 60.0)
-    pg = dist.new_group([0], backend=be.name, timeout=datetime.timedelta(seconds=60), **be.init_kwargs(dev))
-    res: dict[str, Any] = {"device": str(dev), "backend": be.name}
+    if backend == "nccl":
+        os.environ.update({**ONE_GPU_PAIR_ENV, "NCCL_HOSTID": f"accelpact-gpu-check-{ctx.rank}"})
+    be, dev = _start(ctx, backend, 60.0, world=2)
+    pg = dist.new_group([0, 1], backend=be.name, timeout=datetime.timedelta(seconds=60), **be.init_kwargs(dev))
+    src, res = ctx.rank == 0, {"device": str(dev), "backend": be.name, "rank": ctx.rank}
     placed: list[str] = []
 
-    def arriving(value):
-        """``place`` as on a receiver: the device copy holds what the root sent (``value``)."""
-        def place(t, g):
-            moved = be.place(t, g)
-            placed.append(str(moved.device))
-            moved.fill_(value)
-            return moved
-        return place
+    def place(t, g):
+        moved = be.place(t, g)
+        placed.append(str(moved.device))
+        return moved
 
-    size = torch.zeros(1, dtype=torch.int64)
-    broadcast_in_place(pg, [size], 0, timeout_s, write_back=True, place=arriving(123456789))
+    size = torch.tensor([123456789 if src else 0], dtype=torch.int64)
+    blob = torch.full((1 << 20,), 7 if src else 0, dtype=torch.uint8)
+    on_dev = torch.arange(16, dtype=torch.float32, device=dev) * (1 if src else 0)
+    exchange_in_place(pg, [size, blob, on_dev], 1, timeout_s, send=True, place=place) if src else \
+        exchange_in_place(pg, [size, blob, on_dev], 0, timeout_s, send=False, place=place)
     res["size_written_back"] = int(size[0])
-    blob = torch.zeros(1 << 20, dtype=torch.uint8)
-    broadcast_in_place(pg, [blob], 0, timeout_s, write_back=True, place=arriving(7))
     res["blob_written_back"] = bool((blob == 7).all())
     res["placed_on"] = sorted(set(placed))
-    on_dev = torch.arange(16, dtype=torch.float32, device=dev)
-    broadcast_in_place(pg, [on_dev], 0, timeout_s, write_back=True)
     res["device_tensor_kept"] = bool(torch.equal(on_dev.cpu(), torch.arange(16, dtype=torch.float32)))
     model = _small_model(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    _one_step(model, opt, dev)
+    for step in range(2 if src else 0):
+        _one_step(model, opt, dev, step)
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    res["transfer_bytes"] = transfer(pg, (0, 1), 0, ctx.rank, model, opt, dev, timeout_s)
     steps = [s["step"] for s in opt.state.values() if torch.is_tensor(s.get("step"))]
     res["adamw_step_devices"] = sorted({str(s.device) for s in steps})
-    before = checksum_hex(state_checksum(model, opt, dev))
-    res["transfer_bytes"] = transfer(pg, (0,), 0, 0, model, opt, dev, timeout_s)
-    res["state_unchanged"] = checksum_hex(state_checksum(model, opt, dev)) == before
+    res["received_in_place"] = [p.data_ptr() for p in model.parameters()] == ptrs
+    mine = state_checksum(model, opt, dev)
+    both = [torch.zeros_like(mine) for _ in range(2)]
+    pg.allgather([both], [mine]).wait()
+    res["checksums"] = [checksum_hex(c) for c in both]
     return _finish(res, {
         "blob size written back to the CPU": res["size_written_back"] == 123456789,
         "blob written back to the CPU": res["blob_written_back"],
-        "CPU tensors broadcast on the group's device": res["placed_on"] == [str(be.device_for(pg))],
-        "device tensor broadcast in place": res["device_tensor_kept"],
-        "transfer as source moves the state": res["transfer_bytes"] > 0 and res["state_unchanged"],
+        "CPU tensors sent on the group's device": res["placed_on"] == [str(be.device_for(pg))],
+        "device tensor sent as it is": res["device_tensor_kept"],
+        "transfer moves the state into the spare's own storage": (res["transfer_bytes"] > 0 and res["received_in_place"]
+                                                                  and res["checksums"][0] == res["checksums"][1]),
     })
 
 
@@ -622,15 +637,15 @@ def device_rng_rerun(ctx, backend: str = "nccl", dropout: float = 0.2) -> dict:
     })
 
 
-#: name -> (rank function, bound in seconds, whether it runs on any backend or on NCCL only)
-SUBCHECKS: dict[str, tuple[Any, float, bool]] = {
-    "watchdog_timeout": (watchdog_timeout, 80.0, False),
-    "ddp_repair": (ddp_repair, 100.0, False),
-    "real_timeout_repair": (real_timeout_repair, 120.0, False),
-    "fsdp2_boundary": (fsdp2_boundary, 100.0, True),
-    "swap_blob_exchange": (swap_blob_exchange, 50.0, True),
-    "state_checksum": (device_checksum, 50.0, True),
-    "device_rng_rerun": (device_rng_rerun, 30.0, True),
+#: name -> (rank function, bound in seconds, whether it runs on any backend or on NCCL only, ranks)
+SUBCHECKS: dict[str, tuple[Any, float, bool, int]] = {
+    "watchdog_timeout": (watchdog_timeout, 80.0, False, 1),
+    "ddp_repair": (ddp_repair, 100.0, False, 1),
+    "real_timeout_repair": (real_timeout_repair, 120.0, False, 1),
+    "fsdp2_boundary": (fsdp2_boundary, 100.0, True, 1),
+    "swap_blob_exchange": (swap_blob_exchange, 50.0, True, 2),
+    "state_checksum": (device_checksum, 50.0, True, 1),
+    "device_rng_rerun": (device_rng_rerun, 30.0, True, 1),
 }
 
 
@@ -661,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     binding = get_error_binding() if args.backend == "nccl" else None
     results: dict[str, Any] = {}
     for name in names:
-        fn, bound, neutral = table[name]
+        fn, bound, neutral, world = table[name]
         if args.backend != "nccl" and not neutral:
             results[name] = {"ok": None, "skipped": "NCCL only"}
             continue
@@ -670,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {"ok": False, "explain": f"not run: {args.timeout:.0f} s budget spent"}
             continue
         s0 = time.monotonic()
-        run = run_ranks(fn, 1, f"{out}/{name}", timeout_s=min(bound, left),
+        run = run_ranks(fn, world, f"{out}/{name}", timeout_s=min(bound, left),
                         **({"backend": args.backend} if neutral else {}))
         if run.ok and 0 in run.returns:
             res = run.returns[0]

@@ -365,14 +365,18 @@ class Effects:
             return self._rebind_in_place(ep)
         if ep.swap is not None:
             sw = ep.swap
+            if sw.old is not None:
+                self._shed(*sw.old)
             sw.module, sw.optimizer = sw.rebuild(sw.job, sw.extra)
             sw.kind = wrapper_of(sw.module).recovers
             # RNG back to F: the CPU generator and the CUDA generator of this rank's device (rng.restore;
             # a spare restores the dead rank's state on its own device)
             _rng.restore(sw.rng, getattr(sw.job, "device", None))
             if sw.old is not None:
+                # the old optimizer's state tensors become the new one's (adopt): the state is held once
                 manifest, tensors = _swap.export_state(*sw.old)
-                _swap.import_state(sw.module, sw.optimizer, manifest, tensors)
+                _swap.import_state(sw.module, sw.optimizer, manifest, tensors, adopt=True)
+                del tensors
                 adapter_for(sw.old[0]).release(sw.old[0], keep=sw.module)  # what a failed backward left
                 sw.old = None
             return Done({"rebuilt": True, "duration_ns": time.monotonic_ns() - t}, {"refs_stale": 0})
@@ -386,6 +390,17 @@ class Effects:
         del old_pg
         self._retiring = [ev for ev in self._retiring if not ev.is_set()] + [retire_off_path(retiring)]
         return Done({"refs_rebound": ep.refs_rebound, "duration_ns": time.monotonic_ns() - t}, {"refs_stale": stale})
+
+    def _shed(self, module: Any, optimizer: Any) -> None:
+        """A survivor's old wrapper, before its replacement is built beside it: what it holds beyond
+        the committed state let go (:meth:`~accelpact.impl.runtime.adapters.base.Adapter.shed`), so the
+        episode's peak memory is one model's working set plus one more copy of the parameters, not
+        two models'.  Memory only: a wrapper whose shedding fails is dropped whole after the state
+        moved, as before."""
+        try:
+            adapter_for(module).shed(module, optimizer)
+        except Exception:  # noqa: BLE001 - memory only: the committed state is read from the local shards either way
+            pass
 
     def _rebind_in_place(self, ep: Episode) -> Done:
         """``RankRebind`` of a discard in place (a job without ``rebuild=`` whose wrapper resets in
@@ -717,9 +732,11 @@ class Effects:
     def _transfer_state(self, ep: Episode) -> Done | None:
         """First every rank of W waits until all have rebuilt their model (a spare's first build is
         slow: it is waited for here, under the phase deadline, not inside a transfer's collective).
-        Then the first live member of a dead identity's new group of R's kind broadcasts its state;
-        the spare loads it, other members receive and drop it.  The sender performs the action (a rank
-        is in one group of R's kind: one transfer at most)."""
+        Then the first live member of a dead identity's new group of R's kind sends its state point
+        to point to each spare of the group, which loads it as it arrives (parameters into their
+        storage, the optimizer state adopted: the state is never held twice); no other member takes
+        part (:func:`~accelpact.impl.runtime.hotswap.transfer`).  The sender performs the action (a
+        rank is in one group of R's kind: one transfer at most)."""
         sw = ep.swap
         assert sw is not None
         job, topo = sw.job, sw.job.topology
@@ -731,10 +748,11 @@ class Effects:
             return None
         src = [m for m in members if m not in sw.dead][0]
         sw.sources.update({x: src for x in dead})
-        holds = self.rank in sw.dead or self.rank == src  # the spare loads the state, the source sends it
+        if self.rank not in dead and self.rank != src:
+            return None  # a bystander of the transfer: nothing is sent to it
         t = time.monotonic_ns()
-        moved = _swap.transfer(job.groups.training[sw.kind], members, src, self.rank, sw.module if holds else None,
-                               sw.optimizer if holds else None, job.device, self.deadline_s)
+        moved = _swap.transfer(job.groups.training[sw.kind], members, src, self.rank, sw.module, sw.optimizer, job.device,
+                               self.deadline_s, receivers=dead)
         return Done({"to": dead, "bytes": moved, "duration_ns": time.monotonic_ns() - t}) if self.rank == src else None
 
 

@@ -7,6 +7,8 @@
     <out>/spare{k}-trace-a{attempt}-r{rank}.ndjson  spare k's trace once it took rank's identity (hot swap)
     <out>/result-a{attempt}-r{rank}.json  per-rank outcome and events (repairs, checkpoints), rewritten atomically
     <out>/steps-a{attempt}-r{rank}.ndjson per-rank committed steps, one line each, append-only
+    <out>/memory-a{attempt}-r{rank}.ndjson per-rank peak memory per step, append-only, when the workload
+                                         asks (``Workload.memory``; a spare in rank's identity appends its own)
     <out>/final-r{rank}.pt                per-rank snapshot at the end (bit-identity checks)
     <out>/ckpt/                           durable DCP checkpoints (impl/runtime/checkpoint.py)
     <out>/torchrun.log, local-a{a}.log    the launchers' combined worker output
@@ -32,6 +34,7 @@ _TRACE = re.compile(r"^trace-a(\d+)-r(\d+)\.ndjson$")
 _SPARE_TRACE = re.compile(r"^spare(\d+)-trace-a(\d+)-r(\d+)\.ndjson$")
 _RESULT = re.compile(r"^result-a(\d+)-r(\d+)\.json$")
 _STEPS = re.compile(r"^steps-a(\d+)-r(\d+)\.ndjson$")
+_MEMORY = re.compile(r"^memory-a(\d+)-r(\d+)\.ndjson$")
 
 
 class RunDir:
@@ -60,6 +63,11 @@ class RunDir:
 
     def steps(self, attempt: int, rank: int) -> Path:
         return self.path / f"steps-a{attempt}-r{rank}.ndjson"
+
+    def memory(self, attempt: int, rank: int) -> Path:
+        """Rank ``rank``'s peak-memory windows (:mod:`accelpact.testing.memory`): every process that held
+        the identity in ``attempt`` appends to it (a spare after the rank it replaced), each line naming its pid."""
+        return self.path / f"memory-a{attempt}-r{rank}.ndjson"
 
     def final(self, rank: int) -> Path:
         return self.path / f"final-r{rank}.pt"
@@ -105,6 +113,10 @@ class RunDir:
                 if m:
                     out.setdefault((int(m.group(2)), int(m.group(3))), {})[int(m.group(1))] = p
         return out
+
+    def memory_files(self) -> dict[tuple[int, int], Path]:
+        """(attempt, rank) -> peak-memory file."""
+        return {(a, r): p for a, r, p in self._indexed(_MEMORY)}
 
     def results(self) -> dict[tuple[int, int], dict[str, Any]]:
         """(attempt, rank) -> parsed result file (a file being replaced at this instant is skipped)."""
@@ -172,7 +184,7 @@ class RunDir:
             return
         for p in self.path.iterdir():
             n = p.name
-            if (_TRACE.match(n) or _RESULT.match(n) or _STEPS.match(n) or n in ("job.json", "DONE", "torchrun.log")
+            if (_TRACE.match(n) or _RESULT.match(n) or _STEPS.match(n) or _MEMORY.match(n) or n in ("job.json", "DONE", "torchrun.log")
                     or re.match(r"^(final-r\d+\.pt|local-a\d+\.log|\.final-r\d+\.pt\.tmp|result-a\d+-r\d+\.json\..*\.tmp)$", n)):
                 p.unlink(missing_ok=True)
         shutil.rmtree(self.ckpt, ignore_errors=True)

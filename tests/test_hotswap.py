@@ -61,11 +61,14 @@ def test_state_moves_bit_for_bit_into_a_model_built_the_same_way():
 def test_slots_match_the_manifest_and_a_wrong_build_is_refused():
     src, src_opt = _model_and_optim(0, 2)
     manifest, tensors = hotswap.export_state(src, src_opt)
-    slots = hotswap.state_slots(manifest, torch.device("cpu"))
+    dst, dst_opt = _model_and_optim(1, 0)
+    slots = hotswap.receive_slots(dst, dst_opt, manifest, torch.device("cpu"))
     assert [(t.dtype, t.shape) for t in slots] == [(t.dtype, t.shape) for t in tensors]
     other = torch.nn.Linear(6, 3)
     with pytest.raises(hotswap.SwapError, match="rebuild it as it was built"):
         hotswap.import_state(other, torch.optim.AdamW(other.parameters()), manifest, tensors)
+    with pytest.raises(hotswap.SwapError, match="rebuild it as it was built"):
+        hotswap.receive_slots(other, torch.optim.AdamW(other.parameters()), manifest, torch.device("cpu"))
 
 
 def test_claim_is_single_assignment_and_the_pool_runs_out():

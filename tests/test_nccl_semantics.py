@@ -1,7 +1,7 @@
 """NCCL semantics the engine relies on, tested without a GPU (issue 26; spec/nccl.md).
 
-* Hot swap's broadcasts run on the group's device and land back in the tensors the receivers read
-  (``hotswap.broadcast_in_place``): checked on gloo with a ``place`` that copies, as NCCL's
+* Hot swap's point-to-point messages run on the group's device and land back in the tensors the
+  receivers read (``hotswap.exchange_in_place``): checked on gloo with a ``place`` that copies, as NCCL's
   ``Backend.place`` copies a CPU tensor to CUDA, and a group that, like ``ProcessGroupNCCL``
   (registered for ``cuda`` only), refuses a tensor that was not placed.
 * The NCCL environment check (``backends.prebuilt_env_problem``): with env dicts.
@@ -10,13 +10,13 @@
 from __future__ import annotations
 
 import datetime
-import threading
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from accelpact.impl.runtime import backends, hotswap
+from accelpact.testing import gloo_threads
 
 
 class _DeviceOnlyGroup:
@@ -25,11 +25,18 @@ class _DeviceOnlyGroup:
     def __init__(self, pg, placed: set) -> None:
         self.pg, self.placed = pg, placed
 
-    def broadcast(self, tensors, opts):
+    def _placed(self, tensors):
         for t in tensors:
             if id(t) not in self.placed:
                 raise RuntimeError("No backend type associated with device type cpu")
-        return self.pg.broadcast(tensors, opts)
+
+    def send(self, tensors, dst, tag):
+        self._placed(tensors)
+        return self.pg.send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        self._placed(tensors)
+        return self.pg.recv(tensors, src, tag)
 
     def name(self):
         return "gloo"
@@ -48,58 +55,43 @@ def _copying_place(placed: set):
 
 def _pair(fn):
     """Run ``fn(rank, pg)`` on two gloo ranks (threads, one HashStore); return their results."""
-    store = dist.HashStore()
-    out: dict[int, object] = {}
-    errs: list[BaseException] = []
-
-    def run(r: int) -> None:
-        try:
-            pg = dist.ProcessGroupGloo(dist.PrefixStore("p/", store), r, 2, datetime.timedelta(seconds=20))
-            out[r] = fn(r, pg)
-        except BaseException as e:  # noqa: BLE001 - reraised below
-            errs.append(e)
-
-    ths = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(60)
-    if errs:
-        raise errs[0]
-    return out
+    return gloo_threads(2, fn)
 
 
-def test_broadcast_in_place_writes_the_placed_result_back():
-    """The receiver reads the value from its own (CPU) tensor after the broadcast: with the old code,
-    which broadcast into ``place(size)`` and read ``size``, the receiver still had 0."""
+def _exchange(r, g, tensors, place):
+    hotswap.exchange_in_place(g, tensors, 1 - r, 10.0, send=r == 0, place=place)
+
+
+def test_exchange_in_place_writes_the_placed_result_back():
+    """The receiver reads the value from its own (CPU) tensor after the exchange: with a receive into
+    ``place(size)`` that read ``size`` afterwards, the receiver would still have 0."""
 
     def body(r, pg):
         placed: set = set()
-        place = _copying_place(placed)
         g = _DeviceOnlyGroup(pg, placed)
         size = torch.tensor([1234 if r == 0 else 0], dtype=torch.int64)
         step = torch.tensor(7.0 if r == 0 else 0.0)  # AdamW's CPU step counter
-        hotswap.broadcast_in_place(g, [size, step], 0, 10.0, write_back=r != 0, place=place)
+        _exchange(r, g, [size, step], _copying_place(placed))
         return int(size[0]), float(step)
 
     assert _pair(body) == {0: (1234, 7.0), 1: (1234, 7.0)}
 
 
-def test_broadcast_in_place_without_write_back_leaves_the_tensor():
+def test_the_sender_s_tensor_is_left_as_it_was():
     def body(r, pg):
         placed: set = set()
         g = _DeviceOnlyGroup(pg, placed)
         t = torch.tensor([5 if r == 0 else 0])
-        hotswap.broadcast_in_place(g, [t], 0, 10.0, write_back=False, place=_copying_place(placed))
+        _exchange(r, g, [t], _copying_place(placed))
         return int(t[0])
 
-    assert _pair(body) == {0: 5, 1: 0}
+    assert _pair(body) == {0: 5, 1: 5}
 
 
-def test_a_tensor_already_on_the_device_is_broadcast_as_it_is():
+def test_a_tensor_already_on_the_device_is_exchanged_as_it_is():
     def body(r, pg):
         t = torch.tensor([9 if r == 0 else 0])
-        hotswap.broadcast_in_place(pg, [t], 0, 10.0, place=lambda x, _pg: x)
+        _exchange(r, pg, [t], lambda x, _pg: x)
         return int(t[0])
 
     assert _pair(body) == {0: 9, 1: 9}
@@ -279,9 +271,10 @@ def test_the_installed_build_binds_get_error_per_backend_class_not_on_the_base()
     """The fact spec/nccl.md row 17 rests on, pinned on this (CPU) build: ``Backend`` itself has no
     ``get_error`` at runtime although the .pyi declares one; a subclass binds its own
     (``_ProcessGroupWrapper``, under ``USE_C10D_GLOO``), as ``ProcessGroupNCCL`` does under
-    ``USE_C10D_NCCL``; ``_get_backend`` returns the most derived class; the ErrorType enum is bound."""
+    ``USE_C10D_NCCL``; ``_get_backend`` returns the most derived class; the ErrorType enum is bound.
+    torch 2.14 binds it on ``Backend`` too, whose default says SUCCESS (spec/nccl.md, "Versions")."""
     c10d = torch._C._distributed_c10d
-    assert not hasattr(c10d.Backend, "get_error")
+    assert ("get_error" in vars(c10d.Backend)) is (backends._minor(torch.__version__) >= (2, 14))
     assert "get_error" in vars(c10d._ProcessGroupWrapper)
     assert {"SUCCESS", "TIMEOUT", "COMM_ERROR", "REMOTE_ERROR"} <= set(c10d.ErrorType.__members__)
     pg = dist.ProcessGroup(dist.HashStore(), 0, 1)

@@ -64,7 +64,7 @@ from accelpact.impl.runtime.digest import state_digest
 WORKLOAD_MODULE = "accelpact.impl.launch.workload"
 
 __all__ = ["CRASHED", "FAILURE_MARKERS", "HOST", "Ctx", "Harness", "Ranks", "Run", "break_group", "check_rebind_results",
-           "client_store", "host_store", "rebind_scenario", "run_ranks", "start_ranks"]
+           "client_store", "gloo_threads", "host_store", "rebind_scenario", "run_ranks", "start_ranks"]
 
 HOST = "127.0.0.1"
 #: exit code of a rank whose function raised (its traceback is in :attr:`Run.errors`)
@@ -260,6 +260,38 @@ def run_ranks(fn: Callable[..., Any], world: int, out: str | os.PathLike, **opti
     rank: assert on ``run.codes``/``run.values()`` with ``run.explain()``)."""
     with start_ranks(fn, world, out, **options) as ranks:
         return ranks.wait()
+
+
+def gloo_threads(world: int, fn: Callable[[int, Any], Any], join_s: float = 60.0) -> dict[int, Any]:
+    """Run ``fn(rank, pg)`` on ``world`` gloo ranks of one process (threads over one ``HashStore``,
+    each its own ``ProcessGroupGloo``): their results by rank.  For unit tests of one collective
+    helper; the first error a rank raised is raised here, and a rank still running after ``join_s``
+    is an ``AssertionError``."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    out: dict[int, Any] = {}
+    errs: list[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore("threads/", store), r, world, datetime.timedelta(seconds=20))
+            out[r] = fn(r, pg)
+        except BaseException as e:  # noqa: BLE001 - reraised below, in the caller's thread
+            errs.append(e)
+
+    ths = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(join_s)
+    if errs:
+        raise errs[0]
+    assert len(out) == world, f"only ranks {sorted(out)} of {world} finished within {join_s:.0f} s"
+    return out
 
 
 class Harness:

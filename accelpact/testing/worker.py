@@ -29,7 +29,9 @@ variables).  One worker process is one rank.  It
    (one line per committed step: loss and time, append-only), ``trace-a{attempt}-r{rank}.ndjson`` (when
    ``"trace": true``) and ``final-r{rank}.pt`` (the per-rank snapshot at the end; none on a rank whose
    replica left the job and was not brought back by the end: its result says ``"outcome": "left"``, and a
-   finished rank's result names the replicas active at the end, ``active_replicas``).
+   finished rank's result names the replicas active at the end, ``active_replicas``); with
+   ``workload.memory``, ``memory-a{attempt}-r{rank}.ndjson`` (each step's peak resident memory, reset as
+   the step opens and read as it closes, and the base before the model is built: :mod:`accelpact.testing.memory`).
 
 Every exit goes through ``os._exit`` (gloo teardown can turn exit codes into -6); the worker
 records the exit code in its result file just before (see :func:`_record_exits`).
@@ -60,6 +62,7 @@ from ..impl.runtime.wrappers import wrapper
 from . import seeded
 from .faults import hooks_for
 from .inject import install_handlers
+from .memory import MemoryLog
 
 __all__ = ["ResultFile", "main", "run_job", "train_micro_batches"]
 
@@ -268,13 +271,15 @@ def run_job(job: Job) -> int:
                   step_deadline_s=job.step_deadline_s, trace_dir=str(out) if job.trace else None,
                   envelope=job.envelope, spares=topo.spares, dead_after_s=job.dead_after_s, hang_floor_s=job.hang_floor_s,
                   env={k: v for k, v in os.environ.items() if not k.startswith("ACCELPACT_")})
-    spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed, pad_s=wl.pad_s)
+    spec = workload.WorkloadSpec(wrapper=wl.wrapper, layers=wl.layers, seed=wl.seed, pad_s=wl.pad_s,
+                                 dim=wl.dim or workload.WorkloadSpec.dim)  # 0: the workload's default width
     kind = wrapper(spec.wrapper).recovers
     holder: dict[str, Any] = {}
 
     def build(tj: Any, extra: Any) -> tuple[Any, Any]:
         """The workload on the job's current groups (at attach, and again after a hot swap)."""
-        app = workload.build_job(spec, topo, workload.groups_of(tj))
+        # a rebuild (extra given: a swap or a discard) is on the meta device: the engine imports its state
+        app = workload.build_job(spec, topo, workload.groups_of(tj), materialize=extra is None)
         if extra is not None:
             app.cursor = copy.deepcopy(extra)
             app.step = app.cursor.kappa
@@ -289,6 +294,8 @@ def run_job(job: Job) -> int:
         result.update(spare=aj.spare, outcome="spare-idle")
         rank = -1
     header = dict(affected=_failing_group(job, kind, topo.group(kind, max(rank, 0))), scenario=job.scenario, seed=wl.seed)
+    # issue 43's opt-in (Workload.memory): each step's peak resident memory, the base measured before any build
+    memory = MemoryLog() if wl.memory else None
     # issue 41's opt-in (Workload.micro_batches): a death with no spare idle shrinks the job instead of an L2
     training = aj.attach(checkpoint_dir=run.ckpt, checkpoint_every=wl.checkpoint_every,
                          extra_state=lambda: holder["app"].cursor, trace_header=header, hooks=hooks, rebuild=build,
@@ -305,6 +312,9 @@ def run_job(job: Job) -> int:
                                                  "start_step": training.start_step, "t_ready": time.monotonic()})
         result.update()
         _record_exits(result)
+    if memory is not None:  # the window from the process's start through attach (a spare's: through its join)
+        memory.open(run.memory(attempt, rank), joined=training.spare_index is not None, step=training.frontier,
+                    gen=training.pact.gen, spare=training.spare_index)
     app = holder["app"]
     setattr(app.groups, kind, None)  # the engine owns R now: no second reference keeps generation 0's alive
     start = training.start_step
@@ -328,6 +338,8 @@ def run_job(job: Job) -> int:
     swaps = len(training.swaps)
     for step in training.steps(wl.steps):
         loss = None
+        if memory is not None:
+            memory.begin(training.pact.gen, len(training.swaps))
         with training.step(step):
             if wl.micro_batches:
                 loss = train_micro_batches(training, holder["app"], step)
@@ -335,9 +347,13 @@ def run_job(job: Job) -> int:
                 loss = workload.train_step(holder["app"], step)
         if training.discarded:  # a hot swap discarded the step: the model was rebuilt, the step comes again
             swaps = _record_swaps(result, training, swaps, run, attempt, job.trace)
+            if memory is not None:  # the discarded step's window holds its episode
+                memory.end(step, gen=training.pact.gen, swaps=training.swaps, discarded=True)
             continue
         saved = len(training.saved)
         report = training.boundary(loss)
+        if memory is not None:  # the window closes with the boundary: a repair or a swap there is in it
+            memory.end(step, gen=training.pact.gen, swaps=training.swaps, discarded=False, report=report)
         pact = training.pact
         if len(training.swaps) > swaps:  # a swap at the boundary: the step was committed before it
             swaps = _record_swaps(result, training, swaps, run, attempt, job.trace)
@@ -358,6 +374,8 @@ def run_job(job: Job) -> int:
                 {"step": at, "seconds": took} for at, took in training.saved[saved:]]
         result.update(**changes)
     steps_file.close()
+    if memory is not None:
+        memory.close()
     app = holder["app"]
     pact = training.pact
     if training.left:  # issue 41: this rank's replica left (benched, never recalled): its state is not the job's

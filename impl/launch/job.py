@@ -153,8 +153,12 @@ class Workload:
     how often a durable checkpoint is committed (0: never), (benchmarks) how long each step's
     device time is padded to (``pad_s``, :attr:`accelpact.impl.launch.workload.WorkloadSpec.pad_s`; 0: none),
     and (issue 41) how many micro-batches a step is (``micro_batches``: the worker opts in to shrink and
-    grow, ``attach(micro_batches=M)``, and reads its data by (step, micro-batch); 0: not opted in), and
-    (issue 44) how its checkpoints are taken (``checkpoint``: ``attach(checkpoint=...)``, sync or async)."""
+    grow, ``attach(micro_batches=M)``, and reads its data by (step, micro-batch); 0: not opted in),
+    (issue 44) how its checkpoints are taken (``checkpoint``: ``attach(checkpoint=...)``, sync or async),
+    and (issue 43, benchmarks) the model's width (``dim``: :attr:`accelpact.impl.launch.workload.WorkloadSpec.dim`;
+    0: the workload's default; even, the workload has 2 attention heads) and whether each rank records its
+    peak resident memory per step (``memory``: ``memory-a{attempt}-r{rank}.ndjson``,
+    :mod:`accelpact.testing.memory`; Linux only)."""
 
     wrapper: str = "fsdp1-hybrid"
     layers: int = 4
@@ -164,10 +168,15 @@ class Workload:
     pad_s: float = 0.0
     micro_batches: int = 0
     checkpoint: str = "sync"
+    dim: int = 0
+    memory: bool = False
 
-    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every", "pad_s", "micro_batches", "checkpoint")
+    FIELDS = ("wrapper", "layers", "steps", "seed", "checkpoint_every", "pad_s", "micro_batches", "checkpoint", "dim",
+              "memory")
     #: what a scenario file need not say (benchmarks' knobs; the conformance corpus never pads nor opts in)
-    OPTIONAL_IN_SCENARIO = ("pad_s", "micro_batches", "checkpoint")
+    OPTIONAL_IN_SCENARIO = ("pad_s", "micro_batches", "checkpoint", "dim", "memory")
+    #: the widest model a job may ask for (``dim``)
+    MAX_DIM = 16384
 
     @classmethod
     def parse(cls, raw: Any, where: str = "workload", error: type[FieldError] = FieldError,
@@ -179,17 +188,26 @@ class Workload:
             raise error(f"{where}.wrapper: {d['wrapper']!r} is not one of {list(WRAPPER_NAMES)}")
         if d["checkpoint"] not in ("sync", "async"):
             raise error(f"{where}.checkpoint: {d['checkpoint']!r} is not one of ['sync', 'async']")
+        dim = check_int(f"{where}.dim", d["dim"], 0, cls.MAX_DIM, error)
+        if dim % 2:
+            raise error(f"{where}.dim: must be even (the workload's 2 attention heads split it), or 0 for the "
+                        f"workload's default; got {dim}")
+        if not isinstance(d["memory"], bool):
+            raise error(f"{where}.memory: must be true or false (record each step's peak resident memory), "
+                        f"got {d['memory']!r}")
         return cls(d["wrapper"], check_int(f"{where}.layers", d["layers"], 1, 256, error),
                    check_int(f"{where}.steps", d["steps"], 1, None, error), check_int(f"{where}.seed", d["seed"], 0, None, error),
                    check_int(f"{where}.checkpoint_every", d["checkpoint_every"], 0, None, error),
                    0.0 if d["pad_s"] == 0 and not isinstance(d["pad_s"], bool) else check_seconds(f"{where}.pad_s", d["pad_s"], error),
-                   check_int(f"{where}.micro_batches", d["micro_batches"], 0, None, error), d["checkpoint"])
+                   check_int(f"{where}.micro_batches", d["micro_batches"], 0, None, error), d["checkpoint"], dim,
+                   d["memory"])
 
     def to_json(self) -> dict[str, Any]:
         # the knobs left at their default are left out: a job file (and a reference's cache key) of a
         # workload that does not use them reads as before
         return {k: getattr(self, k) for k in self.FIELDS
-                if k not in ("pad_s", "micro_batches", "checkpoint") or getattr(self, k) not in (0, "sync")}
+                if k not in ("pad_s", "micro_batches", "checkpoint", "dim", "memory")
+                or getattr(self, k) not in (0, "sync", False)}
 
     @property
     def recovers(self) -> str:

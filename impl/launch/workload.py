@@ -264,6 +264,13 @@ def _fsdp1(model: nn.Module, groups: Groups, strategy: str) -> nn.Module:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+    device = groups.device if groups.device is not None else torch.device("cpu")
+
+    def allocate(module: nn.Module) -> None:
+        """A meta-built model (``build_job(materialize=False)``): each module's own storage, unit by
+        unit as FSDP flattens and shards it, left uninitialised (the rebuild imports the state)."""
+        module.to_empty(device=device, recurse=False)
+
     # Explicit (shard, replicate) groups: process_group=None silently degrades on CPU (spec/torch-facts.md).
     return FSDP(
         model,
@@ -272,6 +279,7 @@ def _fsdp1(model: nn.Module, groups: Groups, strategy: str) -> nn.Module:
         auto_wrap_policy=ModuleWrapPolicy({Block}),
         use_orig_params=False,
         device_id=groups.device,  # the backend's device; cpu_offload stays off (spec/torch-facts.md)
+        param_init_fn=allocate if _on_meta(model) else None,
     )
 
 
@@ -290,10 +298,15 @@ def wrap_fsdp2(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Modul
     """FSDP2 ``fully_shard`` on the 2-D (replicate, shard) mesh: HSDP, one unit per block."""
     from torch.distributed.fsdp import fully_shard
 
-    model.to(groups.device)
+    meta = _on_meta(model)
+    if not meta:
+        model.to(groups.device)
     for blk in model.layers:  # type: ignore[union-attr]  # CharLM.layers is a ModuleList
         fully_shard(blk, mesh=groups.mesh)
-    return fully_shard(model, mesh=groups.mesh)  # type: ignore[return-value]  # FSDPModule is an nn.Module at run time
+    root = fully_shard(model, mesh=groups.mesh)
+    if meta:  # only this rank's shards are allocated (uninitialised: a rebuild imports its state)
+        root.to_empty(device=groups.device)  # type: ignore[attr-defined]  # FSDPModule is an nn.Module at run time
+    return root  # type: ignore[return-value]  # FSDPModule is an nn.Module at run time
 
 
 def wrap_ddp(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
@@ -301,7 +314,8 @@ def wrap_ddp(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     on_cuda = groups.device is not None and groups.device.type == "cuda"
-    module = DDP(model.to(groups.device), process_group=groups.world, device_ids=[groups.device] if on_cuda else None)
+    model = model.to_empty(device=groups.device) if _on_meta(model) else model.to(groups.device)
+    module = DDP(model, process_group=groups.world, device_ids=[groups.device] if on_cuda else None)
     # Deterministic reduction order: DDP rebuilds its buckets after the first iteration, so a
     # job restarted from a checkpoint (L2) would otherwise sum gradients in another order than
     # the uninterrupted run (measured: differences of 2-4e-9).  Reducing every gradient on its
@@ -311,11 +325,26 @@ def wrap_ddp(model: nn.Module, groups: Groups, spec: WorkloadSpec) -> nn.Module:
     return module
 
 
-def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups) -> App:
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def build_job(spec: WorkloadSpec, topo: Topology, groups: Groups, *, materialize: bool = True) -> App:
     """Build the wrapped model (``WRAPPERS[spec.wrapper].wrap``), AdamW and the data cursor
-    (identical init on all ranks)."""
+    (identical init on all ranks).
+
+    ``materialize=False``: the model is built on the meta device and the wrapper allocates only this
+    rank's storage (FSDP1: unit by unit, through each module's ``reset_parameters``; FSDP2: its
+    shards, ``to_empty``; DDP: the whole model, ``to_empty``), with no meaningful values.  For a
+    rebuild whose state is then imported (``attach(rebuild=...)`` after a hot swap or a discard: the
+    engine moves the committed state in), so that the rebuild never holds the whole unsharded model
+    beside the rank's shard (issue 43; the README's "Memory in an episode")."""
     torch.manual_seed(spec.seed)
-    model = CharLM(vocab_size(), spec)
+    if materialize:
+        model = CharLM(vocab_size(), spec)
+    else:
+        with torch.device("meta"):
+            model = CharLM(vocab_size(), spec)
     module = wrapper(spec.wrapper).wrap_fn()(model, groups, spec)
     optimizer = torch.optim.AdamW(module.parameters(), lr=spec.lr, foreach=False)
     cursor = DataCursor(spec.seed, spec.batch, spec.seq, dp_index=groups.rank, dp_size=topo.world)

@@ -20,7 +20,7 @@ Who does what (read beside ``model/protocol.py``'s hot-swap actions):
   the dead identity with the F its predecessor published at its last commit), every group rebuilt in
   generation g+1 (default group, control, checkpoint, shard, replicate, world; ``RankReplace``), the
   model rebuilt on them by the user's ``rebuild`` factory, ``RankTransferState`` (a live replica
-  broadcasts its shard and optimizer state on the new group of R's kind), ``RankValidate`` (the
+  sends its shard and optimizer state point to point to the spares of its new group of R's kind), ``RankValidate`` (the
   replicas' state checksums on every new group of R's kind), the release (``RankReady``,
   ``RankDecideRelease``) and ``RankResume`` in g+1 with a fresh engine.
 * The discard is a *rebuild*: the survivors' committed state (parameters and optimizer state, which
@@ -30,6 +30,12 @@ Who does what (read beside ``model/protocol.py``'s hot-swap actions):
   state published at F.  Rebinding cached references, as an L1 repair does, cannot return a wrapper
   interrupted mid-backward to idle on every wrapper; building a new one can, and the spare needs
   exactly that code path anyway.
+* Memory (issue 43): an episode holds the state once.  Before the new wrapper is built the old one
+  sheds what is not committed state (``Adapter.shed``: gradients, FSDP's unsharded parameters); the
+  new optimizer adopts the old one's state tensors (:func:`import_state` ``adopt``); a spare receives
+  into its own parameters and adopts the received optimizer state (:func:`receive_slots`); only the
+  spares receive (:func:`transfer`, point to point).  The one extra copy is the parameters' shards,
+  from the rebuild until the old wrapper is dropped.
 
 Store keys (under the attempt's namespace): ``accelpact/swap/deaths`` and ``accelpact/swap/death/{n}``
 (the keeper's notices), ``accelpact/swap/next`` (spares taken), ``accelpact/g{g}/spare/{dead}``
@@ -63,7 +69,7 @@ from .backends import backend_of, wait_bounded
 from .digest import checksum_hex, state_checksum
 
 __all__ = ["LAUNCHER_RANK_ENV", "LayoutError", "Notices", "SPARES_PER_NODE_ENV", "SpareLayout", "SwapError", "SwapNeeded",
-           "SwapRecord", "SwapWatcher", "broadcast_in_place", "claim_order", "claim_read", "claim_write", "export_state", "holder_since", "import_state", "pool_size", "publish_state", "read_claims", "read_state",
+           "SwapRecord", "SwapWatcher", "claim_order", "exchange_in_place", "claim_read", "claim_write", "export_state", "holder_since", "import_state", "pool_size", "publish_state", "read_claims", "read_state", "receive_slots",
            "store_barrier", "transfer", "validate", "wait_for_claim"]
 
 #: After a failure, how long a survivor waits for a death notice before it takes the failure for an
@@ -472,32 +478,65 @@ def export_state(module: Any, optimizer: Any) -> tuple[dict, list]:
     return manifest, tensors
 
 
-def state_slots(manifest: dict, device: Any) -> list:
-    """Empty tensors shaped as a manifest's, in its order (what a spare receives into)."""
+def _torch_dtype(name: str) -> Any:
     import torch
 
-    out = [torch.empty(shape, dtype=getattr(torch, dt.split(".")[-1]), device=device) for dt, shape in manifest["params"]]
-    out += [torch.empty(shape, dtype=getattr(torch, dt.split(".")[-1]), device=device) for dt, shape in manifest["buffers"]]
+    return getattr(torch, name.split(".")[-1])
+
+
+def _takes_in_place(dst: Any, dtype: str, shape: tuple) -> bool:
+    """A received tensor can land in ``dst`` itself: contiguous storage of the manifest's dtype and shape."""
+    return str(dst.dtype) == dtype and tuple(dst.shape) == tuple(shape) and dst.is_contiguous()
+
+
+def receive_slots(module: Any, optimizer: Any, manifest: dict, device: Any) -> list:
+    """What a receiving spare's transfer writes into, in the manifest's order: each parameter's and
+    buffer's own local storage in the rebuilt wrapper (:func:`_shard`) where it can take the message
+    as it is, else an empty tensor shaped as the manifest's; then a new tensor for every
+    optimizer-state entry, which :func:`import_state` (``adopt``) makes the state itself.  So the
+    state is never held twice: a spare's peak is its model plus the optimizer state it receives.
+    Raises :class:`SwapError` before anything is received when the rebuilt model does not match."""
+    import torch
+
+    params = _params(optimizer)
+    buffers = [b for _, b in module.named_buffers()]
+    _check_counts(params, buffers, manifest)
+    out = []
+    for p, (dt, shape) in zip(list(params) + buffers, list(manifest["params"]) + list(manifest["buffers"]), strict=True):
+        dst = _shard(p)
+        if tuple(dst.shape) != tuple(shape):
+            raise SwapError(f"state transfer: local shape {tuple(dst.shape)} vs {tuple(shape)}")
+        out.append(dst.detach() if _takes_in_place(dst, dt, shape) else torch.empty(shape, dtype=_torch_dtype(dt), device=dst.device))
     for i in manifest["state"]:
         for key in manifest["state"][i]:
             spec = manifest["state"][i][key]
             if spec[0] == "t":
                 dev = device if spec[4] != "cpu" else "cpu"  # e.g. Adam's step counter stays on the CPU
-                out.append(torch.empty(spec[2], dtype=getattr(torch, spec[1].split(".")[-1]), device=dev))
+                out.append(torch.empty(spec[2], dtype=_torch_dtype(spec[1]), device=dev))
     return out
 
 
-def import_state(module: Any, optimizer: Any, manifest: dict, tensors: list) -> None:
+def _check_counts(params: list, buffers: list, manifest: dict) -> None:
+    if len(params) != len(manifest["params"]) or len(buffers) != len(manifest["buffers"]):
+        raise SwapError(f"state transfer: the rebuilt model has {len(params)} parameters and {len(buffers)} buffers, "
+                        f"the state has {len(manifest['params'])} and {len(manifest['buffers'])}: rebuild it as it was built")
+
+
+def import_state(module: Any, optimizer: Any, manifest: dict, tensors: list, *, adopt: bool = False) -> None:
     """Load (manifest, tensors) from :func:`export_state` into a wrapper built the same way and its
-    fresh optimizer: parameters and buffers copied into their local storage, the optimizer state
-    rebuilt on the new parameters (a DTensor state on the parameter's new mesh and placements)."""
+    fresh optimizer: parameters and buffers copied into their local storage (not copied where the
+    tensor already is that storage: :func:`receive_slots`), the optimizer state rebuilt on the new
+    parameters (a DTensor state on the parameter's new mesh and placements).
+
+    ``adopt``: the optimizer-state tensors become the new optimizer's as they are, not copies.  For
+    tensors nothing else goes on using: a survivor's old optimizer, dropped once its state moved (a
+    rebuild then holds the state once, not twice), or a spare's received ones.  Without it every
+    state tensor is cloned (the source stays independent)."""
     import torch
 
     params = _params(optimizer)
     buffers = [b for _, b in module.named_buffers()]
-    if len(params) != len(manifest["params"]) or len(buffers) != len(manifest["buffers"]):
-        raise SwapError(f"state transfer: the rebuilt model has {len(params)} parameters and {len(buffers)} buffers, "
-                        f"the state has {len(manifest['params'])} and {len(manifest['buffers'])}: rebuild it as it was built")
+    _check_counts(params, buffers, manifest)
     it = iter(tensors)
     with torch.no_grad():
         for p in list(params) + list(buffers):
@@ -505,7 +544,8 @@ def import_state(module: Any, optimizer: Any, manifest: dict, tensors: list) -> 
             dst = _shard(p)
             if dst.shape != src.shape:
                 raise SwapError(f"state transfer: local shape {tuple(dst.shape)} vs {tuple(src.shape)}")
-            dst.copy_(src)
+            if not _same_storage(dst, src):
+                dst.copy_(src)
         order = params
         optimizer.state.clear()
         for i, entry in manifest["state"].items():
@@ -516,7 +556,9 @@ def import_state(module: Any, optimizer: Any, manifest: dict, tensors: list) -> 
                 if spec[0] == "v":
                     st[key] = spec[1]
                     continue
-                loc = next(it).clone()
+                loc = next(it)
+                if not adopt:
+                    loc = loc.clone()
                 if spec[3]:
                     from torch.distributed.tensor import DTensor
 
@@ -527,6 +569,12 @@ def import_state(module: Any, optimizer: Any, manifest: dict, tensors: list) -> 
             optimizer.state[p] = st
         for grp, saved in zip(optimizer.param_groups, manifest["groups"], strict=True):
             grp.update(saved)
+
+
+def _same_storage(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same elements of the same storage (a slot received in place)."""
+    return (a.device == b.device and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            and a.numel() > 0 and a.data_ptr() == b.data_ptr())
 
 
 def manifest_bytes(manifest: dict) -> bytes:
@@ -645,62 +693,66 @@ def read_claims(store: Any, g: int, world: int) -> dict[int, int]:
     return out
 
 
-def _broadcast(pg: Any, tensors: list, root: int, timeout_s: float) -> None:
-    """Broadcast each of ``tensors`` as it is (each must already be on ``pg``'s device)."""
-    import torch.distributed as dist
-
-
-    opts = dist.BroadcastOptions()
-    opts.rootRank = root
-    for t in tensors:
-        wait_bounded(pg.broadcast([t], opts), timeout_s)
-
-
-def broadcast_in_place(pg: Any, tensors: list, root: int, timeout_s: float, *, write_back: bool = True,
-                       place: Callable[[Any, Any], Any] | None = None) -> None:
-    """Broadcast each of ``tensors`` from group rank ``root`` on ``pg``'s device and leave the
-    result in the tensor itself, wherever it lives.  A tensor not on the group's device (a CPU
-    tensor on NCCL, which registers ``ProcessGroupNCCL`` for ``cuda`` only: AdamW's ``step``, the
-    blob size) is copied there (``place``, default the group's :meth:`Backend.place`), broadcast, and
-    with ``write_back`` (the receivers) copied back into the original; one on the device already is
-    broadcast as it is (``place`` returns it).  One tensor at a time: at most one extra copy alive."""
+def exchange_in_place(pg: Any, tensors: list, peer: int, timeout_s: float, *, send: bool,
+                      place: Callable[[Any, Any], Any] | None = None) -> None:
+    """Send each of ``tensors`` to group rank ``peer`` of ``pg`` (``send``), or receive each into
+    itself from it, on the group's device: a tensor not on it (a CPU tensor on NCCL, which registers
+    ``ProcessGroupNCCL`` for ``cuda`` only: AdamW's ``step``, the blob size) is copied there
+    (``place``, default the group's :meth:`Backend.place`) and, received, copied back; one on the
+    device already goes as it is.  One tensor at a time, each wait bounded by
+    ``timeout_s``; messages between one pair arrive in the order sent (one tag)."""
+    be = backend_of(pg)
     if place is None:
-
-        place = backend_of(pg).place
+        place = be.place
     for t in tensors:
         moved = place(t, pg)
-        _broadcast(pg, [moved], root, timeout_s)
-        if write_back and moved is not t:
+        work = pg.send([moved], peer, 0) if send else pg.recv([moved], peer, 0)
+        if be.sliced_wait:
+            # gloo never marks a send or recv completed (is_completed stays False; no future): its own
+            # wait(timeout) is the bounded wait, and a timed-out one leaves the op to its group's retirement
+            work.wait(datetime.timedelta(seconds=timeout_s))
+        else:
+            wait_bounded(work, timeout_s)
+        del work
+        if not send and moved is not t:
             t.copy_(moved)  # after wait_bounded: on NCCL the current stream waited for the kernel
 
 
 def transfer(pg: Any, members: tuple[int, ...], source: int, rank: int, module: Any, optimizer: Any,
-             device: Any, timeout_s: float) -> int:
+             device: Any, timeout_s: float, receivers: Sequence[int] | None = None) -> int:
     """RankTransferState on the new group of R's kind of a dead identity: ``source`` (a live replica)
-    broadcasts its manifest and then its state tensors; the spare loads them into its rebuilt model
-    (:func:`import_state`), any other member receives and drops them.  Returns the bytes moved."""
+    sends its manifest and then its state tensors point to point to each of ``receivers`` (the spares
+    that took the group's dead identities; default: every other member), one receiver after the
+    other.  A receiver loads them into its rebuilt model as they arrive: parameters and buffers
+    straight into their storage, the optimizer state adopted (:func:`receive_slots`), so it never
+    holds the state twice.  No other member of the group takes part or allocates anything (the
+    model's ``RankTransferState`` writes the spares only).  Returns the bytes sent to one receiver
+    (the source, and a receiver), 0 on any other rank."""
     import torch
 
-    root = members.index(source)
+    targets = tuple(m for m in members if m != source) if receivers is None else tuple(receivers)
     if rank == source:
         manifest, tensors = export_state(module, optimizer)
         blob = torch.frombuffer(bytearray(manifest_bytes(manifest)), dtype=torch.uint8)
         size = torch.tensor([blob.numel()], dtype=torch.int64)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
-    receiver = rank != source
-    # every broadcast runs on the group's device and lands back in the CPU tensor a receiver reads
-    # (NCCL: ``size`` and the blob are CPU tensors; so is AdamW's ``step`` unless capturable/fused)
-    broadcast_in_place(pg, [size], root, timeout_s, write_back=receiver)
-    if receiver:
-        blob = torch.empty(int(size[0]), dtype=torch.uint8)
-    broadcast_in_place(pg, [blob], root, timeout_s, write_back=receiver)
-    if receiver:
-        manifest = pickle.loads(blob.numpy().tobytes())
-        tensors = state_slots(manifest, device)
-    broadcast_in_place(pg, tensors, root, timeout_s, write_back=receiver)
-    if rank != source and module is not None:
-        import_state(module, optimizer, manifest, tensors)
+        for r in targets:
+            # every message runs on the group's device (NCCL: ``size`` and the blob are CPU tensors; so
+            # is AdamW's ``step`` unless capturable/fused) and lands back in the receiver's CPU tensor
+            exchange_in_place(pg, [size, blob] + tensors, members.index(r), timeout_s, send=True)
+        return int(size[0]) + sum(t.numel() * t.element_size() for t in tensors)
+    if rank not in targets:
+        return 0
+    if module is None or optimizer is None:
+        raise SwapError(f"state transfer: rank {rank} receives the state but has no rebuilt model to load it into")
+    root = members.index(source)
+    size = torch.zeros(1, dtype=torch.int64)
+    exchange_in_place(pg, [size], root, timeout_s, send=False)
+    blob = torch.empty(int(size[0]), dtype=torch.uint8)
+    exchange_in_place(pg, [blob], root, timeout_s, send=False)
+    manifest = pickle.loads(blob.numpy().tobytes())
+    tensors = receive_slots(module, optimizer, manifest, device)
+    exchange_in_place(pg, tensors, root, timeout_s, send=False)
+    import_state(module, optimizer, manifest, tensors, adopt=True)
     return int(size[0]) + sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..threadname import EngineThread
 
-__all__ = ["collect_off_path", "reap", "retire_off_path", "settle_threads", "start_retirer"]
+__all__ = ["collect_off_path", "reap", "retire_off_path", "settle_threads", "start_retirer", "trim_heap"]
 
 _RETIRE_QUEUE: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
 _RETIRE_LOCK = threading.Lock()
@@ -36,6 +36,32 @@ _IDLE_AT_END = ("accelpact-retire",)
 COLLECT_QUIET_S = 5.0
 
 
+_LIBC: Any = None
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim(0)``), after the
+    collection that freed a rebuilt model's old generation: the allocator otherwise keeps those pages
+    resident, and each episode would raise the rank's resident memory by the old wrapper's size for
+    good (bench/README.md, "Episode memory": the drift).  The call releases the GIL (ctypes) and takes
+    the heap's arena locks for its duration (milliseconds; once per episode, on this thread).  False
+    where the C library has no ``malloc_trim`` (not glibc): nothing done."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC = lib if hasattr(lib, "malloc_trim") else False
+        except OSError:
+            _LIBC = False
+    if _LIBC is False:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
+
+
 def _drop(box: list | None, done: threading.Event, quiet: Callable[[float], Any] | None = None) -> None:
     """Empty ``box`` (a group's destructor runs here, if this was its last reference), or, for None,
     collect the interpreter's reference cycles (inside ``quiet(COLLECT_QUIET_S)`` when given); then set
@@ -44,6 +70,7 @@ def _drop(box: list | None, done: threading.Event, quiet: Callable[[float], Any]
         if box is None:
             with quiet(COLLECT_QUIET_S) if quiet is not None else contextlib.nullcontext():
                 gc.collect()
+            trim_heap()
         else:
             box.clear()
     except Exception:  # noqa: BLE001 - a destructor's error must not end the retiring or reaping thread

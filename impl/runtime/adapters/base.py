@@ -68,6 +68,20 @@ class Adapter:
         (``RankDiscardStep`` drops the optimizer's).  Only where :meth:`in_place_problem` is None."""
         raise NotImplementedError(self.in_place_problem(module) or f"{self.name}: no in-place reset")
 
+    def shed(self, module: Any, optimizer: Any) -> None:
+        """``module``'s wrapper is about to be replaced (a hot swap's survivor, a discard with
+        ``rebuild=``): before the new one is built beside it, let go of what it holds beyond the
+        committed state that moves into the new one (the parameters' local shards, the buffers and the
+        optimizer state, :func:`~accelpact.impl.runtime.hotswap.export_state`), so that an episode
+        never holds two models' working memory at once.  Here every gradient; a wrapper adds what a
+        step in flight left allocated (FSDP's unsharded parameters).  The wrapper is not used again
+        afterwards: this may leave it unable to run."""
+        seen: set[int] = set()
+        for p in list(module.parameters()) + [q for grp in optimizer.param_groups for q in grp["params"]]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                p.grad = None
+
     def release(self, module: Any, keep: Any = None) -> int:
         """``module``'s wrapper is being dropped (a hot swap or a discard rebuilt the model): remove
         what a step that never finished its backward left registered on autograd's side, where the

@@ -36,6 +36,20 @@ class DDPAdapter(Adapter):
                 return f"torch {torch.__version__}: DDP's Reducer has no _reset_state (torch 2.1+)"
         return None
 
+    def shed(self, module: Any, optimizer: Any) -> None:
+        """As :meth:`Adapter.shed`, and the Reducer: its buckets hold a flat copy of every gradient (the
+        size of the parameters) for as long as it lives.  Its last owners are the wrapper
+        (``reducer``) and DDP's C++ logger (``logger``, which keeps it shared); with both dropped the
+        Reducer is destroyed, which also removes its autograd hooks.  The old wrapper cannot run
+        afterwards (it is never run again)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        super().shed(module, optimizer)
+        for m in module.modules():
+            if isinstance(m, DDP):
+                m.logger = None
+                m.reducer = None
+
     def reset_iter_state(self, module: Any) -> None:
         """The Reducer's state of an aborted iteration, reset (``Reducer._reset_state``, what
         ``DistributedDataParallel._update_process_group`` calls).  A backward whose bucket all-reduce

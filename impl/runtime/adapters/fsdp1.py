@@ -101,6 +101,26 @@ class FSDP1Adapter(Adapter):
                 "post-backward hooks on autograd's nodes, prefetch flags, the execution-order record) is private, so a "
                 "discard in place rebuilds the wrapper: attach(rebuild=...)")
 
+    def shed(self, module: Any, optimizer: Any) -> None:
+        """As :meth:`Adapter.shed`, and each unit's padded unsharded flat parameter (what a forward or
+        backward in flight left gathered; its storage resized to 0, as FSDP's own reshard frees it)
+        and the gradient shard a backward was accumulating (``_saved_grad_shard``).  The local shard
+        (``_local_shard``, the committed parameters) is kept."""
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        super().shed(module, optimizer)
+        for m in module.modules():
+            handle = getattr(m, "_handle", None) if isinstance(m, FSDP) else None
+            flat = getattr(handle, "flat_param", None) if handle is not None else None
+            if flat is None:
+                continue
+            if hasattr(flat, "_saved_grad_shard"):
+                delattr(flat, "_saved_grad_shard")
+            full = getattr(flat, "_full_param_padded", None)
+            shard = getattr(flat, "_local_shard", None)
+            if full is not None and shard is not None and full.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr():
+                full.untyped_storage().resize_(0)
+
     def release(self, module: Any, keep: Any = None) -> int:
         """Break the cycles a backward that raised leaves through autograd's C++ side, which the
         garbage collector cannot traverse, so that the old wrapper and its groups are freed (soak K3;

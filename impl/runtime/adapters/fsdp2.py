@@ -67,6 +67,13 @@ class FSDP2Adapter(Adapter):
                     "or backward, torch 2.13)")
         return None
 
+    def shed(self, module: Any, optimizer: Any) -> None:
+        """As :meth:`Adapter.shed`, and the unsharded parameters a forward or backward in flight left
+        gathered: the wrapper's own reset (:meth:`reset_iter_state`: pending all-gathers dropped,
+        every parameter group resharded)."""
+        self.reset_iter_state(module)
+        super().shed(module, optimizer)
+
     def reset_iter_state(self, module: Any) -> None:
         """FSDP2's own recovery (``FSDPModule.reset_iter_state`` on every root: in-flight collectives'
         events waited for, every parameter group resharded, the iteration's trackers and training
