@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 import time
 from typing import Any, Callable
 
@@ -396,11 +397,12 @@ class Effects:
         the committed state let go (:meth:`~accelpact.impl.runtime.adapters.base.Adapter.shed`), so the
         episode's peak memory is one model's working set plus one more copy of the parameters, not
         two models'.  Memory only: a wrapper whose shedding fails is dropped whole after the state
-        moved, as before."""
+        moved, as before, and the rank says so on stderr (one line: the episode's peak is then higher)."""
         try:
             adapter_for(module).shed(module, optimizer)
-        except Exception:  # noqa: BLE001 - memory only: the committed state is read from the local shards either way
-            pass
+        except Exception as exc:  # noqa: BLE001 - memory only: the committed state is read from the local shards either way
+            print(f"accelpact: rank {self.rank}: the old wrapper kept its working memory through the rebuild "
+                  f"(shedding it raised {type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
 
     def _rebind_in_place(self, ep: Episode) -> Done:
         """``RankRebind`` of a discard in place (a job without ``rebuild=`` whose wrapper resets in

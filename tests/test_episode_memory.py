@@ -220,3 +220,20 @@ def test_the_heap_gives_freed_pages_back_after_an_episode_s_collection(ranks):
     if not r["trimmed"]:
         pytest.skip("the C library has no malloc_trim (not glibc)")
     assert r["freed_mb"] > 60, r
+
+
+def test_a_shed_that_raises_is_reported_and_the_episode_goes_on(capsys, monkeypatch):
+    """Shedding is memory only: a wrapper whose shed raises is said on stderr, and the rebuild goes on."""
+    from accelpact.impl.effects import Effects
+    from accelpact.impl.runtime.adapters.base import Adapter
+
+    def broken(self, module, optimizer):
+        raise RuntimeError("a wrapper in an unexpected state")
+
+    monkeypatch.setattr(Adapter, "shed", broken)
+    fx = Effects.__new__(Effects)
+    fx.rank = 3
+    model, opt = _trained(0, 1)
+    fx._shed(model, opt)
+    err = capsys.readouterr().err
+    assert "rank 3" in err and "a wrapper in an unexpected state" in err
