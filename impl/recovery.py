@@ -472,8 +472,13 @@ class Pact(Effects):
         flag = torch.zeros(self.groups.count, dtype=torch.int64)
         if observed:
             flag[self.groups.index] = 1
+        control = self.groups.control
         try:
-            or_allreduce(self.groups.control, flag)
+            # bounded by the groups over W's revoke: an op pending when the watcher shut the control group
+            # down is not always woken by it (K6, bench/README.md): without the bound it held the rank past
+            # its peers' arrival deadline (conformance 2x2-fsdp1-link-r0-r3-boundary under CI's load)
+            or_allreduce(control, flag, wait=lambda work: self._wait_unless_revoked(work, "the failure flag", group=control,
+                                                                                    wide=True))
         except RuntimeError as exc:
             # the out-of-band control group failed under this rank: a broken link crosses it, or a peer
             # it waits on is gone (a death with a spare left is a hot swap): an observation (P18.4)
@@ -482,12 +487,18 @@ class Pact(Effects):
             return None
         return [i for i, v in enumerate(flag.tolist()) if v]
 
-    def _wait_unless_revoked(self, work, what: str, group: Any = None) -> None:
+    def _wait_unless_revoked(self, work, what: str, group: Any = None, *, wide: bool = False) -> None:
         """Wait for an op on R (or on ``group``, the control group for the commit fence); raise its
         error, or :class:`RevokedWhilePending` if R was revoked in this generation (by a peer's step
         revoke too: it is published under R's keys) and the op is still pending ``REVOKE_GRACE_S``
         later (the op and its group go to a reaper thread), or if it completed on a communicator the
         revoke aborted (NCCL: its result is not trusted, :func:`revoke.aborted`).
+
+        ``wide`` (the failure flag, on the control group): the revoke that ends the wait is this
+        generation's wide or step revoke as this rank's watcher carried it out (it shut the groups over
+        W down: ``Watchdog.wide_revocations``), never R's: a member's revoke of R is what the flag is
+        there to spread, so the flag must complete beside it.  Read from the watcher alone, no store
+        round trip: every rank of W waits in the flag each step, most of them for the slowest peer.
 
         :func:`backends.wait_bounded` polls the op's completion, not its future (an NCCL op's future
         completes when the op is enqueued); on gloo it blocks in ``work.wait`` slices of
@@ -499,6 +510,14 @@ class Pact(Effects):
 
         def revoke_check() -> None:
             nonlocal seen
+            if wide:
+                if seen is None:
+                    closed = [r[2] for r in self.watchdog.wide_revocations if r[0] == self.gen]
+                    seen = closed[0] / 1e9 if closed else None
+                if seen is not None and time.monotonic() - seen > REVOKE_GRACE_S:
+                    raise RevokedWhilePending(f"{what} was still pending {REVOKE_GRACE_S} s after generation {self.gen}'s "
+                                              "revoke of the groups over W")
+                return
             if seen is None:
                 mine = [r[3] for r in self.watchdog.revocations if r[0] == self.gen]
                 if mine:

@@ -163,6 +163,9 @@ class Watchdog:
         self._target_changed = threading.Event()
         self._wake: tuple[int, str] | None = None  # the watched (generation, group) once detached
         self.revocations: list[tuple[int, str, int, int]] = []  # (gen, group, sockets closed, t_ns)
+        #: (gen, sockets closed, t_ns): when this thread closed generation gen's groups over W (a wide or
+        #: a step revoke); the failure flag's wait reads it (``Pact._wait_unless_revoked``, ``wide=True``)
+        self.wide_revocations: list[tuple[int, int, int]] = []
         self._abort: _AbortWatch | None = None  # made at start: adopted from a predecessor, or its own
         self._revoke_store = control.store.clone()
         self._expire_control = control.on_store(control.store.clone())
@@ -432,4 +435,6 @@ class Watchdog:
             closed = _revoke.hard_close_all(([record] if mine else []) + [o for o in others if o is not record])
             if mine:
                 self.revocations.append((g, group, closed, time.monotonic_ns()))
+            if step or entry == WIDE_ENTRY:
+                self.wide_revocations.append((g, closed, time.monotonic_ns()))
             self.trace.note("revoke", gen=g, group=entry, sockets=closed, recorded=len(record.sockets))

@@ -283,3 +283,34 @@ def test_a_late_step_revoke_closes_its_own_generations_groups_only():
     finally:
         wd.stop()
         wd.wake_and_join(timeout_s=2)
+
+
+def test_a_wide_revoke_closes_the_groups_over_w_and_is_recorded_for_the_flag():
+    """A peer's wide revoke (its failure flag failed): the watcher closes this rank's groups over W, not
+    R, and records when it did (``wide_revocations``), which bounds this rank's own wait in the flag
+    (tests/test_flag_wait.py); R's list (``revocations``) stays empty."""
+    from accelpact.impl.runtime import revoke
+    from accelpact.impl.controlplane import ControlPlane
+    from accelpact.impl.watchdog import Watchdog
+    from accelpact.testing import HOST
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(HOST, 0, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    cp = ControlPlane(store, 0, 2, prefix="wide/")
+    mine, wide = revoke.SocketRecord("gloo"), revoke.SocketRecord("gloo")
+    wd = Watchdog(cp, gen_of=lambda: 0, step_records=lambda: [mine], wide_records=lambda: [wide], revoke_slice_s=0.2)
+    wd.watch(0, "replicate", mine)
+    wd.start()
+    try:
+        before = time.monotonic_ns()
+        ControlPlane(store, 1, 2, prefix="wide/").publish_wide_revoke(0)  # the peer's
+        deadline = time.monotonic() + 10
+        while not wd.wide_revocations and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [(g, n) for g, n, _ in wd.wide_revocations] == [(0, 0)], wd.wide_revocations
+        assert wd.wide_revocations[0][2] >= before
+        assert wide.closed and not mine.closed and wd.revocations == []
+    finally:
+        wd.stop()
+        wd.wake_and_join(timeout_s=2)
