@@ -296,3 +296,32 @@ def test_a_single_nccl_group_is_aborted_without_a_bracket():
     g = _FakeGroup("x", log)
     revoke.hard_close_all([revoke.SocketRecord(backend="nccl", group_ref=weakref.ref(g))])
     assert log == ["abort x"]
+
+
+def default_group_recorded_as_an_abort_backend(ctx) -> None:
+    """One rank builds the default group inside :func:`sockets.record_sockets` as an ``abort`` backend
+    records it (NCCL's path in ``accelpact.init``; gloo here, only the record is read) and writes whether
+    the record refers to the default group c10d installed."""
+    import torch.distributed as dist
+
+    from accelpact.impl.runtime.sockets import record_sockets
+
+    group, rec = record_sockets(lambda: dist.init_process_group(
+        "gloo", store=dist.PrefixStore("dg", ctx.store), rank=ctx.rank, world_size=ctx.world), "nccl", aborts=True)
+    default = dist.distributed_c10d._get_default_group()
+    (ctx.out / "default-record.json").write_text(json.dumps(
+        {"returned": group is not None, "refers": rec.group is default, "ref": rec.group_ref is not None}))
+    os._exit(0)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(60)
+def test_an_nccl_default_group_built_by_the_engine_is_what_its_record_aborts(ranks, tmp_path):
+    """``init_process_group`` returns None, so the record of the default group the engine builds must
+    find the group c10d installed: on NCCL a wide revoke aborts it through that reference (a peer held in
+    FSDP1's state-dict gathers on it wakes).  The defect: a weak reference to the build's None, so the
+    record referred to nothing and the default group was never aborted."""
+    run = ranks.run(default_group_recorded_as_an_abort_backend, 1, timeout_s=40)
+    assert run.codes == {0: 0}, run.explain()
+    res = json.loads((tmp_path / "default-record.json").read_text())
+    assert res == {"returned": False, "refers": True, "ref": True}, res

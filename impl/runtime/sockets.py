@@ -131,7 +131,8 @@ def record_sockets(build: Callable[[], T], backend: str, *, aborts: bool) -> tup
     sockets.  ``aborts``: the backend's revoke is an abort, so the record keeps a weak reference to the
     group; otherwise a weak reference to its gloo backend (whose timeout a revoke shortens:
     :meth:`SocketRecord.bind`).  A ``build`` that returns None and creates the default group
-    (``init_process_group``) recorded the default group."""
+    (``init_process_group``) recorded the default group: on NCCL its record refers to it, so a wide
+    revoke aborts it (before, the record referred to nothing and the default group was never aborted)."""
     had_default = _default_group() is not None
     before = set(socket_inodes().items())
     group = build()
@@ -139,9 +140,10 @@ def record_sockets(build: Callable[[], T], backend: str, *, aborts: bool) -> tup
     new = tuple(sorted((fd, ino) for fd, ino in after.items() if (fd, ino) not in before and connected_tcp(fd)))
     # gloo needs only the sockets and its backend: no reference to the group at all (not even a weak
     # one, which the adapters' reference walker would count as a stale cached reference after a repair)
-    rec = SocketRecord(backend=backend, sockets=new, group_ref=_weak(group) if aborts else None)
+    built = _default_group() if group is None and not had_default else group
+    rec = SocketRecord(backend=backend, sockets=new, group_ref=_weak(built) if aborts else None)
     if not aborts:
-        rec.bind(_default_group() if group is None and not had_default else group)
+        rec.bind(built)
     return group, rec
 
 
