@@ -29,47 +29,15 @@ import pytest
 
 pytest.importorskip("torch")
 
+from accelpact.testing.hung import HungGroup  # noqa: E402 - after the importorskip of torch
+
 FAULT_STEP = 3
-
-
-class _HungWork:
-    """A gloo work that never completes (the op posted on sockets shut down while no op was pending)."""
-
-    def __init__(self) -> None:
-        self.released = threading.Event()  # set by the test at its end: the reaper's wait returns
-
-    def wait(self, timeout=None) -> bool:
-        if timeout is None:
-            if not self.released.wait(30.0):
-                raise RuntimeError("test: an unbounded wait on a hung fence op")
-            raise RuntimeError("Connection closed by peer (test: released)")
-        time.sleep(timeout.total_seconds())
-        raise RuntimeError("Operation timed out!")
-
-    def is_completed(self) -> bool:
-        return self.released.is_set()
-
-
-class _ControlGroup:
-    """A control group of two ranks whose ops hang (test double: ``backend_of`` reads it as gloo)."""
-
-    def __init__(self) -> None:
-        self.work = _HungWork()
-
-    def size(self) -> int:
-        return 2
-
-    def rank(self) -> int:
-        return 0
-
-    def allreduce(self, tensors, opts=None) -> _HungWork:
-        return self.work
 
 
 def test_a_fence_op_still_pending_after_the_steps_revoke_is_given_up() -> None:
     from accelpact.impl.recovery import REVOKE_GRACE_S, Pact, RevokedWhilePending
 
-    group = _ControlGroup()
+    group = HungGroup(2, 0)
     revoked_at = time.monotonic_ns()
     engine = types.SimpleNamespace(
         gen=4, deadline_s=5.0, _pg=None, _r_record=None, _retiring=[],

@@ -28,43 +28,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-
-class _HungWork:
-    """A gloo work that never completes until the test releases it (then it fails as a cut pair does)."""
-
-    def __init__(self) -> None:
-        self.released = threading.Event()
-
-    def wait(self, timeout=None) -> bool:
-        if timeout is None:
-            if not self.released.wait(30.0):
-                raise RuntimeError("test: an unbounded wait on a hung flag op")
-            raise RuntimeError("Connection closed by peer (test: released)")
-        if self.released.wait(timeout.total_seconds()):
-            raise RuntimeError("Connection closed by peer (test: released)")
-        raise RuntimeError("Operation timed out!")
-
-    def is_completed(self) -> bool:
-        return self.released.is_set()
+from accelpact.testing.hung import HungGroup  # noqa: E402 - after the importorskip of torch
 
 
-class _ControlGroup:
-    """A control group of four ranks whose all-reduce hangs (``backend_of`` reads it as gloo)."""
-
-    def __init__(self) -> None:
-        self.work = _HungWork()
-
-    def size(self) -> int:
-        return 4
-
-    def rank(self) -> int:
-        return 2
-
-    def allreduce(self, tensors, opts=None) -> _HungWork:
-        return self.work
-
-
-def _engine(group: _ControlGroup, *, wide: list, revocations: list) -> types.SimpleNamespace:
+def _engine(group: HungGroup, *, wide: list, revocations: list) -> types.SimpleNamespace:
     from accelpact.impl.recovery import Pact
 
     engine = types.SimpleNamespace(
@@ -98,7 +65,7 @@ def _flag_in_thread(engine) -> tuple[threading.Thread, list]:
 def test_a_flag_op_still_pending_after_the_wide_revoke_is_given_up_and_observed() -> None:
     from accelpact.impl.recovery import REVOKE_GRACE_S, RevokedWhilePending
 
-    group = _ControlGroup()
+    group = HungGroup(4, 2)
     # this rank's watcher shut generation 3's groups over W down (a peer's flag failed on the cut link)
     engine = _engine(group, wide=[(3, 9, time.monotonic_ns())], revocations=[])
     t0 = time.monotonic()
@@ -118,7 +85,7 @@ def test_a_flag_op_still_pending_after_the_wide_revoke_is_given_up_and_observed(
 def test_the_flag_is_not_given_up_on_a_revoke_that_leaves_the_control_group_standing(revoke) -> None:
     """A wide revoke of an earlier generation, or R's revoke in this one (a member observed at the probe:
     the flag carries its 1 to every rank), leaves the flag waiting for its op; its own error ends it."""
-    group = _ControlGroup()
+    group = HungGroup(4, 2)
     if revoke == "R's revoke":
         engine = _engine(group, wide=[], revocations=[(3, "replicate0", 6, time.monotonic_ns())])
     else:
