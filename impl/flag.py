@@ -43,12 +43,12 @@ def _wait(work: Any) -> None:
     work.wait()
 
 
-def _exchange(group: Any, mine: Any, into: Any, peer: int, tag: int, wait: Callable[[Any], None] = _wait) -> None:
+def _exchange(group: Any, mine: Any, into: Any, peer: int, tag: int) -> None:
     """Send ``mine`` to ``peer`` and receive its value into ``into`` (both posted before waiting)."""
     out = mine.clone()  # a send's buffer must stay untouched until the send completes
     works = [group.send([out], peer, tag), group.recv([into], peer, tag)]
     for w in works:
-        wait(w)
+        _wait(w)
 
 
 #: ``$ACCELPACT_FLAG_METHOD`` (``auto``, ``ring``, ``doubling``): the method ``auto`` stands for in
@@ -72,8 +72,11 @@ def or_allreduce(group: Any, flag: Any, method: str = "auto", wait: Callable[[An
     must pass the same ``method``); raises the backend's ``RuntimeError`` when a peer is gone (see
     the module doc).  ``method``: ``ring`` (gloo's all-reduce with MAX), ``doubling`` (this
     module's exchanges), ``auto`` (ring up to :data:`RING_MAX_WORLD` ranks, doubling above).
-    ``wait(work)`` waits for each op (default ``work.wait()``); a caller bounds it (the commit fence
-    gives up on an op still pending after the step's revoke) and may raise from it."""
+    ``wait(work)`` waits for the ring's all-reduce (default ``work.wait()``); a caller bounds it (the
+    commit fence and the flag give up on an op still pending after a revoke) and may raise from it.
+    The doubling's sends and receives are always waited with ``work.wait()``: a gloo send or receive
+    whose timed wait runs out closes every connection of the group ("Application timeout caused pair
+    closure", spec/torch-facts.md), so they cannot be waited in slices as the all-reduce can."""
     import torch
     import torch.distributed as dist
 
@@ -93,16 +96,16 @@ def or_allreduce(group: Any, flag: Any, method: str = "auto", wait: Callable[[An
     buf = torch.empty_like(flag)
     if me >= p:  # fold into the partner below P, then take the result back from it
         out = flag.clone()
-        wait(group.send([out], me - p, _TAG - 1))
-        wait(group.recv([flag], me - p, _TAG - 2))
+        _wait(group.send([out], me - p, _TAG - 1))
+        _wait(group.recv([flag], me - p, _TAG - 2))
         return
     if me < n - p:
-        wait(group.recv([buf], me + p, _TAG - 1))
+        _wait(group.recv([buf], me + p, _TAG - 1))
         torch.maximum(flag, buf, out=flag)
     mask, k = 1, 0
     while mask < p:
-        _exchange(group, flag, buf, me ^ mask, _TAG + k, wait)
+        _exchange(group, flag, buf, me ^ mask, _TAG + k)
         torch.maximum(flag, buf, out=flag)
         mask, k = mask << 1, k + 1
     if me < n - p:
-        wait(group.send([flag.clone()], me + p, _TAG - 2))
+        _wait(group.send([flag.clone()], me + p, _TAG - 2))

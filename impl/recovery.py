@@ -474,9 +474,10 @@ class Pact(Effects):
             flag[self.groups.index] = 1
         control = self.groups.control
         try:
-            # bounded by the groups over W's revoke: an op pending when the watcher shut the control group
-            # down is not always woken by it (K6, bench/README.md): without the bound it held the rank past
-            # its peers' arrival deadline (conformance 2x2-fsdp1-link-r0-r3-boundary under CI's load)
+            # the ring's all-reduce is bounded by the groups over W's revoke: an op pending when the watcher
+            # shut the control group down is not always woken by it (K6, bench/README.md): without the bound
+            # it held the rank past its peers' arrival deadline (conformance 2x2-fsdp1-link-r0-r3-boundary
+            # under CI's load).  The doubling's sends and receives cannot be waited in slices (flag.py)
             or_allreduce(control, flag, wait=lambda work: self._wait_unless_revoked(work, "the failure flag", group=control,
                                                                                     wide=True))
         except RuntimeError as exc:

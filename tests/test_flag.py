@@ -81,3 +81,32 @@ def test_an_unknown_method_is_refused():
 
     with pytest.raises(ValueError, match="auto, ring or doubling"):
         or_allreduce(One(), torch.zeros(1, dtype=torch.int64), method="tree")
+
+
+@pytest.mark.parametrize("method", ["ring", "doubling"])
+def test_a_bounded_wait_survives_a_slow_rank_by_both_methods(method):
+    """The engine bounds the flag's wait (``Pact._failure_flag``: ``wait_bounded`` in slices of
+    ``REVOKE_CHECK_S``, spec/protocol.md P18.4).  A rank 0.2 s late to the flag must not break it: on
+    gloo a timed-out wait on a send or receive closes every connection of the group ("Application
+    timeout caused pair closure", spec/torch-facts.md), so the doubling's point-to-point waits are
+    never sliced; the ring's all-reduce may be.  Slicing them (the defect) fails this test on the
+    doubling: the group closes under the waiting ranks."""
+    import time
+
+    from accelpact.impl.flag import or_allreduce
+    from accelpact.impl.runtime.backends import wait_bounded
+    from accelpact.testing import gloo_threads
+
+    world, late = 4, 2
+
+    def body(rank: int, pg) -> list[int]:
+        flag = torch.zeros(2, dtype=torch.int64)
+        flag[rank % 2] = int(rank == late)
+        if rank == late:
+            time.sleep(0.2)  # ten slices
+        or_allreduce(pg, flag, method=method,
+                     wait=lambda work: wait_bounded(work, 20.0, check=lambda: None, check_every_s=0.02, sliced=True))
+        return flag.tolist()
+
+    expected = [max(int(r == late) for r in range(world) if r % 2 == i) for i in range(2)]
+    assert gloo_threads(world, body) == {r: expected for r in range(world)}
