@@ -708,8 +708,9 @@ def exchange_in_place(pg: Any, tensors: list, peer: int, timeout_s: float, *, se
         moved = place(t, pg)
         work = pg.send([moved], peer, 0) if send else pg.recv([moved], peer, 0)
         if be.sliced_wait:
-            # gloo never marks a send or recv completed (is_completed stays False; no future): its own
-            # wait(timeout) is the bounded wait, and a timed-out one leaves the op to its group's retirement
+            # one whole wait(timeout): a gloo send or recv reports completed only once a wait saw it end, and
+            # a timed-out wait on one closes every connection of its group, so it is never waited in slices
+            # (spec/torch-facts.md); past the bound the group is given up with the episode
             work.wait(datetime.timedelta(seconds=timeout_s))
         else:
             wait_bounded(work, timeout_s)
