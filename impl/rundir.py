@@ -6,6 +6,7 @@
     <out>/trace-a{attempt}-r{rank}.ndjson per-rank action trace (impl/trace.py), when job.trace
     <out>/spare{k}-trace-a{attempt}-r{rank}.ndjson  spare k's trace once it took rank's identity (hot swap)
     <out>/result-a{attempt}-r{rank}.json  per-rank outcome and events (repairs, checkpoints), rewritten atomically
+    <out>/spare{k}-result-a{attempt}.json spare k's outcome while it waits as a spare (then it writes its rank's)
     <out>/steps-a{attempt}-r{rank}.ndjson per-rank committed steps, one line each, append-only
     <out>/memory-a{attempt}-r{rank}.ndjson per-rank peak memory per step, append-only, when the workload
                                          asks (``Workload.memory``; a spare in rank's identity appends its own)
@@ -33,6 +34,7 @@ __all__ = ["RunDir"]
 _TRACE = re.compile(r"^trace-a(\d+)-r(\d+)\.ndjson$")
 _SPARE_TRACE = re.compile(r"^spare(\d+)-trace-a(\d+)-r(\d+)\.ndjson$")
 _RESULT = re.compile(r"^result-a(\d+)-r(\d+)\.json$")
+_SPARE_RESULT = re.compile(r"^spare(\d+)-result-a(\d+)\.json$")
 _STEPS = re.compile(r"^steps-a(\d+)-r(\d+)\.ndjson$")
 _MEMORY = re.compile(r"^memory-a(\d+)-r(\d+)\.ndjson$")
 
@@ -60,6 +62,10 @@ class RunDir:
 
     def result(self, attempt: int, rank: int) -> Path:
         return self.path / f"result-a{attempt}-r{rank}.json"
+
+    def spare_result(self, spare: int, attempt: int) -> Path:
+        """Spare ``spare``'s outcome in ``attempt`` while it has not taken an identity."""
+        return self.path / f"spare{spare}-result-a{attempt}.json"
 
     def steps(self, attempt: int, rank: int) -> Path:
         return self.path / f"steps-a{attempt}-r{rank}.ndjson"
@@ -92,6 +98,17 @@ class RunDir:
         return self.path / "report-timeline.png"
 
     # ---- listing ------------------------------------------------------------------------------
+    @staticmethod
+    def result_name(name: str) -> tuple[str, int, int] | None:
+        """What the file ``name`` of a run folder is, if a result file: ``("rank", attempt, rank)``
+        (:meth:`result`) or ``("spare", attempt, spare)`` (:meth:`spare_result`); else None.  For a
+        reader that lists the folder itself (the soak's live view, many times a second)."""
+        if m := _RESULT.match(name):
+            return "rank", int(m.group(1)), int(m.group(2))
+        if m := _SPARE_RESULT.match(name):
+            return "spare", int(m.group(2)), int(m.group(1))
+        return None
+
     def _indexed(self, pattern: re.Pattern[str]) -> Iterator[tuple[int, int, Path]]:
         if not self.path.is_dir():
             return
@@ -178,13 +195,15 @@ class RunDir:
         """Remove what a previous run left (results, traces, snapshots, checkpoints, logs).
 
         Why: the worker resumes from the latest committed checkpoint it finds; a stale ``ckpt/``
-        from an earlier run would make a fresh job start at that run's end.  Only files this
-        package writes are removed."""
+        from an earlier run would make a fresh job start at that run's end, and a stale spare's
+        trace would be read as an incarnation of this run (a soak's judge rejected a run for one left
+        by the previous soak in the same folder).  Only files this package writes are removed."""
         if not self.path.is_dir():
             return
         for p in self.path.iterdir():
             n = p.name
-            if (_TRACE.match(n) or _RESULT.match(n) or _STEPS.match(n) or _MEMORY.match(n) or n in ("job.json", "DONE", "torchrun.log")
-                    or re.match(r"^(final-r\d+\.pt|local-a\d+\.log|\.final-r\d+\.pt\.tmp|result-a\d+-r\d+\.json\..*\.tmp)$", n)):
+            if (any(f.match(n) for f in (_TRACE, _SPARE_TRACE, _RESULT, _SPARE_RESULT, _STEPS, _MEMORY))
+                    or n in ("job.json", "DONE", "torchrun.log", "report-timeline.png")
+                    or re.match(r"^(final-r\d+\.pt|local-a\d+\.log|\.final-r\d+\.pt\.tmp|(spare\d+-)?result-a\d+(-r\d+)?\.json\..*\.tmp)$", n)):
                 p.unlink(missing_ok=True)
         shutil.rmtree(self.ckpt, ignore_errors=True)

@@ -253,7 +253,7 @@ def run_job(job: Job) -> int:
     out = run.path
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    spare_path = out / f"spare{rank - world}-result-a{attempt}.json" if rank >= world else None
+    spare_path = run.spare_result(rank - world, attempt) if rank >= world else None
     result = ResultFile(out, attempt, rank, {
         "scenario": job.scenario, "attempt": attempt, "restart_count": attempt, "rank": rank, "world": world,
         "outcome": "running", "exit_code": None, "frontier": None, "start_step": 0, "resumed_from": None,

@@ -354,18 +354,15 @@ class Live:
         except OSError:
             return out
         for name in names:
-            m = re.match(r"^result-a(\d+)-r(\d+)\.json$", name)
-            s = re.match(r"^spare(\d+)-result-a(\d+)\.json$", name)
-            if not (m or s):
+            what = RunDir.result_name(name)
+            if what is None:
                 continue
             try:
                 data = json.loads((self.run.path / name).read_text())
             except (OSError, ValueError):
                 continue
-            if m:
-                out[(int(m.group(1)), int(m.group(2)))] = data
-            elif s:
-                spare[(int(s.group(2)), int(s.group(1)))] = data
+            kind, attempt, index = what
+            (out if kind == "rank" else spare)[(attempt, index)] = data
         self._spare_results = spare
         return out
 
