@@ -43,9 +43,11 @@ def test_one_home_per_concept() -> None:
         # a file name built or globbed in code (a quote right before it); prose in docstrings may name them
         r"[\"'](trace-a|result-a|final-r|job\.json)": "impl/rundir.py",
     }
+    #: the one test that spells a home's names on purpose: its expected values, independent of the home
+    checks = {"impl/rundir.py": {"tests/test_rundir.py"}}
     for pattern, home in homes.items():
         hits = _grep(pattern)
-        where = {h.split(":")[0] for h in hits}
+        where = {h.split(":")[0] for h in hits} - checks.get(home, set())
         assert where == {home}, f"{pattern!r} must be defined in {home} only; found:\n" + "\n".join(hits)
 
 
