@@ -71,7 +71,6 @@ from typing import Any, Callable, TypeVar, cast
 from ..deadlines import step_wait_bound
 from ..threadname import EngineThread
 from . import rng as _rng
-from .adapters import adapter_for
 from .backends import recorded_errors
 
 __all__ = [
@@ -398,11 +397,7 @@ class CheckpointManager:
             model_sd, optim_sd = get_state_dict(module, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), process_group=self.group)
 
-        try:
-            _guarded(collectives, guard, step, "collectives", "save")
-        except SaveFailed:
-            adapter_for(module).abandon_state_dict(module)  # a gather that raised part way (FSDP1: soak K10)
-            raise
+        _guarded(collectives, guard, step, "collectives", "save")
         # NCCL in TORCH_NCCL_ASYNC_ERROR_HANDLING=2 aborts a failed collective's communicator from its
         # watchdog and raises nothing: DCP's and FSDP1's collectives (the default group, the checkpoint
         # group) may have "returned" garbage.  Every process group's recorded error is read before the
@@ -462,12 +457,8 @@ class CheckpointManager:
         folder.mkdir(parents=True, exist_ok=True)
         guard = _SaveGuard(abandoned, stage_interrupt) \
             if self.world > 1 and abandoned is not None and stage_interrupt is not None else None
-        try:
-            model_sd, optim_sd = _guarded(lambda: get_state_dict(module, optimizer), guard, step,
-                                          "state-dict gather", "state-dict gather")
-        except SaveFailed:
-            adapter_for(module).abandon_state_dict(module)  # as in save()
-            raise
+        model_sd, optim_sd = _guarded(lambda: get_state_dict(module, optimizer), guard, step,
+                                      "state-dict gather", "state-dict gather")
         if bad := self.group_errors():  # as in save(): NCCL's watchdog may have aborted FSDP1's gathers silently
             raise SaveFailed(f"checkpoint step {step}: a collective of the state-dict gather failed silently: process "
                              f"group(s) {bad} recorded an error; nothing of this save is committed"[:600])

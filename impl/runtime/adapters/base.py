@@ -82,13 +82,6 @@ class Adapter:
                 seen.add(id(p))
                 p.grad = None
 
-    def abandon_state_dict(self, module: Any) -> int:
-        """A state dict of ``module`` raised part way (a save's collective failed: ``SaveFailed``): leave
-        the wrapper as a completed state dict would have, so that the repair that follows finds a clean
-        committed boundary (the guard).  A state dict writes nothing back, so the committed state is
-        as it was.  Returns the units set right.  Nothing, by default."""
-        return 0
-
     def release(self, module: Any, keep: Any = None) -> int:
         """``module``'s wrapper is being dropped (a hot swap or a discard rebuilt the model): remove
         what a step that never finished its backward left registered on autograd's side, where the

@@ -76,15 +76,6 @@ def _mesh_sites(mesh: Any, old_pg: Any, path: str, seen: set[int]) -> list[RefSi
     return out
 
 
-def _unit_busy(unit: Any, handle: Any) -> bool:
-    """Whether an FSDP1 unit or its flat-parameter handle is not IDLE (what the guard checks)."""
-    from torch.distributed.fsdp._common_utils import TrainingState
-    from torch.distributed.fsdp._flat_param import HandleTrainingState
-
-    return unit.training_state != TrainingState.IDLE or (
-        handle is not None and handle._training_state != HandleTrainingState.IDLE)
-
-
 class FSDP1Adapter(Adapter):
     name = "fsdp1"
 
@@ -129,38 +120,6 @@ class FSDP1Adapter(Adapter):
             shard = getattr(flat, "_local_shard", None)
             if full is not None and shard is not None and full.untyped_storage().data_ptr() != shard.untyped_storage().data_ptr():
                 full.untyped_storage().resize_(0)
-
-    def abandon_state_dict(self, module: Any) -> int:
-        """As :meth:`Adapter.abandon_state_dict`.  FSDP1's state-dict hooks enter each unit's unshard
-        context (``_unshard_fsdp_state_params``, ``writeback=False`` for a state dict) in the pre-hook and
-        leave it in the post-hook; a collective that raised in between, or inside the context's own
-        all-gather, leaves units in ``SUMMON_FULL_PARAMS`` with their flat parameters unsharded and the
-        context kept in ``_unshard_params_ctx``: the next boundary's guard rejects that (soak K10: L2
-        where a repair was due), and the next state dict asserts the context is gone.  Each context still
-        open is left as its own exit leaves it (resharded, training states IDLE; nothing written back);
-        a unit whose all-gather raised before the context opened is resharded and set IDLE the same way
-        (torch's ``_reshard``)."""
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp._common_utils import TrainingState
-        from torch.distributed.fsdp._flat_param import HandleTrainingState
-        from torch.distributed.fsdp._runtime_utils import _reshard
-
-        fixed = 0
-        for m in module.modules():
-            if not isinstance(m, FSDP):
-                continue
-            handle = getattr(m, "_handle", None)
-            was = _unit_busy(m, handle)
-            ctxs = getattr(m, "_unshard_params_ctx", None) or {}
-            for key in list(ctxs):
-                ctxs.pop(key).__exit__(None, None, None)  # a context that never opened: a no-op
-            if _unit_busy(m, handle):
-                if handle is not None:
-                    _reshard(m, handle, True)
-                    handle._training_state = HandleTrainingState.IDLE
-                m.training_state = TrainingState.IDLE
-            fixed += was
-        return fixed
 
     def release(self, module: Any, keep: Any = None) -> int:
         """Break the cycles a backward that raised leaves through autograd's C++ side, which the
