@@ -275,10 +275,14 @@ def gloo_threads(world: int, fn: Callable[[int, Any], Any], join_s: float = 60.0
     store = dist.HashStore()
     out: dict[int, Any] = {}
     errs: list[BaseException] = []
+    # every rank's group lives until every rank is done: a rank whose fn returned first would otherwise
+    # close its connections while a peer still reads what it sent (a point-to-point send completes once
+    # written, not once received): "Connection reset by peer" on the peer's receive
+    pgs: dict[int, Any] = {}
 
     def run(r: int) -> None:
         try:
-            pg = dist.ProcessGroupGloo(dist.PrefixStore("threads/", store), r, world, datetime.timedelta(seconds=20))
+            pg = pgs[r] = dist.ProcessGroupGloo(dist.PrefixStore("threads/", store), r, world, datetime.timedelta(seconds=20))
             out[r] = fn(r, pg)
         except BaseException as e:  # noqa: BLE001 - reraised below, in the caller's thread
             errs.append(e)
