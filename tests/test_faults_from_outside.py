@@ -163,7 +163,10 @@ def test_a_training_rank_killed_or_stopped_from_outside_is_swapped(tmp_path, ref
     assert got and not isinstance(got[0], BaseException), got
     restarted = sorted(r for a, r in RunDir(out).trace_files() if a == 1)
     if restarted:  # the death struck inside optimizer.step(): L2 by the agreement, as the model says
-        decided = [p.read_text() for (a, _r), p in RunDir(out).trace_files().items() if a == 0]
+        run = RunDir(out)
+        # the last arriver decides: a spare that took rank 1's identity writes its decision in its own trace
+        decided = [p.read_text() for (a, _r), p in run.trace_files().items() if a == 0] + [
+            p.read_text() for (a, _r), spares in run.spare_trace_files().items() if a == 0 for p in spares.values()]
         assert any('"abort:mismatch"' in x for x in decided), f"a restart without the agreement's mismatch:\n{text[-3000:]}"
     else:
         assert "now acts as rank 1" in text, f"the spare never took rank 1's identity:\n{text[-3000:]}"
